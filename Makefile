@@ -1,0 +1,35 @@
+# perencode: `make quickstart` (CPU demo of the paper's effect) and `make test`.
+# Every target installs what it needs into .venv first.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY ?= $(VENV)/bin/python
+# Installed first and pinned: an unpinned torch pulled in by a dependency downloads GBs.
+TORCH ?= torch==2.13.0
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: install test lint
+.DEFAULT_GOAL := help
+
+help:
+	@echo "make quickstart   CPU demo of the paper's headline effect (installs first)"
+	@echo "make test         the test suite"
+	@echo "make lint         ruff"
+	@echo "make install      create $(VENV) and install perencode into it"
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(PY) -m pytest
+
+lint: install
+	$(PY) -m ruff check perencode tests
+
+-include make/*.mk

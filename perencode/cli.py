@@ -1,0 +1,254 @@
+"""The `perencode` command line: parse, load the recipe, call one library function.
+
+Every `UserError` becomes one red line on stderr and exit code 2 (STYLE rule 4).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from perencode.errors import UserError
+from perencode.progress import console
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    help="Reproduce 'Positional Encoding Helps Recurrent Neural Networks Handle a Large "
+         "Vocabulary' (Morita, TMLR).")
+
+SET_HELP = "Override a recipe field: section.key=value (value as a TOML literal). Repeatable."
+DEVICE_HELP = "auto (cuda if available, else cpu), cpu, cuda or cuda:N."
+
+
+def fail(message: str, code: int = 2) -> None:
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    raise typer.Exit(code)
+
+
+def user_errors(fn):
+    """Turn UserError into one line and exit 2; no traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            fail(str(exc))
+    return wrapper
+
+
+@app.command()
+@user_errors
+def train(
+    recipe: Path = typer.Argument(..., help="TOML recipe, e.g. recipes/gru_vocab256.toml."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory "
+                                       "[default: runs/<recipe-stem>/seed-<seed>]."),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
+    progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
+) -> None:
+    """Train a recipe (or resume its interrupted run, or report it complete)."""
+    from perencode.recipe import load_recipe
+    from perencode.runs import default_run_dir
+    from perencode.train import Interrupted
+    from perencode.train import train as run_training
+
+    r = load_recipe(recipe, overrides)
+    run_dir = out if out is not None else default_run_dir(recipe, r.train.seed)
+    try:
+        result = run_training(r, run_dir, device, progress=progress)
+    except Interrupted as stop:
+        console.print(f"interrupted at iteration {stop.iteration}; checkpoint saved to "
+                      f"{stop.path}. Run the same command again to resume.")
+        raise typer.Exit(130) from None
+    if result.pop("already_complete", False):
+        console.print(f"{run_dir}: run is already complete; results in {run_dir}/eval.json")
+    _print_metrics(result, run_dir / "eval.json")
+
+
+def _print_metrics(result: dict, path: Path) -> None:
+    table = Table(title=str(path), show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+@app.command("eval")
+@user_errors
+def eval_(
+    run_dir: Path = typer.Argument(..., help="A run directory made by `perencode train`."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Score this checkpoint instead of "
+                                              "the newest."),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
+    per_position: bool = typer.Option(False, "--per-position",
+                                      help="Language models: perplexity by token position."),
+) -> None:
+    """Score a run on its held-out data and write eval.json."""
+    from perencode.evaluate import evaluate_run
+
+    options = {"per_position": True} if per_position else {}
+    result, path = evaluate_run(run_dir, device, checkpoint, **options)
+    _print_metrics(result, path)
+
+
+@app.command()
+@user_errors
+def bench(
+    recipe: Path = typer.Argument(..., help="TOML recipe to time."),
+    iterations: int = typer.Option(20, min=1, help="Timed iterations (after warm-up)."),
+    warmup: int = typer.Option(3, min=0, help="Untimed warm-up iterations."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
+    baseline: bool = typer.Option(False, help="Also time a bare PyTorch loop of the same "
+                                  "shapes (GRU/LSTM) and report the ratio."),
+) -> None:
+    """Time the real training step; prints a table and a final JSON line."""
+    from perencode.bench import bench as run_bench
+    from perencode.recipe import load_recipe
+    from perencode.train import resolve_device
+
+    r = load_recipe(recipe, overrides)
+    if baseline and r.model.arch == "s4d":
+        raise UserError("--baseline: the bare reference loop exists for gru and lstm only")
+    result = run_bench(r, resolve_device(device), iterations, warmup, baseline)
+    table = Table(title=f"bench {recipe}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
+    console.print(table)
+    print(json.dumps(result), flush=True)
+
+
+@app.command("recipe-schema")
+def recipe_schema() -> None:
+    """Print every recipe field (key, type, default, meaning) as a Markdown table."""
+    from perencode.recipe import schema_rows
+
+    print("| key | type | default | description |\n|---|---|---|---|")
+    for row in schema_rows():
+        print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+
+
+def _library(module: str, name: str, command: str):
+    """The library function behind a command, or a clear line if this version lacks it."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        fail(f"`perencode {command}` is not available in this version yet")
+
+
+@app.command()
+@user_errors
+def stability(
+    run_dir: Path = typer.Argument(..., help="A dual-frequency run directory."),
+    triplets: int = typer.Option(1024, min=4, help="Triplets (x,s),(x,s'),(x',s); a multiple "
+                                 "of 4 (one quarter per target x disturbant condition)."),
+    metric: str = typer.Option("weighted", help="Column `stability`: weighted (the authors' "
+                               "code), printed (Eq. 3-4 as printed), mean (unweighted mean "
+                               "row cosine) or frobenius (plain cosine)."),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
+    every: int = typer.Option(1, min=1, help="Analyse every N-th checkpoint."),
+    batch: int = typer.Option(16, min=1, help="Triplets per Jacobian batch; peak memory "
+                              "grows linearly with it (see --help of the module)."),
+    progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
+) -> None:
+    """Gradient-stability analysis of every checkpoint of a run (Fig. 4-5); writes stability.csv."""
+    fn = _library("perencode.stability", "analyse_run", "stability")
+    path = fn(run_dir, triplets=triplets, metric=metric, device=device, every=every,
+              batch=batch, progress=progress)
+    console.print(f"wrote {path}")
+
+
+@app.command("lm-prepare")
+@user_errors
+def lm_prepare(
+    source: Optional[str] = typer.Option(None, help="A folder with wiki.{train,valid,test}.raw, "
+                                         "a `datasets` dataset saved to disk, or a Hugging "
+                                         "Face dataset name [default: wikitext-103-raw-v1]."),
+    out: Path = typer.Option(Path("data/wikitext103"), help="Output folder."),
+    vocab_size: int = typer.Option(32768, min=16, help="SentencePiece unigram vocabulary."),
+    max_tokens: int = typer.Option(1024, min=1, help="Input tokens kept per paragraph."),
+    threads: int = typer.Option(0, min=0, help="Encoding threads [0: all cores]."),
+    progress: bool = typer.Option(True, help="Show progress."),
+) -> None:
+    """Prepare WikiText-103 for language modelling: clean, train SentencePiece, encode."""
+    fn = _library("perencode.lm.prepare", "prepare", "lm-prepare")
+    manifest = fn(source=source, out=out, vocab_size=vocab_size, max_tokens=max_tokens,
+                  threads=threads, progress=progress)
+    console.print(f"prepared {out} ({manifest.get('status', 'done')})")
+
+
+@app.command()
+@user_errors
+def sweep(
+    grid: Path = typer.Argument(..., help="Grid file, e.g. recipes/paper/fig2_gru.toml."),
+    out: Path = typer.Option(Path("runs"), help="Root of the run directories."),
+    executor: str = typer.Option("local", help="local (subprocesses) or slurm (submitit)."),
+    jobs: int = typer.Option(1, min=1, help="Runs at once (local)."),
+    runs_per_gpu: int = typer.Option(1, min=1, help="Runs sharing one GPU (local)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the run table and the "
+                                 "estimated compute cost, run nothing."),
+    only: list[str] = typer.Option([], "--only", help="KEY=V1,V2: keep the cells whose axis "
+                                   "KEY takes one of these values. Repeatable."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
+    partition: Optional[str] = typer.Option(None, help="SLURM partition (overrides [slurm])."),
+    time_min: Optional[int] = typer.Option(None, help="SLURM time limit in minutes."),
+    gpus_per_job: Optional[int] = typer.Option(None, help="SLURM GPUs per job."),
+    cpus_per_job: Optional[int] = typer.Option(None, help="SLURM CPUs per job."),
+    progress: bool = typer.Option(True, help="Show the live run table."),
+) -> None:
+    """Run every cell of a grid (skipping finished runs, resuming interrupted ones)."""
+    fn = _library("perencode.sweep", "run_sweep", "sweep")
+    slurm = {k: v for k, v in (("partition", partition), ("time_min", time_min),
+                               ("gpus_per_job", gpus_per_job),
+                               ("cpus_per_job", cpus_per_job)) if v is not None}
+    code = fn(grid, out=out, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
+              dry_run=dry_run, only=only, overrides=overrides, device=device, slurm=slurm,
+              progress=progress)
+    raise typer.Exit(code)
+
+
+@app.command()
+@user_errors
+def figures(
+    runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
+    out: Path = typer.Option(Path("figures"), help="Output folder."),
+) -> None:
+    """Collect results into results.csv and draw every paper figure they cover."""
+    fn = _library("perencode.figures", "make_figures", "figures")
+    written = fn(runs, out=out)
+    for path in written:
+        console.print(f"wrote {path}")
+
+
+@app.command()
+@user_errors
+def verify(
+    runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
+    claims: Path = typer.Option(Path("data/paper_claims.toml"), help="Claims file."),
+    out: Path = typer.Option(Path("figures"), help="Where verify.md and verify.json go."),
+) -> None:
+    """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
+    fn = _library("perencode.verify", "verify_runs", "verify")
+    raise typer.Exit(fn(runs, claims=claims, out=out))
+
+
+def main() -> None:  # pragma: no cover
+    app(prog_name="perencode")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

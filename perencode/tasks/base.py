@@ -1,0 +1,190 @@
+"""What every task shares: the batch layout, held-out exclusion by hashing, scoring.
+
+A task draws raw rows (`draw`), identifies a row by its key (`key`, the raw row by
+default) and turns rows into model inputs and targets (`build`). Everything runs on the
+task's device, vectorised: no per-sample Python loop, no DataLoader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from perencode.metrics import dl_distances
+
+# Odd 64-bit multiplier of the polynomial hash (wrapping int64 arithmetic).
+_HASH_BASE = 0x100000001B3
+
+
+@dataclass
+class Batch:
+    """One batch. The model reads `inputs`; the loss reads `output_targets` at the outputs.
+
+    inputs: [B, T] token ids (id K is the command token where the task has one).
+    targets: the task's targets in its natural shape (reverse: [B, L]; predecessor: [B]).
+    output_targets: [B, T_out] the targets aligned with the output steps.
+    output_steps: [B, T_out] the time step of each output; None = the last T_out steps.
+    output_mask: [B, T_out] True where an output counts; None = all count.
+    """
+
+    sequences: Tensor
+    inputs: Tensor
+    targets: Tensor
+    output_targets: Tensor
+    output_steps: Tensor | None = None
+    output_mask: Tensor | None = None
+    lengths: Tensor | None = None
+    queries: Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+
+def sequence_hash(keys: Tensor) -> Tensor:
+    """Polynomial hash of each row of an integer tensor [N, M] -> int64 [N] (wraps mod 2^64)."""
+    keys = keys.long()
+    h = torch.zeros(keys.shape[0], dtype=torch.long, device=keys.device)
+    for j in range(keys.shape[1]):  # M is the sequence length: a loop over columns, not rows
+        h = h * _HASH_BASE + keys[:, j]
+    return h
+
+
+class Exclusion:
+    """Membership test of rows in a fixed set: hash lookup, then an exact check on hits."""
+
+    def __init__(self, keys: Tensor):
+        self.keys = keys  # [N, M]
+        hashes = sequence_hash(keys)
+        self.sorted_hashes, order = torch.sort(hashes)
+        self.order = order
+
+    def contains(self, keys: Tensor) -> Tensor:
+        """keys [B, M] -> bool [B]: True where the row is in the set."""
+        if self.keys.shape[0] == 0:
+            return torch.zeros(keys.shape[0], dtype=torch.bool, device=keys.device)
+        h = sequence_hash(keys)
+        idx = torch.searchsorted(self.sorted_hashes, h).clamp_max(len(self.sorted_hashes) - 1)
+        hit = self.sorted_hashes[idx] == h
+        if not bool(hit.any()):
+            return hit
+        rows = hit.nonzero().squeeze(1)
+        # Exact check of the (rare) hash hits against the whole set, a chunk at a time.
+        found = torch.zeros(len(rows), dtype=torch.bool, device=keys.device)
+        for start in range(0, self.keys.shape[0], 4096):
+            chunk = self.keys[start:start + 4096]
+            found |= (keys[rows][:, None, :] == chunk[None]).all(-1).any(-1)
+        out = torch.zeros_like(hit)
+        out[rows] = found
+        return out
+
+
+def distinct_rows(rows: Tensor, n: int) -> Tensor:
+    """The first `n` distinct rows of `rows` in draw order (fewer if there are not n)."""
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), len(rows), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(len(rows)), reduce="amin")
+    keep = torch.sort(first).values[:n]
+    return rows[keep]
+
+
+class SyntheticTask:
+    """Base of the synthetic tasks: held-out drawn from the seed, excluded from training."""
+
+    name = "synthetic"
+    has_command_token = True
+
+    def __init__(self, cfg, seed: int, device: torch.device | str = "cpu"):
+        self.cfg = cfg
+        self.K = cfg.vocab_size
+        self.L = cfg.length
+        self.device = torch.device(device)
+        self.num_classes = self.K
+        self.num_embeddings = self.K + int(self.has_command_token)
+        self.command = self.K
+        gen = torch.Generator().manual_seed(seed)
+        self.held_out = self.make_held_out(gen).to(self.device)
+        self._exclusion = Exclusion(self.key(self.held_out))
+
+    # -- what a task defines ------------------------------------------------------------
+    @property
+    def max_steps(self) -> int:
+        """Longest model input T (sizes the learnable/random encodings)."""
+        return 2 * self.L
+
+    def draw(self, n: int, generator: torch.Generator) -> Tensor:
+        raise NotImplementedError
+
+    def key(self, rows: Tensor) -> Tensor:
+        return rows
+
+    def build(self, rows: Tensor) -> Batch:
+        raise NotImplementedError
+
+    # -- shared machinery ---------------------------------------------------------------
+    def make_held_out(self, generator: torch.Generator) -> Tensor:
+        """`held_out` distinct rows drawn on the CPU from the seed (device independent)."""
+        n = self.cfg.held_out
+        rows = self.draw(n, generator)
+        while True:
+            rows = distinct_rows(rows, n)
+            if len(rows) == n:
+                return rows
+            rows = torch.cat([rows, self.draw(2 * (n - len(rows)) + 16, generator)])
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """A training batch on the generator's device; held-out rows are redrawn."""
+        rows = self.draw(batch_size, generator)
+        hit = self._exclusion.contains(self.key(rows))
+        while bool(hit.any()):
+            idx = hit.nonzero().squeeze(1)
+            fresh = self.draw(len(idx), generator)
+            rows[idx] = fresh
+            again = self._exclusion.contains(self.key(fresh))
+            hit = torch.zeros_like(hit)
+            hit[idx[again]] = True
+        return self.build(rows)
+
+    def held_out_batches(self, batch_size: int) -> Iterator[Batch]:
+        for start in range(0, self.held_out.shape[0], batch_size):
+            yield self.build(self.held_out[start:start + batch_size])
+
+    def evaluate(self, logits_fn: Callable[[Batch], Tensor], batch_size: int) -> dict:
+        """Score the held-out set; `logits_fn(batch)` gives logits at the outputs [B, T_out, K]."""
+        batches, predictions = [], []
+        for batch in self.held_out_batches(batch_size):
+            batches.append(batch)
+            predictions.append(logits_fn(batch).argmax(-1))
+        return self.score(batches, predictions)
+
+    def score(self, batches: list[Batch], predictions: list[Tensor]) -> dict:
+        """eval.json metrics from held-out batches and argmax predictions [B, T_out]."""
+        return sequence_scores(batches, predictions)
+
+
+def sequence_scores(batches: list[Batch], predictions: list[Tensor]) -> dict:
+    """Token accuracy, sequence accuracy and mean Damerau-Levenshtein distance (SPEC §5)."""
+    correct = tokens = seq_correct = 0
+    dl_total = 0.0
+    n = 0
+    for batch, pred in zip(batches, predictions):
+        target = batch.output_targets
+        mask = batch.output_mask if batch.output_mask is not None else torch.ones_like(
+            target, dtype=torch.bool)
+        hits = (pred == target) & mask
+        correct += int(hits.sum())
+        tokens += int(mask.sum())
+        seq_correct += int((hits | ~mask).all(dim=1).sum())
+        n += len(batch)
+        dl_total += float(dl_distances(pred.cpu().numpy(), target.cpu().numpy(),
+                                       mask.sum(1).cpu().numpy()).sum())
+    return {
+        "token_accuracy": correct / max(tokens, 1),
+        "sequence_accuracy": seq_correct / max(n, 1),
+        "dl_distance": dl_total / max(n, 1),
+        "n_sequences": n,
+        "n_tokens": tokens,
+    }
+

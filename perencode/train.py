@@ -1,0 +1,214 @@
+"""The training loop: one function taking a recipe and a run directory (STYLE rule 7)."""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from perencode import runs
+from perencode.errors import UserError
+from perencode.models import build_model
+from perencode.progress import Reporter
+from perencode.recipe import OptimConfig, Recipe
+from perencode.tasks import Batch, make
+
+
+def learning_rate(step: int, optim: OptimConfig, iterations: int) -> float:
+    """Learning rate of the iteration that follows `step` completed optimizer steps.
+
+    timm (default, SPEC §3): the authors' CosineLRScheduler(t_initial=iterations,
+    warmup_t=warmup, warmup_prefix=True, lr_min=0, warmup_lr_init=0), stepped with the
+    1-based step count after each optimizer step, so iteration 1 runs at 0, the peak is
+    first used at iteration warmup+1, and the last iteration runs just above 0.
+    cosine: the same warm-up, then a cosine that reaches 0 exactly at the last iteration.
+    """
+    peak, warm = optim.lr, optim.warmup
+    if step < warm:
+        return peak * step / warm
+    if optim.schedule == "timm":
+        return 0.5 * peak * (1.0 + math.cos(math.pi * (step - warm) / iterations))
+    span = max(iterations - 1 - warm, 1)
+    return 0.5 * peak * (1.0 + math.cos(math.pi * min(step - warm, span) / span))
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu; an unavailable cuda request is a UserError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device '{name}': expected auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device '{name}': no CUDA device is available (use cpu or auto)")
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device '{name}': expected auto, cpu, cuda or cuda:N")
+    return device
+
+
+def output_logits(model: nn.Module, batch: Batch) -> Tensor:
+    """Logits at the output steps only [B, T_out, K]: the head never runs on input steps."""
+    h = model(batch.inputs)  # [B, T, H]
+    T_out = batch.output_targets.shape[1]
+    if batch.output_steps is None:
+        h = h[:, -T_out:]  # [B, T_out, H]
+    else:
+        h = h.gather(1, batch.output_steps[..., None].expand(-1, -1, h.shape[-1]))
+    return model.head(h)  # [B, T_out, K]
+
+
+def loss_fn(logits: Tensor, batch: Batch) -> Tensor:
+    """Mean cross-entropy over the scored outputs (SPEC §1: output phase only)."""
+    target = batch.output_targets
+    if batch.output_mask is not None:
+        target = target.masked_fill(~batch.output_mask, -100)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                           ignore_index=-100)
+
+
+def accuracy(logits: Tensor, batch: Batch) -> float:
+    hits = logits.argmax(-1) == batch.output_targets
+    if batch.output_mask is not None:
+        return float(hits[batch.output_mask].float().mean())
+    return float(hits.float().mean())
+
+
+def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+                            eps=optim.eps, weight_decay=optim.weight_decay)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
+               clip_norm: float) -> tuple[Tensor, Tensor]:
+    """One optimizer step; returns (loss, logits) without synchronising the device."""
+    logits = output_logits(model, batch)
+    loss = loss_fn(logits, batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip_norm > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    return loss, logits
+
+
+def build(recipe: Recipe, device: torch.device):
+    """Task (held-out drawn from the seed) and freshly initialised model, seeded."""
+    task = make(recipe.task, recipe.train.seed, device)
+    torch.manual_seed(recipe.train.seed)
+    model = build_model(recipe, task.num_embeddings, task.num_classes, task.max_steps)
+    return task, model.to(device)
+
+
+def training_generator(recipe: Recipe, device: torch.device) -> torch.Generator:
+    # A stream of its own: the held-out set uses the plain seed on the CPU.
+    return torch.Generator(device=device).manual_seed(recipe.train.seed + 1_000_003)
+
+
+class _Stop:
+    """SIGINT/SIGTERM ask the loop to checkpoint and exit after the current iteration."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        for s in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[s] = signal.signal(s, self._handle)
+            except ValueError:  # not the main thread: no handler, a kill loses < 1 interval
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+class Interrupted(Exception):
+    def __init__(self, iteration: int, path: Path):
+        super().__init__(f"interrupted at iteration {iteration}; checkpoint {path}")
+        self.iteration, self.path = iteration, path
+
+
+def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "auto",
+          progress: bool = True) -> dict:
+    """Train (or resume, or report complete) the run of `recipe` in `run_dir`.
+
+    Returns the eval.json dict. A killed run resumes from its newest checkpoint and ends
+    bit-identical on CPU to an uninterrupted one: model, optimizer, schedule position and
+    the batch generator's state are all in the checkpoint.
+    """
+    from perencode.evaluate import evaluate_model, write_eval
+
+    run_dir = Path(run_dir)
+    device = resolve_device(device) if isinstance(device, str) else device
+    existed = runs.claim(run_dir, recipe)
+    if existed and runs.is_complete(run_dir):
+        return runs.read_json(run_dir / "eval.json") | {"already_complete": True}
+    runs.record_start(run_dir, device, recipe.train.seed)
+
+    task, model = build(recipe, device)
+    optimizer = make_optimizer(model, recipe.optim)
+    generator = training_generator(recipe, device)
+    start = 0
+    point = runs.resume_point(run_dir) if existed else None
+    if point is not None:
+        state = runs.load_checkpoint(point, map_location=device)
+        runs.restore_model(model, state, point)
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["rng"]["generator"].cpu())
+        torch.set_rng_state(state["rng"]["torch"].cpu())
+        start = state["iteration"]
+        runs.truncate_metrics(run_dir, start)
+    elif existed:
+        runs.truncate_metrics(run_dir, 0)
+
+    tc, oc = recipe.train, recipe.optim
+    ckpt_dir = run_dir / "checkpoints"
+    t0 = time.perf_counter()
+
+    def checkpoint(path: Path, iteration: int) -> None:
+        runs.save_checkpoint(path, iteration=iteration, recipe=recipe, model=model,
+                             optimizer=optimizer, generator=generator)
+
+    model.train()
+    reporter = Reporter("train", tc.iterations, completed=start, log_every=tc.log_every,
+                        enabled=progress)
+    with reporter, _Stop() as stop:
+        for k in range(start + 1, tc.iterations + 1):
+            lr = learning_rate(k - 1, oc, tc.iterations)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = task.sample(tc.batch_size, generator)
+            loss, logits = train_step(model, optimizer, batch, oc.clip_norm)
+            shown = {}
+            if k % tc.log_every == 0 or k == tc.iterations:
+                row = {"step": k, "loss": float(loss.detach()), "accuracy": accuracy(logits, batch),
+                       "lr": lr, "seconds": round(time.perf_counter() - t0, 3)}
+                runs.append_metrics(run_dir, row)
+                shown = {"loss": row["loss"], "acc": row["accuracy"]}
+            reporter.advance(1, **shown)
+            if k % tc.checkpoint_every == 0 or k == tc.iterations:
+                checkpoint(ckpt_dir / f"step-{k}.pt", k)
+                (ckpt_dir / "resume.pt").unlink(missing_ok=True)
+            elif stop.signum is not None:
+                checkpoint(ckpt_dir / "resume.pt", k)
+            if stop.signum is not None and k < tc.iterations:
+                path = runs.resume_point(run_dir)
+                raise Interrupted(k, path)
+
+    result = evaluate_model(model, task, recipe, device)
+    result["iteration"] = tc.iterations
+    write_eval(run_dir, result)
+    runs.record_end(run_dir)
+    return result
+

@@ -1,0 +1,48 @@
+import json
+
+import pytest
+
+from tests.conftest import ROOT
+
+RECIPE = str(ROOT / "recipes/gru_vocab256.toml")
+
+
+def test_help_lists_commands(cli):
+    code, text = cli("--help")
+    assert code == 0
+    for name in ("train", "eval", "bench", "stability", "lm-prepare", "figures"):
+        assert name in text
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["train", "missing.toml"], "missing.toml: recipe file not found"),
+    (["train", RECIPE, "--set", "model.arch=rnn"], "model.arch: Input should be"),
+    (["train", RECIPE, "--set", "nonsense"], "expected section.key=value"),
+    (["train", RECIPE, "--set", "task.vocab_size=2", "--set", "task.length=4"],
+     "task.held_out"),
+    (["train", RECIPE, "--device", "tpu"], "--device 'tpu'"),
+    (["eval", "no_such_dir"], "not a perencode run directory"),
+    (["bench", RECIPE, "--set", "train.bogus=1"], "unknown key 'bogus' in [train]"),
+])
+def test_user_errors_are_one_line_exit_2(cli, args, needle):
+    code, text = cli(*args)
+    assert code == 2
+    assert needle in " ".join(text.split())
+    assert "Traceback" not in text
+
+
+def test_recipe_schema_lists_fields(cli):
+    code, text = cli("recipe-schema")
+    assert code == 0 and "optim.betas" in text and "train.checkpoint_every" in text
+
+
+def test_bench_prints_json_line(cli):
+    code, text = cli("bench", RECIPE, "--iterations", "2", "--warmup", "1", "--device", "cpu",
+                     "--baseline", "--set", "model.hidden_size=16", "--set",
+                     "model.embed_size=16", "--set", "train.batch_size=4", "--set",
+                     "task.length=8")
+    assert code == 0, text
+    result = json.loads(text.strip().splitlines()[-1])
+    assert result["seconds_per_iteration"] > 0 and result["device"] == "cpu"
+    assert result["sequences_per_second"] == pytest.approx(4 / result["seconds_per_iteration"])
+    assert result["peak_memory_bytes"] > 0 and result["ratio_to_bare"] > 0

@@ -1,0 +1,212 @@
+import json
+import math
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from perencode import runs
+from perencode.recipe import OptimConfig, load_recipe
+from perencode.train import learning_rate, resolve_device
+from tests.conftest import PYTHON, ROOT, subprocess_env, tiny_overrides
+
+RECIPE = ROOT / "recipes/gru_vocab256.toml"
+
+
+def test_timm_schedule_known_values():
+    o, n = OptimConfig(), 300_000
+    assert learning_rate(0, o, n) == 0.0  # iteration 1 runs at lr 0
+    assert learning_rate(500, o, n) == pytest.approx(0.5e-3)
+    assert learning_rate(999, o, n) < 1e-3
+    assert learning_rate(1000, o, n) == pytest.approx(1e-3)  # peak first used at 1,001
+    last = learning_rate(n - 1, o, n)  # the last iteration, SPEC §3: about 2.7e-8
+    assert last == pytest.approx(2.7e-8, rel=0.03) and last > 0
+    assert learning_rate(599_999, o, 600_000) == pytest.approx(6.9e-9, rel=0.03)
+    mid = 1000 + n // 2
+    assert learning_rate(mid, o, n) == pytest.approx(0.5e-3)
+
+
+def test_cosine_schedule_reaches_zero_at_last_iteration():
+    o, n = OptimConfig(schedule="cosine", warmup=10), 100
+    assert learning_rate(0, o, n) == 0.0
+    assert learning_rate(10, o, n) == pytest.approx(1e-3)
+    assert learning_rate(n - 1, o, n) == pytest.approx(0.0, abs=1e-15)
+    values = [learning_rate(k, o, n) for k in range(10, n)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        from perencode.errors import UserError
+
+        with pytest.raises(UserError, match="no CUDA device"):
+            resolve_device("cuda")
+
+
+def _train_args(out: Path, iterations: int = 30, every: int = 10) -> list[str]:
+    return ["train", str(RECIPE), "--out", str(out), "--device", "cpu", "--no-progress",
+            *tiny_overrides(f"train.iterations={iterations}",
+                            f"train.checkpoint_every={every}", "task.vocab_size=8",
+                            "task.length=6", "optim.warmup=5")]
+
+
+def _final_model(run_dir: Path) -> dict:
+    steps = runs.list_checkpoints(run_dir)
+    return runs.load_checkpoint(steps[-1][1])["model"]
+
+
+def _assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _spawn(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([PYTHON, "-m", "perencode", *args], env=subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    t0 = time.time()
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert time.time() - t0 < timeout
+        time.sleep(0.02)
+
+
+def test_run_dir_contents_and_eval(cli, tmp_path):
+    out = tmp_path / "run"
+    code, text = cli(*_train_args(out))
+    assert code == 0, text
+    for name in ("recipe.toml", "env.json", "metrics.jsonl", "eval.json"):
+        assert (out / name).exists(), name
+    assert [i for i, _ in runs.list_checkpoints(out)] == [10, 20, 30]
+    env = json.loads((out / "env.json").read_text())
+    for key in ("perencode_version", "git_commit", "python", "torch", "cuda", "cudnn",
+                "device", "device_name", "seed", "start_time", "end_time"):
+        assert key in env
+    assert env["seed"] == 111 and env["device"] == "cpu"
+    rows = runs.read_metrics(out)
+    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
+    assert all({"step", "loss", "accuracy", "lr"} <= r.keys() for r in rows)
+    result = json.loads((out / "eval.json").read_text())
+    assert 0 <= result["token_accuracy"] <= 1 and 0 <= result["sequence_accuracy"] <= 1
+    assert 0 <= result["dl_distance"] <= 6 and result["n_sequences"] == 32
+    recipe = runs.read_recipe(out)
+    assert recipe.model.hidden_size == 16  # the resolved recipe keeps the overrides
+
+    code, text = cli("eval", str(out), "--device", "cpu")
+    assert code == 0, text
+    again = json.loads((out / "eval.json").read_text())
+    assert again["token_accuracy"] == result["token_accuracy"]
+
+    code, text = cli(*_train_args(out))
+    assert code == 0 and "already complete" in text
+
+
+def test_resume_after_sigkill_is_bit_identical(tmp_path):
+    full = tmp_path / "full"
+    assert subprocess.run([PYTHON, "-m", "perencode", *_train_args(full, 40)],
+                          env=subprocess_env(), capture_output=True).returncode == 0
+
+    cut = tmp_path / "cut"
+    proc = _spawn(_train_args(cut, 40))
+    _wait_for(cut / "checkpoints" / "step-10.pt", proc)
+    proc.kill()
+    proc.wait()
+    assert not (cut / "eval.json").exists()
+    done = subprocess.run([PYTHON, "-m", "perencode", *_train_args(cut, 40)],
+                          env=subprocess_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _assert_same_weights(_final_model(full), _final_model(cut))
+    assert [r["loss"] for r in runs.read_metrics(full)] == \
+        [r["loss"] for r in runs.read_metrics(cut)]
+    assert json.loads((full / "eval.json").read_text())["token_accuracy"] == \
+        json.loads((cut / "eval.json").read_text())["token_accuracy"]
+
+
+def test_sigterm_saves_a_checkpoint_and_resumes_identically(tmp_path):
+    full = tmp_path / "full"
+    assert subprocess.run([PYTHON, "-m", "perencode", *_train_args(full, 300, 1000)],
+                          env=subprocess_env(), capture_output=True).returncode == 0
+    cut = tmp_path / "cut"
+    proc = _spawn(_train_args(cut, 300, 1000))
+    _wait_for(cut / "metrics.jsonl", proc)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out.decode()
+    assert (cut / "checkpoints" / "resume.pt").exists()
+    stopped_at = runs.load_checkpoint(cut / "checkpoints" / "resume.pt")["iteration"]
+    assert 0 < stopped_at < 300
+    done = subprocess.run([PYTHON, "-m", "perencode", *_train_args(cut, 300, 1000)],
+                          env=subprocess_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (cut / "checkpoints" / "resume.pt").exists()
+    _assert_same_weights(_final_model(full), _final_model(cut))
+
+
+def test_different_recipe_in_existing_run_dir_is_refused(cli, tmp_path):
+    out = tmp_path / "run"
+    assert cli(*_train_args(out, 10))[0] == 0
+    code, text = cli(*_train_args(out, 10), "--set", "optim.lr=0.5")
+    assert code == 2
+    assert "holds a run of a different recipe" in text and "optim.lr" in text
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    code, text = cli(*_train_args(tmp_path / "other", 10))
+    assert code == 2 and "not a perencode run directory" in text
+
+
+def test_corrupted_truncated_and_foreign_checkpoints(cli, tmp_path):
+    out = tmp_path / "run"
+    assert cli(*_train_args(out, 10))[0] == 0
+    ckpt = out / "checkpoints" / "step-10.pt"
+    data = ckpt.read_bytes()
+
+    ckpt.write_bytes(data[: len(data) // 2])
+    code, text = cli("eval", str(out), "--device", "cpu")
+    assert code == 2 and "not a readable perencode checkpoint" in text
+    assert "Traceback" not in text
+
+    ckpt.write_bytes(b"\x00garbage" * 10)
+    code, text = cli("eval", str(out), "--device", "cpu")
+    assert code == 2 and "not a readable perencode checkpoint" in text
+
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, ckpt)
+    code, text = cli("eval", str(out), "--device", "cpu")
+    assert code == 2 and "foreign checkpoint" in text
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"format": "perencode-checkpoint", "x": Evil()}, ckpt)
+    code, text = cli("eval", str(out), "--device", "cpu")
+    assert code == 2 and "pwned" not in text
+
+
+def test_checkpoint_of_another_model_is_refused(cli, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert cli(*_train_args(a, 10))[0] == 0
+    assert cli(*_train_args(b, 10), "--set", "model.arch=lstm")[0] == 0
+    code, text = cli("eval", str(a), "--checkpoint", str(b / "checkpoints/step-10.pt"),
+                     "--device", "cpu")
+    assert code == 2 and "another recipe" in text
+
+
+def test_loss_decreases_on_a_small_problem(cli, tmp_path):
+    out = tmp_path / "run"
+    code, text = cli("train", str(RECIPE), "--out", str(out), "--device", "cpu",
+                     "--no-progress", *tiny_overrides(
+                         "train.iterations=150", "task.vocab_size=4", "task.length=3",
+                         "optim.lr=1e-2", "optim.warmup=10", "train.checkpoint_every=150",
+                         "model.hidden_size=32", "train.batch_size=32", "task.held_out=8"))
+    assert code == 0, text
+    rows = runs.read_metrics(out)
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.3
+    assert json.loads((out / "eval.json").read_text())["token_accuracy"] > 0.5
+    assert math.isfinite(rows[-1]["loss"])
