@@ -69,7 +69,6 @@ def bench(recipe: Recipe, device: torch.device, iterations: int = 20, warmup: in
         bare = bare_loop_seconds(recipe, device, iterations, warmup)
         result["bare_seconds_per_iteration"] = bare
         result["ratio_to_bare"] = seconds / bare
-    del task, model, optimizer
     return result
 
 

@@ -9,7 +9,6 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -48,7 +47,7 @@ def user_errors(fn):
 def train(
     recipe: Path = typer.Argument(..., help="TOML recipe, e.g. recipes/gru_vocab256.toml."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory "
+    out: Path | None = typer.Option(None, "--out", help="Run directory "
                                        "[default: runs/<recipe-stem>/seed-<seed>]."),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
@@ -86,7 +85,7 @@ def _print_metrics(result: dict, path: Path) -> None:
 @user_errors
 def eval_(
     run_dir: Path = typer.Argument(..., help="A run directory made by `perencode train`."),
-    checkpoint: Optional[Path] = typer.Option(None, help="Score this checkpoint instead of "
+    checkpoint: Path | None = typer.Option(None, help="Score this checkpoint instead of "
                                               "the newest."),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     per_position: bool = typer.Option(False, "--per-position",
@@ -174,7 +173,7 @@ def stability(
 @app.command("lm-prepare")
 @user_errors
 def lm_prepare(
-    source: Optional[str] = typer.Option(None, help="A folder with wiki.{train,valid,test}.raw, "
+    source: str | None = typer.Option(None, help="A folder with wiki.{train,valid,test}.raw, "
                                          "a `datasets` dataset saved to disk, or a Hugging "
                                          "Face dataset name [default: wikitext-103-raw-v1]."),
     out: Path = typer.Option(Path("data/wikitext103"), help="Output folder."),
@@ -204,10 +203,10 @@ def sweep(
                                    "KEY takes one of these values. Repeatable."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
-    partition: Optional[str] = typer.Option(None, help="SLURM partition (overrides [slurm])."),
-    time_min: Optional[int] = typer.Option(None, help="SLURM time limit in minutes."),
-    gpus_per_job: Optional[int] = typer.Option(None, help="SLURM GPUs per job."),
-    cpus_per_job: Optional[int] = typer.Option(None, help="SLURM CPUs per job."),
+    partition: str | None = typer.Option(None, help="SLURM partition (overrides [slurm])."),
+    time_min: int | None = typer.Option(None, help="SLURM time limit in minutes."),
+    gpus_per_job: int | None = typer.Option(None, help="SLURM GPUs per job."),
+    cpus_per_job: int | None = typer.Option(None, help="SLURM CPUs per job."),
     progress: bool = typer.Option(True, help="Show the live run table."),
 ) -> None:
     """Run every cell of a grid (skipping finished runs, resuming interrupted ones)."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from perencode import runs
-from perencode.recipe import OptimConfig, load_recipe
+from perencode.recipe import OptimConfig
 from perencode.train import learning_rate, resolve_device
 from tests.conftest import PYTHON, ROOT, subprocess_env, tiny_overrides
 

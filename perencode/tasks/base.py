@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from perencode.errors import UserError
 from perencode.metrics import dl_distances
 
 # Odd 64-bit multiplier of the polynomial hash (wrapping int64 arithmetic).
@@ -81,13 +82,27 @@ class Exclusion:
         return out
 
 
-def distinct_rows(rows: Tensor, n: int) -> Tensor:
-    """The first `n` distinct rows of `rows` in draw order (fewer if there are not n)."""
+def duplicated(rows: Tensor) -> Tensor:
+    """bool [N]: True where a row of `rows` [N, M] repeats an earlier row."""
+    index = torch.arange(len(rows), device=rows.device)
     _, inverse = torch.unique(rows, dim=0, return_inverse=True)
-    first = torch.full((int(inverse.max()) + 1,), len(rows), dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(len(rows)), reduce="amin")
-    keep = torch.sort(first).values[:n]
-    return rows[keep]
+    first = torch.full((int(inverse.max()) + 1,), len(rows), dtype=torch.long,
+                       device=rows.device)
+    first.scatter_reduce_(0, inverse, index, reduce="amin")
+    return first[inverse] != index
+
+
+def redraw_duplicates(rows: Tensor, redraw: Callable[[Tensor], Tensor]) -> Tensor:
+    """Make the rows distinct: each repeat of an earlier row is replaced by `redraw(idx)`.
+
+    `redraw` gets the indices of the repeats, so a row keeps what its index stands for
+    (a length, a test-set cell); rows are never reordered.
+    """
+    while True:
+        idx = duplicated(rows).nonzero().squeeze(1)
+        if len(idx) == 0:
+            return rows
+        rows[idx] = redraw(idx)
 
 
 class SyntheticTask:
@@ -126,13 +141,8 @@ class SyntheticTask:
     # -- shared machinery ---------------------------------------------------------------
     def make_held_out(self, generator: torch.Generator) -> Tensor:
         """`held_out` distinct rows drawn on the CPU from the seed (device independent)."""
-        n = self.cfg.held_out
-        rows = self.draw(n, generator)
-        while True:
-            rows = distinct_rows(rows, n)
-            if len(rows) == n:
-                return rows
-            rows = torch.cat([rows, self.draw(2 * (n - len(rows)) + 16, generator)])
+        rows = self.draw(self.cfg.held_out, generator)
+        return redraw_duplicates(rows, lambda idx: self.draw(len(idx), generator))
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         """A training batch on the generator's device; held-out rows are redrawn."""
@@ -151,8 +161,12 @@ class SyntheticTask:
         for start in range(0, self.held_out.shape[0], batch_size):
             yield self.build(self.held_out[start:start + batch_size])
 
-    def evaluate(self, logits_fn: Callable[[Batch], Tensor], batch_size: int) -> dict:
+    def evaluate(self, logits_fn: Callable[[Batch], Tensor], batch_size: int,
+                 **options) -> dict:
         """Score the held-out set; `logits_fn(batch)` gives logits at the outputs [B, T_out, K]."""
+        if options:
+            raise UserError(f"{', '.join(options)}: not an option of the {self.name} task "
+                            f"(only language models have one)")
         batches, predictions = [], []
         for batch in self.held_out_batches(batch_size):
             batches.append(batch)
@@ -164,27 +178,39 @@ class SyntheticTask:
         return sequence_scores(batches, predictions)
 
 
-def sequence_scores(batches: list[Batch], predictions: list[Tensor]) -> dict:
-    """Token accuracy, sequence accuracy and mean Damerau-Levenshtein distance (SPEC §5)."""
-    correct = tokens = seq_correct = 0
-    dl_total = 0.0
-    n = 0
+def row_scores(batches: list[Batch], predictions: list[Tensor]) -> dict[str, Tensor]:
+    """Per held-out row (CPU tensors [N]): correct and scored outputs, exact match, DL distance."""
+    correct, tokens, exact, dl = [], [], [], []
     for batch, pred in zip(batches, predictions):
         target = batch.output_targets
         mask = batch.output_mask if batch.output_mask is not None else torch.ones_like(
             target, dtype=torch.bool)
         hits = (pred == target) & mask
-        correct += int(hits.sum())
-        tokens += int(mask.sum())
-        seq_correct += int((hits | ~mask).all(dim=1).sum())
-        n += len(batch)
-        dl_total += float(dl_distances(pred.cpu().numpy(), target.cpu().numpy(),
-                                       mask.sum(1).cpu().numpy()).sum())
+        correct.append(hits.sum(1).cpu())
+        tokens.append(mask.sum(1).cpu())
+        exact.append((hits | ~mask).all(dim=1).cpu())
+        # The mask of a row is a prefix of its outputs, so its sum is the row's length.
+        dl.append(torch.from_numpy(dl_distances(pred.cpu().numpy(), target.cpu().numpy(),
+                                                tokens[-1].numpy())))
+    return {"correct": torch.cat(correct), "tokens": torch.cat(tokens),
+            "exact": torch.cat(exact), "dl": torch.cat(dl)}
+
+
+def summarise(rows: dict[str, Tensor], select: Tensor | None = None) -> dict:
+    """Token accuracy, sequence accuracy and mean Damerau-Levenshtein distance (SPEC §5)
+    of the rows of `row_scores` (all, or those where `select` [N] is True)."""
+    if select is not None:
+        rows = {k: v[select] for k, v in rows.items()}
+    n, tokens = len(rows["exact"]), int(rows["tokens"].sum())
     return {
-        "token_accuracy": correct / max(tokens, 1),
-        "sequence_accuracy": seq_correct / max(n, 1),
-        "dl_distance": dl_total / max(n, 1),
+        "token_accuracy": int(rows["correct"].sum()) / max(tokens, 1),
+        "sequence_accuracy": int(rows["exact"].sum()) / max(n, 1),
+        "dl_distance": float(rows["dl"].double().sum()) / max(n, 1),
         "n_sequences": n,
         "n_tokens": tokens,
     }
 
+
+def sequence_scores(batches: list[Batch], predictions: list[Tensor]) -> dict:
+    """eval.json metrics of a sequence-output task over its whole held-out set."""
+    return summarise(row_scores(batches, predictions))
