@@ -2,7 +2,7 @@ import torch
 
 from perencode.recipe import TaskConfig
 from perencode.tasks import make
-from perencode.tasks.base import Exclusion, distinct_rows, sequence_hash
+from perencode.tasks.base import Exclusion, duplicated, redraw_duplicates, sequence_hash
 
 
 def test_reverse_known_answer():
@@ -46,6 +46,9 @@ def test_exclusion_exact_check_on_hash_collisions():
     assert ex.contains(torch.tensor([[9, 9], [1, 2]])).tolist() == [False, True]
 
 
-def test_distinct_rows_keeps_draw_order():
+def test_duplicates_are_redrawn_in_place():
     rows = torch.tensor([[3], [1], [3], [2], [1]])
-    assert distinct_rows(rows, 3).tolist() == [[3], [1], [2]]
+    assert duplicated(rows).tolist() == [False, False, True, False, True]
+    fresh = iter([torch.tensor([[7], [1]]), torch.tensor([[8]])])
+    out = redraw_duplicates(rows.clone(), lambda idx: next(fresh)[: len(idx)])
+    assert out.tolist() == [[3], [1], [7], [2], [8]]
