@@ -49,7 +49,7 @@ class TaskConfig(Section):
     held_out: int = Field(
         1024, ge=1,
         description="Distinct held-out test sequences drawn before training and never "
-        "trained on (per length for variable length).",
+        "trained on (per length for variable length; dual frequency uses held_out_per_cell).",
     )
     dual_frequency: bool = Field(
         False,
@@ -90,6 +90,17 @@ class TaskConfig(Section):
             if self.vocab_size % 2:
                 raise ValueError(f"field 'vocab_size': dual frequency needs an even K "
                                  f"(got {self.vocab_size})")
+            if self.length < 2:
+                raise ValueError("field 'length': dual frequency needs L >= 2 (a target "
+                                 "among disturbants)")
+            # A pure condition (all FREQUENT, or all RARE) needs L * per_cell distinct
+            # sequences of one half of the vocabulary: (K/2)^L exist.
+            per_half = (self.vocab_size // 2) ** self.length
+            if self.held_out_per_cell * self.length > per_half:
+                raise ValueError(
+                    f"field 'held_out_per_cell': {self.held_out_per_cell} per cell needs "
+                    f"{self.held_out_per_cell * self.length} distinct sequences of one half of "
+                    f"the vocabulary, but only (K/2)^L = {per_half} exist")
         if self.name == "predecessor" and self.vocab_size < self.length:
             raise ValueError(f"field 'vocab_size': predecessor query needs K >= L distinct "
                              f"tokens (K = {self.vocab_size}, L = {self.length})")
@@ -105,7 +116,8 @@ class TaskConfig(Section):
         return self
 
     def distinct_sequences(self) -> int:
-        """How many distinct sequences the task can draw (per length for variable length)."""
+        """How many distinct held-out rows the task can draw: sequences (per length for
+        variable length), (sequence, query) pairs for predecessor query."""
         K, L = self.vocab_size, self.length
         if self.name == "reverse_add":
             return K ** (2 * L)

@@ -24,11 +24,15 @@ _HASH_BASE = 0x100000001B3
 class Batch:
     """One batch. The model reads `inputs`; the loss reads `output_targets` at the outputs.
 
+    sequences: the random tokens drawn (reverse: [B, L]; reverse_add: [B, 2L] = x then y;
+        variable length: [B, longest l], -1 beyond each length).
     inputs: [B, T] token ids (id K is the command token where the task has one).
     targets: the task's targets in its natural shape (reverse: [B, L]; predecessor: [B]).
     output_targets: [B, T_out] the targets aligned with the output steps.
     output_steps: [B, T_out] the time step of each output; None = the last T_out steps.
     output_mask: [B, T_out] True where an output counts; None = all count.
+    lengths: [B] input length of each row (variable length only).
+    queries: [B] 0-based index of the queried element (predecessor query only).
     """
 
     sequences: Tensor
@@ -58,9 +62,7 @@ class Exclusion:
 
     def __init__(self, keys: Tensor):
         self.keys = keys  # [N, M]
-        hashes = sequence_hash(keys)
-        self.sorted_hashes, order = torch.sort(hashes)
-        self.order = order
+        self.sorted_hashes = torch.sort(sequence_hash(keys)).values  # [N]
 
     def contains(self, keys: Tensor) -> Tensor:
         """keys [B, M] -> bool [B]: True where the row is in the set."""

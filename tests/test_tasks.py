@@ -1,0 +1,368 @@
+"""Task generators (SPEC §3-4): known answers for inputs and targets, the held-out
+structures, exclusion of held-out rows from training, scoring, and recipe validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from perencode.errors import UserError
+from perencode.recipe import TaskConfig, validate
+from perencode.tasks import make
+from perencode.tasks.base import duplicated, redraw_duplicates
+from perencode.tasks.dual_frequency import DualFrequencyTask, structured_cells
+from perencode.tasks.predecessor import PredecessorTask
+from perencode.tasks.reverse import ReverseTask, VariableLengthReverseTask
+from perencode.tasks.reverse_add import ReverseAddTask
+from perencode.tasks.sort import SortTask
+from perencode.train import output_logits
+
+
+def task(seed: int = 0, **cfg):
+    return make(TaskConfig(**cfg), seed)
+
+
+def gen(seed: int = 1) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def perfect(batch):
+    """Logits that predict every output target (masked outputs predict class 0)."""
+    target = batch.output_targets.clamp(min=0)
+    return nn.functional.one_hot(target, 64).float()
+
+
+# -- dispatch ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg, cls", [
+    (dict(name="reverse"), ReverseTask),
+    (dict(name="reverse", min_length=4, length=8), VariableLengthReverseTask),
+    (dict(name="reverse", dual_frequency=True, vocab_size=8, length=8, held_out_per_cell=1),
+     DualFrequencyTask),
+    (dict(name="sort"), SortTask),
+    (dict(name="reverse_add", length=4), ReverseAddTask),
+    (dict(name="predecessor", length=4), PredecessorTask),
+])
+def test_make_dispatches(cfg, cls):
+    assert type(task(**{"vocab_size": 16, "held_out": 4} | cfg)) is cls
+
+
+# -- known answers ----------------------------------------------------------------------------
+def test_reverse_known_answer():
+    t = task(name="reverse", vocab_size=5, length=3, held_out=2)
+    b = t.build(torch.tensor([[1, 2, 3]]))
+    assert b.inputs.tolist() == [[1, 2, 3, 5, 5, 5]]
+    assert b.output_targets.tolist() == [[3, 2, 1]]
+    assert (t.num_embeddings, t.num_classes, t.max_steps) == (6, 5, 6)
+
+
+def test_sort_known_answer_keeps_ties():
+    t = task(name="sort", vocab_size=5, length=5, held_out=2)
+    b = t.build(torch.tensor([[3, 1, 3, 0, 4]]))
+    assert b.inputs.tolist() == [[3, 1, 3, 0, 4, 5, 5, 5, 5, 5]]
+    assert b.targets.tolist() == [[0, 1, 3, 3, 4]]
+    assert b.output_targets.tolist() == b.targets.tolist()
+    assert t.num_embeddings == 6
+
+
+def test_reverse_add_known_answer():
+    t = task(name="reverse_add", vocab_size=10, length=3, held_out=2)
+    b = t.build(torch.tensor([[1, 2, 3, 4, 5, 9]]))  # x = 1 2 3, y = 4 5 9
+    assert b.inputs.tolist() == [[1, 2, 3, 4, 5, 9]]  # y is the output phase: no command
+    assert b.targets.tolist() == [[(3 + 4) % 10, (2 + 5) % 10, (1 + 9) % 10]]
+    assert (t.num_embeddings, t.num_classes, t.max_steps) == (10, 10, 6)
+    assert t.held_out.shape == (2, 6) and t.draw(3, gen()).shape == (3, 6)
+
+
+def test_predecessor_known_answer():
+    t = task(name="predecessor", vocab_size=10, length=4, held_out=2)
+    b = t.build(torch.tensor([[5, 2, 7, 1, 2], [5, 2, 7, 1, 3]]))  # queries x_3, x_4 (1-based)
+    assert b.sequences.tolist() == [[5, 2, 7, 1], [5, 2, 7, 1]]
+    assert b.inputs.tolist() == [[5, 2, 7, 1, 7], [5, 2, 7, 1, 1]]
+    assert b.queries.tolist() == [2, 3]
+    assert b.targets.tolist() == [2, 7]
+    assert b.output_targets.tolist() == [[2], [7]]
+    assert (t.num_embeddings, t.num_classes, t.max_steps) == (10, 10, 5)
+
+
+def test_predecessor_draws_distinct_tokens_and_valid_queries():
+    t = task(name="predecessor", vocab_size=16384, length=16, held_out=8)
+    rows = t.draw(64, gen())
+    x, q = rows[:, :16], rows[:, 16]
+    assert rows.shape == (64, 17)
+    assert ((x >= 0) & (x < 16384)).all()
+    assert all(len(set(r)) == 16 for r in x.tolist())
+    assert ((q >= 1) & (q <= 15)).all()
+
+
+def test_predecessor_orders_and_queries_are_uniform():
+    # K = L = 3: the 6 permutations and the 2 query positions are equally likely.
+    t = task(name="predecessor", vocab_size=3, length=3, held_out=1)
+    rows = t.draw(60_000, gen())
+    perm = rows[:, 0] * 9 + rows[:, 1] * 3 + rows[:, 2]
+    counts = torch.bincount(perm, minlength=27)
+    counts = counts[counts > 0].double()
+    assert len(counts) == 6
+    assert (counts - 10_000).abs().max() < 4 * math.sqrt(10_000)
+    assert abs(float((rows[:, 3] == 1).double().mean()) - 0.5) < 4 * math.sqrt(0.25 / 60_000)
+
+
+def test_variable_length_known_answer():
+    t = task(name="reverse", vocab_size=6, length=4, min_length=2, held_out=2)
+    b = t.build(torch.tensor([[1, 2, -1, -1], [3, 4, 5, -1]]))  # lengths 2, 3: padded to 6
+    assert b.lengths.tolist() == [2, 3]
+    assert b.sequences.tolist() == [[1, 2, -1], [3, 4, 5]]
+    assert b.inputs.tolist() == [[1, 2, 6, 6, 6, 6], [3, 4, 5, 6, 6, 6]]
+    assert b.output_targets.tolist() == [[2, 1, -1], [5, 4, 3]]
+    assert b.output_steps.tolist() == [[2, 3, 4], [3, 4, 5]]
+    assert b.output_mask.tolist() == [[True, True, False], [True, True, True]]
+    assert (t.num_embeddings, t.max_steps) == (7, 8)
+
+
+class StepModel(nn.Module):
+    """Features = the time step, head = identity: logits reveal which steps were read."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Identity()
+
+    def forward(self, tokens):
+        B, T = tokens.shape
+        return torch.arange(T, dtype=torch.float)[None, :, None].expand(B, T, 1)
+
+
+def test_variable_length_outputs_are_read_at_each_rows_own_steps():
+    t = task(name="reverse", vocab_size=6, length=4, min_length=1, held_out=1)
+    b = t.build(torch.tensor([[1, -1, -1, -1], [3, 4, 5, 0]]))
+    steps = output_logits(StepModel(), b)[..., 0]
+    assert steps[b.output_mask].tolist() == [1, 4, 5, 6, 7]
+
+
+def test_variable_length_draws_and_held_out_per_length():
+    t = task(name="reverse", vocab_size=4, length=6, min_length=3, held_out=5)
+    rows = t.draw(2000, gen())
+    lengths = (rows >= 0).sum(1)
+    # -1 exactly beyond each length, every length drawn
+    assert ((rows >= 0) == (torch.arange(6) < lengths[:, None])).all()
+    assert set(lengths.tolist()) == {3, 4, 5, 6}
+    held = t.held_out
+    held_lengths = (held >= 0).sum(1)
+    assert held.shape == (4 * 5, 6)
+    assert held_lengths.tolist() == sorted([3, 4, 5, 6] * 5)
+    assert not duplicated(held).any()
+
+
+def test_variable_length_scores_by_length():
+    t = task(name="reverse", vocab_size=6, length=4, min_length=2, held_out=3)
+    result = t.evaluate(perfect, batch_size=4)  # batches mix lengths
+    assert result["token_accuracy"] == 1.0 and result["sequence_accuracy"] == 1.0
+    assert result["n_sequences"] == 9 and result["n_tokens"] == 3 * (2 + 3 + 4)
+    assert [row["length"] for row in result["by_length"]] == [2, 3, 4]
+    assert all(row["n"] == 3 and row["token_accuracy"] == 1.0 and row["dl_distance"] == 0
+               for row in result["by_length"])
+
+
+def test_variable_length_paper_sizes():
+    t = task(name="reverse", vocab_size=16384, length=64, min_length=32, held_out=1024)
+    assert t.held_out.shape == (33 * 1024, 64)
+    b = next(t.held_out_batches(1024))  # held-out batches of one length each
+    assert b.lengths.unique().tolist() == [32] and b.inputs.shape == (1024, 64)
+
+
+# -- dual frequency ---------------------------------------------------------------------------
+def test_dual_frequency_rare_fraction():
+    t = task(name="reverse", vocab_size=64, length=64, dual_frequency=True,
+             held_out_per_cell=1)
+    tokens = t.sample(2048, gen()).sequences  # 131,072 tokens
+    rare = (tokens >= 32).double()
+    se = math.sqrt(0.125 * 0.875 / rare.numel())
+    assert abs(float(rare.mean()) - 0.125) < 4 * se
+    assert tokens.min() == 0 and tokens.max() == 63
+    # uniform within each half: every id of the half appears
+    assert len(tokens[tokens < 32].unique()) == 32 and len(tokens[tokens >= 32].unique()) == 32
+
+
+@pytest.mark.parametrize("per_cell, size", [(16, 4096), (4, 1024)])
+def test_dual_frequency_structured_set(per_cell, size):
+    K, L = 64, 64
+    t = task(name="reverse", vocab_size=K, length=L, dual_frequency=True,
+             held_out_per_cell=per_cell)
+    rows, cells = t.held_out, t.cells
+    assert rows.shape == (size, L) and cells.shape == (size, 3)
+    assert not duplicated(rows).any()
+    target_rare, disturbants_rare, position = cells.unbind(1)
+    # every (target type, disturbant type, position) cell holds per_cell sequences
+    cell_id = (target_rare * 2 + disturbants_rare) * L + position - 1
+    assert torch.bincount(cell_id, minlength=4 * L).tolist() == [per_cell] * (4 * L)
+    rare = rows >= K // 2
+    at_target = torch.arange(L)[None, :] == (position - 1)[:, None]
+    assert (rare[at_target] == target_rare.bool()).all()
+    assert (rare[~at_target].view(size, L - 1) == disturbants_rare.bool()[:, None]).all()
+
+
+def test_structured_cells_order():
+    cells = structured_cells(length=2, per_cell=2)
+    assert cells.tolist()[:6] == [[0, 0, 1], [0, 0, 1], [0, 0, 2], [0, 0, 2], [0, 1, 1],
+                                  [0, 1, 1]]
+    assert len(cells) == 16
+
+
+def test_dual_frequency_scores_the_target_token():
+    K, L = 8, 8
+    t = task(name="reverse", vocab_size=K, length=L, dual_frequency=True, held_out_per_cell=2)
+    position = t.cells[:, 2]
+    seen = 0
+
+    def wrong_on_rare_targets_in_first_quarter(batch):
+        nonlocal seen  # held-out batches come in held-out order
+        cells = t.cells[seen:seen + len(batch)]
+        seen += len(batch)
+        logits = perfect(batch)
+        bad = ((cells[:, 0] == 1) & (cells[:, 2] <= 2)).nonzero().squeeze(1)
+        j = L - cells[bad, 2]  # output index of the target token
+        logits[bad, j] = nn.functional.one_hot((batch.output_targets[bad, j] + 1) % K,
+                                               64).float()
+        return logits
+
+    result = t.evaluate(wrong_on_rare_targets_in_first_quarter, batch_size=5)
+    assert len(result["by_condition"]) == 4 * L
+    for row in result["by_condition"]:
+        expected = 0.0 if row["target"] == "rare" and row["position"] <= 2 else 1.0
+        assert row["accuracy"] == expected and row["n"] == 2
+    bands = [(r["target"], r["disturbants"], r["band"], r["accuracy"], r["n"])
+             for r in result["by_band"]]
+    assert bands[:4] == [("frequent", "frequent", "1-2", 1.0, 4),
+                         ("frequent", "frequent", "3-4", 1.0, 4),
+                         ("frequent", "frequent", "5-6", 1.0, 4),
+                         ("frequent", "frequent", "7-8", 1.0, 4)]
+    assert ("rare", "rare", "1-2", 0.0, 4) in bands and len(bands) == 16
+    assert result["target_accuracy"] == 1 - 8 / len(position)  # 2 conditions x 2 t x 2
+    assert result["n_sequences"] == 4 * L * 2
+    assert result["token_accuracy"] == 1 - 8 / (len(position) * L)
+
+
+def test_dual_frequency_bands_of_length_64():
+    t = task(name="reverse", vocab_size=64, length=64, dual_frequency=True,
+             held_out_per_cell=1)
+    result = t.evaluate(perfect, batch_size=1024)
+    assert [r["band"] for r in result["by_band"][:4]] == ["1-16", "17-32", "33-48", "49-64"]
+    assert all(r["n"] == 16 and r["accuracy"] == 1.0 for r in result["by_band"])
+
+
+# -- held-out sets and exclusion --------------------------------------------------------------
+EXCLUSION_CASES = [  # held-out sets that cover a large part of all rows
+    dict(name="reverse", vocab_size=2, length=4, held_out=12),  # 12 of 16
+    dict(name="sort", vocab_size=2, length=4, held_out=12),
+    dict(name="reverse_add", vocab_size=2, length=2, held_out=12),
+    dict(name="predecessor", vocab_size=3, length=3, held_out=9),  # 9 of 12 (x, q) pairs
+    dict(name="reverse", vocab_size=2, length=3, min_length=1, held_out=1),
+    dict(name="reverse", vocab_size=4, length=2, dual_frequency=True, held_out_per_cell=1),
+]
+
+
+@pytest.mark.parametrize("cfg", EXCLUSION_CASES)
+def test_training_never_draws_held_out(cfg):
+    t = task(**cfg)
+    held = {tuple(r) for r in t.key(t.held_out).tolist()}
+    assert len(held) == len(t.held_out)  # distinct
+    g = gen()
+    for _ in range(20):
+        b = t.sample(256, g)
+        rows = b.sequences if cfg["name"] != "predecessor" else torch.cat(
+            [b.sequences, b.queries[:, None]], 1)
+        if b.lengths is not None:  # re-pad to full length to compare with held-out keys
+            rows = torch.nn.functional.pad(rows, (0, t.L - rows.shape[1]), value=-1)
+        drawn = {tuple(r) for r in rows.tolist()}
+        assert not drawn & held
+
+
+@pytest.mark.parametrize("cfg", EXCLUSION_CASES)
+def test_held_out_is_fixed_by_the_seed(cfg):
+    assert torch.equal(task(seed=5, **cfg).held_out, task(seed=5, **cfg).held_out)
+
+
+def test_held_out_differs_between_seeds():
+    cfg = dict(name="predecessor", vocab_size=64, length=8, held_out=16)
+    assert not torch.equal(task(seed=1, **cfg).held_out, task(seed=2, **cfg).held_out)
+
+
+def test_redraw_duplicates_keeps_order_and_index():
+    rows = torch.tensor([[1, 1], [2, 2], [1, 1], [3, 3], [2, 2]])
+    assert duplicated(rows).tolist() == [False, False, True, False, True]
+    fresh = iter([torch.tensor([[7, 7], [3, 3]]), torch.tensor([[9, 9]])])
+    out = redraw_duplicates(rows, lambda idx: next(fresh)[:len(idx)])
+    assert out.tolist() == [[1, 1], [2, 2], [7, 7], [3, 3], [9, 9]]
+
+
+# -- scoring ----------------------------------------------------------------------------------
+def test_sequence_scores_known_answer():
+    t = task(name="reverse", vocab_size=4, length=3, held_out=2)
+
+    def one_wrong(batch):  # swap the first two outputs of every row
+        logits = perfect(batch)
+        return logits[:, [1, 0, 2]]
+
+    rows = t.held_out
+    result = t.evaluate(one_wrong, batch_size=8)
+    same = (rows[:, 2] == rows[:, 1]).double()  # swapping equal tokens costs nothing
+    assert result["token_accuracy"] == pytest.approx(float(same.mean() * 1 + (1 - same.mean())
+                                                           * (1 / 3)))
+    assert result["dl_distance"] == pytest.approx(float((1 - same).mean()))  # a transposition
+
+
+def test_predecessor_scores_accuracy():
+    t = task(name="predecessor", vocab_size=16, length=4, held_out=10)
+    result = t.evaluate(perfect, batch_size=3)
+    assert result == {"accuracy": 1.0, "token_accuracy": 1.0, "n_sequences": 10}
+
+
+def test_evaluate_rejects_language_model_options():
+    t = task(name="sort", vocab_size=4, length=3, held_out=2)
+    with pytest.raises(UserError, match="per_position: not an option of the sort task"):
+        t.evaluate(perfect, 8, per_position=True)
+
+
+# -- validation -------------------------------------------------------------------------------
+@pytest.mark.parametrize("task_cfg, where, words", [
+    (dict(rarity=0.0), "task.rarity", "greater than 0"),
+    (dict(rarity=1.0), "task.rarity", "less than 1"),
+    (dict(dual_frequency=True, vocab_size=63), "task.vocab_size", "even K"),
+    (dict(dual_frequency=True, length=1, vocab_size=8), "task.length", "L >= 2"),
+    (dict(dual_frequency=True, vocab_size=4, length=2, held_out_per_cell=3),
+     "task.held_out_per_cell", "only (K/2)^L = 4 exist"),
+    (dict(dual_frequency=True, name="sort"), "task.dual_frequency", "fixed-length"),
+    (dict(min_length=65, length=64), "task.min_length", "65 > task.length = 64"),
+    (dict(min_length=2, name="sort"), "task.min_length", "only for task.name = 'reverse'"),
+    (dict(name="predecessor", vocab_size=8, length=16), "task.vocab_size", "K >= L"),
+    (dict(name="reverse", vocab_size=2, length=3, held_out=8), "task.held_out", "only 8"),
+    (dict(name="reverse", vocab_size=2, length=8, min_length=2, held_out=4), "task.held_out",
+     "only 4"),
+    (dict(name="reverse_add", vocab_size=2, length=1, held_out=4), "task.held_out", "only 4"),
+    (dict(name="predecessor", vocab_size=3, length=2, held_out=6), "task.held_out", "only 6"),
+])
+def test_validation_errors_are_one_line(task_cfg, where, words):
+    with pytest.raises(UserError) as err:
+        validate({"task": task_cfg}, "r.toml")
+    message = str(err.value)
+    assert message.startswith(f"r.toml: {where}: ") and words in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("cfg, distinct", [
+    (dict(name="reverse", vocab_size=3, length=4), 3 ** 4),
+    (dict(name="sort", vocab_size=3, length=4), 3 ** 4),
+    (dict(name="reverse", vocab_size=3, length=4, min_length=2), 3 ** 2),  # per length
+    (dict(name="reverse_add", vocab_size=3, length=2), 3 ** 4),
+    (dict(name="predecessor", vocab_size=5, length=3), 5 * 4 * 3 * 2),  # x and query
+])
+def test_distinct_sequences(cfg, distinct):
+    assert TaskConfig(held_out=1, **cfg).distinct_sequences() == distinct
+
+
+def test_paper_sized_configs_validate():
+    TaskConfig(name="reverse", vocab_size=16384, length=64, min_length=32)
+    TaskConfig(name="reverse", vocab_size=64, length=64, dual_frequency=True)
+    TaskConfig(name="predecessor", vocab_size=1024, length=16)
+    TaskConfig(name="reverse_add", vocab_size=1088, length=16)
