@@ -151,19 +151,33 @@ def _library(module: str, name: str, command: str):
 @app.command()
 @user_errors
 def stability(
-    run_dir: Path = typer.Argument(..., help="A dual-frequency run directory."),
-    triplets: int = typer.Option(1024, min=4, help="Triplets (x,s),(x,s'),(x',s); a multiple "
-                                 "of 4 (one quarter per target x disturbant condition)."),
-    metric: str = typer.Option("weighted", help="Column `stability`: weighted (the authors' "
-                               "code), printed (Eq. 3-4 as printed), mean (unweighted mean "
-                               "row cosine) or frobenius (plain cosine)."),
+    run_dir: Path = typer.Argument(..., help="A run of the dual-frequency task "
+                                   "(task.dual_frequency = true), GRU, LSTM or S4D."),
+    triplets: int = typer.Option(1024, min=4, help="Triplets (x,s),(x,s'),(x',s) per "
+                                 "checkpoint, drawn from the run's seed (the same at every "
+                                 "checkpoint); a multiple of 4, a quarter per target x "
+                                 "disturbant condition (FREQUENT/RARE)."),
+    metric: str = typer.Option("weighted", help="Which metric fills the `stability` column "
+                               "(all four are written as stability_<name>): weighted (the "
+                               "authors' code; Fig. 5, inferred), printed (Eq. 3-4 as "
+                               "printed, not normalised), mean (unweighted mean row cosine) "
+                               "or frobenius (cosine of the flattened Jacobians)."),
     device: str = typer.Option("auto", help=DEVICE_HELP),
-    every: int = typer.Option(1, min=1, help="Analyse every N-th checkpoint."),
-    batch: int = typer.Option(16, min=1, help="Triplets per Jacobian batch; peak memory "
-                              "grows linearly with it (see --help of the module)."),
+    every: int = typer.Option(1, min=1, help="Analyse every N-th checkpoint: the 1st, "
+                              "(N+1)-th, (2N+1)-th, ..."),
+    batch: int = typer.Option(16, min=1, help="Triplets differentiated at once; peak memory "
+                              "grows linearly with it: about 55 MB per triplet for the "
+                              "paper's GRU, 65 MB for its LSTM, 0.45 GB for its S4D "
+                              "(512 x 32,768 Jacobians), plus about 0.3 GB."),
     progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
 ) -> None:
-    """Gradient-stability analysis of every checkpoint of a run (Fig. 4-5); writes stability.csv."""
+    """Gradient stability at every checkpoint of a dual-frequency run (Fig. 4-5; SPEC §6).
+
+    Writes RUN_DIR/stability.csv: one row per checkpoint, triplet and comparison.
+    "target" = (x,s) vs (x,s'), as drawn in Fig. 5; "suffix" = (x,s) vs (x',s).
+    Checkpoints already in the file are skipped: an interrupted analysis resumes,
+    a finished one is left as it is.
+    """
     fn = _library("perencode.stability", "analyse_run", "stability")
     path = fn(run_dir, triplets=triplets, metric=metric, device=device, every=every,
               batch=batch, progress=progress)
