@@ -7,6 +7,7 @@ task's device, vectorised: no per-sample Python loop, no DataLoader.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -48,13 +49,21 @@ class Batch:
         return self.inputs.shape[0]
 
 
+@functools.lru_cache(maxsize=32)
+def _hash_powers(m: int, device: torch.device) -> Tensor:
+    """BASE^(m-1-j) mod 2^64 as int64, j = 0..m-1 (the Horner form's weights)."""
+    mask = (1 << 64) - 1
+    values = [pow(_HASH_BASE, m - 1 - j, 1 << 64) & mask for j in range(m)]
+    return torch.tensor([v - (1 << 64) if v >= 1 << 63 else v for v in values],
+                        dtype=torch.long, device=device)
+
+
 def sequence_hash(keys: Tensor) -> Tensor:
-    """Polynomial hash of each row of an integer tensor [N, M] -> int64 [N] (wraps mod 2^64)."""
-    keys = keys.long()
-    h = torch.zeros(keys.shape[0], dtype=torch.long, device=keys.device)
-    for j in range(keys.shape[1]):  # M is the sequence length: a loop over columns, not rows
-        h = h * _HASH_BASE + keys[:, j]
-    return h
+    """Polynomial hash of each row of an integer tensor [N, M] -> int64 [N] (mod 2^64).
+
+    One multiply and one sum (int64 arithmetic wraps), so it is two kernels on a GPU.
+    """
+    return (keys.long() * _hash_powers(keys.shape[1], keys.device)).sum(1)
 
 
 class Exclusion:
