@@ -7,8 +7,11 @@ PY ?= $(VENV)/bin/python
 # Installed first and pinned: an unpinned torch pulled in by a dependency downloads GBs.
 TORCH ?= torch==2.13.0
 export OMP_NUM_THREADS ?= 1
+# How targets call the CLI; the container targets swap in `docker run ... perencode`.
+PERENCODE ?= $(PY) -m perencode
+PERENCODE_DEPS ?= install
 
-.PHONY: install test lint
+.PHONY: help install test lint
 .DEFAULT_GOAL := help
 
 help:
@@ -16,6 +19,9 @@ help:
 	@echo "make test         the test suite"
 	@echo "make lint         ruff"
 	@echo "make install      create $(VENV) and install perencode into it"
+	@echo "make reproduce-all  every paper grid, then figures and verify (GPU; EXECUTOR=slurm)"
+	@echo "make test-compat  the tests under Python 3.10 + torch 2.1.1 (the container's stack)"
+	@echo "make docker-build / docker-quickstart / docker-reproduce / apptainer-build"
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

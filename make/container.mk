@@ -1,0 +1,58 @@
+# Containers and the pinned-stack check (issue 7); included by the main Makefile, which defines
+# PY (the development venv's python). docs/container.md explains each target.
+#
+# docker-reproduce and docker-quickstart run the main Makefile's reproduce-all and quickstart
+# with every `perencode` call executed in the container: those recipes invoke the CLI as
+# $(PERENCODE) with repository-relative paths (the checkout is mounted at /work), and their
+# prerequisites that set up the host's .venv are listed in $(PERENCODE_DEPS), emptied here.
+
+DOCKER ?= docker
+DOCKER_IMAGE ?= perencode:torch2.1.1
+DOCKER_GPUS ?= all
+# Run as the host user so that runs/ and figures in the mounted checkout stay the user's files.
+DOCKER_USER ?= $(shell id -u):$(shell id -g)
+DOCKER_RUN = $(DOCKER) run --rm --init --ipc=host --user $(DOCKER_USER) -e HOME=/tmp \
+	-v "$(CURDIR)":/work -w /work
+
+APPTAINER ?= apptainer
+APPTAINER_IMAGE ?= perencode.sif
+
+# The image's Python is 3.10; where no 3.10 is installed, 3.11 takes the same pins.
+COMPAT_CANDIDATES = python3.10 $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python3.10) python3.11
+COMPAT_PYTHON ?= $(firstword $(foreach p,$(COMPAT_CANDIDATES),$(shell $(p) -c 'print("$(p)")' 2>/dev/null)))
+COMPAT_VENV ?= .venv-compat
+COMPAT_CONSTRAINTS ?= constraints/py310-torch2.1.1.txt
+COMPAT_STAMP = $(COMPAT_VENV)/.installed
+
+.PHONY: docker-build docker-reproduce docker-quickstart apptainer-build test-compat
+
+docker-build:
+	$(DOCKER) build -t $(DOCKER_IMAGE) .
+
+docker-reproduce: docker-build
+	$(MAKE) reproduce-all PERENCODE_DEPS= \
+		PERENCODE='$(DOCKER_RUN) --gpus $(DOCKER_GPUS) $(DOCKER_IMAGE)'
+
+docker-quickstart: docker-build
+	$(MAKE) quickstart PERENCODE_DEPS= PERENCODE='$(DOCKER_RUN) $(DOCKER_IMAGE)'
+
+apptainer-build:
+	$(APPTAINER) build $(APPTAINER_IMAGE) apptainer.def
+
+# The PyPI build of torch 2.1.1 (CUDA wheels included, about 2.5 GB; it runs on CPU) with the
+# container's pins, then the whole test suite. PIP_CONSTRAINT also pins the editable build's
+# setuptools.
+$(COMPAT_STAMP): pyproject.toml $(COMPAT_CONSTRAINTS)
+	@test -n "$(COMPAT_PYTHON)" || { echo "test-compat: no python3.10 or python3.11 found"; exit 1; }
+	rm -rf $(COMPAT_VENV)
+	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	PIP_CONSTRAINT=$(abspath $(COMPAT_CONSTRAINTS)) $(COMPAT_VENV)/bin/python -m pip install \
+		--constraint $(COMPAT_CONSTRAINTS) torch==2.1.1 -e '.[dev]'
+	touch $@
+
+# E9 selects syntax errors only, which with --target-version include syntax newer than 3.10
+# (`except*`, `type X = ...`, PEP 701 f-strings); style is `make lint`'s business.
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -m ruff check --target-version py310 --select E9 perencode tests
+	@$(COMPAT_VENV)/bin/python -c 'import sys, torch, numpy; print(f"test-compat: python {sys.version.split()[0]}, torch {torch.__version__}, numpy {numpy.__version__}")'
+	$(COMPAT_VENV)/bin/python -m pytest
