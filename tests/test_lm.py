@@ -1,0 +1,261 @@
+"""Language modelling (SPEC §7): lm-prepare on a small WikiText-shaped corpus (cleaning,
+truncation, manifest, rebuild rules), the data checks, the task's batches and perplexity,
+and a few training iterations of the LM recipe end to end through the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import torch
+from typer.testing import CliRunner
+
+from perencode.cli import app
+from perencode.errors import UserError
+from perencode.lm.data import SPLITS, load
+from perencode.recipe import TaskConfig
+from perencode.tasks.lm import LanguageModelTask, model_ids
+
+VOCAB = 96
+MAX_TOKENS = 16
+
+
+def make_corpus(folder: Path, seed: int = 0) -> dict[str, dict]:
+    """wiki.{train,valid,test}.raw shaped like WikiText-103 raw; returns, by split, the
+    paragraphs written and the number of headings."""
+    rng = random.Random(seed)
+    syllables = ["ka", "to", "ri", "mu", "sen", "la", "po", "dra", "ne", "vo", "shi", "el"]
+    words = ["".join(rng.choices(syllables, k=rng.randint(1, 3))) for _ in range(400)]
+    weights = [1 / (i + 1) for i in range(len(words))]
+    written = {}
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in {"train": 300, "valid": 40, "test": 40}.items():
+        lines, paragraphs = [" ", f" = {split.title()} Article = ", " ", ""], []
+        for i in range(n):
+            if i % 50 == 25:
+                lines += [" = = Section = = ", " "]
+            text = " " + " ".join(rng.choices(words, weights, k=rng.randint(1, 14))) + " . "
+            paragraphs.append(text)
+            lines += [text, " "]
+        if split == "train":  # one paragraph over --max-tokens, two of a single piece
+            paragraphs += [" " + " ".join(rng.choices(words, weights, k=80)) + " . ", " . ",
+                           f" {words[0]} "]
+            lines += [paragraphs[-3], " ", " = = = Deep heading = = = ", paragraphs[-2],
+                      paragraphs[-1], ""]
+        written[split] = {"paragraphs": paragraphs,
+                          "headings": sum(line.startswith(" = ") for line in lines)}
+        (folder / f"wiki.{split}.raw").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return written
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result) -> str:
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    return lines[0]
+
+
+def prepare_cli(source: Path, out: Path, max_tokens: int = MAX_TOKENS):
+    result = cli("lm-prepare", "--source", source, "--out", out, "--vocab-size", VOCAB,
+                 "--max-tokens", max_tokens, "--threads", 1, "--no-progress")
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("wikitext")
+    return folder, make_corpus(folder)
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("prepared") / "wikitext103"
+    result = prepare_cli(corpus[0], out)
+    assert "(built)" in result.output
+    return out
+
+
+def task_config(out: Path, **changes) -> TaskConfig:
+    return TaskConfig(name="lm", vocab_size=VOCAB, length=MAX_TOKENS, data=str(out), **changes)
+
+
+def test_prepare_cleans_truncates_and_counts(corpus, prepared):
+    _, written = corpus
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    sp = spm.SentencePieceProcessor(model_file=str(prepared / "sentencepiece.model"))
+    assert sp.get_piece_size() == VOCAB
+    data = load(prepared)
+    for split in SPLITS:
+        counts = manifest["splits"][split]
+        paragraphs = written[split]["paragraphs"]
+        assert counts["paragraphs"] == len(paragraphs)
+        assert counts["headings"] == written[split]["headings"]
+        # The stored sequences are exactly the first max_tokens + 1 pieces of each
+        # paragraph of 2 pieces or more: headings and blank lines are gone.
+        encoded = sp.encode(paragraphs)
+        expected = [ids[:MAX_TOKENS + 1] for ids in encoded if len(ids) >= 2]
+        stored = data.splits[split]
+        assert [stored.tokens[a:b].tolist() for a, b in zip(stored.offsets, stored.offsets[1:])
+                ] == expected
+        assert counts["truncated"] == sum(len(ids) > MAX_TOKENS + 1 for ids in encoded)
+        assert counts["too_short"] == sum(len(ids) < 2 for ids in encoded)
+        assert counts["sequences"] == len(expected)
+        assert counts["scored_tokens"] == sum(len(ids) - 1 for ids in expected)
+    assert manifest["splits"]["train"]["truncated"] >= 1  # the 80-word paragraph
+    assert manifest["splits"]["train"]["too_short"] >= 1  # " . " is one piece
+    assert manifest["tokenizer"]["trainer"]["vocab_size"] == VOCAB
+    assert manifest["token_dtype"] == "uint16"
+
+
+def test_manifest_hashes_every_output_file(prepared):
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    on_disk = {p.name for p in prepared.iterdir()} - {"manifest.json"}
+    assert set(manifest["files"]) == on_disk
+    for name, record in manifest["files"].items():
+        data = (prepared / name).read_bytes()
+        assert record == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_rerun_is_a_no_op_and_changes_rebuild(corpus, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(corpus[0], source)
+    out = tmp_path / "out"
+    prepare_cli(source, out)
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert "(up to date)" in prepare_cli(source, out).output
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
+
+    assert "(rebuilt)" in prepare_cli(source, out, max_tokens=8).output
+    assert json.loads((out / "manifest.json").read_text())["max_tokens"] == 8
+
+    with open(source / "wiki.valid.raw", "a", encoding="utf-8") as f:
+        f.write(" ka to ri mu sen . \n")
+    assert "(rebuilt)" in prepare_cli(source, out, max_tokens=8).output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["splits"]["valid"]["paragraphs"] == len(corpus[1]["valid"]["paragraphs"]) + 1
+
+    (out / "test.bin").write_bytes(b"\0\0")  # a damaged output is not trusted
+    assert "(rebuilt)" in prepare_cli(source, out, max_tokens=8).output
+    load(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out", "source"]
+
+
+def test_prepare_errors(tmp_path):
+    line = one_line_error(cli("lm-prepare", "--source", tmp_path / "nowhere", "--out",
+                              tmp_path / "out"))
+    assert "no such folder" in line
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "wiki.train.raw").write_text(" a . \n")
+    line = one_line_error(cli("lm-prepare", "--source", tmp_path / "partial", "--out",
+                              tmp_path / "out"))
+    assert "missing wiki.test.raw, wiki.valid.raw" in line
+
+
+def test_default_source_without_datasets_says_how_to_pass_files(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` fails
+    line = one_line_error(cli("lm-prepare", "--out", tmp_path / "out"))
+    assert "pip install 'perencode[hf]'" in line and "--source DIR" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_errors(prepared, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no manifest.json; run `perencode lm-prepare`"):
+        load(tmp_path / "empty")
+    with pytest.raises(UserError, match="task.vocab_size = 64"):
+        load(prepared, vocab_size=64)
+    with pytest.raises(UserError, match="task.length = 32"):
+        load(prepared, max_tokens=32)
+    tampered = tmp_path / "tampered"
+    shutil.copytree(prepared, tampered)
+    data = bytearray((tampered / "valid.bin").read_bytes())
+    data[0] ^= 1
+    (tampered / "valid.bin").write_bytes(bytes(data))
+    with pytest.raises(UserError, match=r"valid\.bin: contents differ"):
+        load(tampered)
+
+
+def test_vocabulary_layout():
+    # SentencePiece <unk>, <s>, </s> = 0, 1, 2 go to the end: torchtext's specials order.
+    assert model_ids(8).tolist() == [7, 5, 6, 0, 1, 2, 3, 4]
+
+
+def test_sample_comes_from_the_generator_alone(prepared):
+    task = LanguageModelTask(task_config(prepared), seed=0)
+    assert (task.num_classes, task.num_embeddings, task.pad_id) == (VOCAB - 1, VOCAB, VOCAB - 1)
+    generator = torch.Generator().manual_seed(5)
+    state = generator.get_state()
+    batch = task.sample(32, generator)
+    generator.set_state(state)
+    again = task.sample(32, generator)
+    assert torch.equal(batch.sequences, again.sequences)
+
+    B, T = batch.inputs.shape
+    assert B == 32 and T == int(batch.lengths.max()) - 1 <= MAX_TOKENS
+    assert torch.equal(batch.inputs, batch.sequences[:, :-1])
+    assert torch.equal(batch.output_targets, batch.sequences[:, 1:])
+    steps = torch.arange(T)[None, :]
+    # No <unk> in this corpus: the mask is exactly "inside the paragraph".
+    assert torch.equal(batch.output_mask, steps < batch.lengths[:, None] - 1)
+    assert bool((batch.inputs[steps >= batch.lengths[:, None]] == task.pad_id).all())
+
+
+def test_uniform_logits_give_a_perplexity_of_the_class_count(prepared):
+    task = LanguageModelTask(task_config(prepared), seed=0)
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    valid = task.data.splits["valid"]
+    covered = np.sort(np.concatenate(list(task.eval_batches(valid, batch_size=3))))
+    assert covered.tolist() == list(range(len(valid)))
+
+    result = task.evaluate(lambda batch: torch.zeros(*batch.output_targets.shape,
+                                                     task.num_classes),
+                           batch_size=3, per_position=True)
+    for split in ("valid", "test"):
+        assert result[f"{split}_perplexity"] == pytest.approx(task.num_classes, rel=1e-6)
+        assert result[f"{split}_tokens"] == manifest["splits"][split]["scored_tokens"]
+        by_position = result[f"{split}_perplexity_by_position"]
+        assert len(by_position) == MAX_TOKENS
+        assert all(p is None or p == pytest.approx(task.num_classes) for p in by_position)
+        assert sum(result[f"{split}_tokens_by_position"]) == result[f"{split}_tokens"]
+
+
+def test_train_and_eval_a_language_model(prepared, tmp_path):
+    run = tmp_path / "run"
+    result = cli("train", "recipes/lstm_wikitext103_pe.toml", "--out", run, "--device", "cpu",
+                 "--no-progress", "--set", f"task.data='{prepared}'",
+                 "--set", f"task.vocab_size={VOCAB}", "--set", f"task.length={MAX_TOKENS}",
+                 "--set", "model.hidden_size=16", "--set", "model.embed_size=16",
+                 "--set", "train.iterations=20", "--set", "train.batch_size=16",
+                 "--set", "train.checkpoint_every=20", "--set", "train.log_every=10",
+                 "--set", "train.eval_batch_size=8", "--set", "optim.warmup=5")
+    assert result.exit_code == 0, result.output
+    result = cli("eval", run, "--device", "cpu", "--per-position")
+    assert result.exit_code == 0, result.output
+    scores = json.loads((run / "eval.json").read_text())
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    for split in ("valid", "test"):
+        assert 1.0 < scores[f"{split}_perplexity"] < float("inf")
+        assert math.isfinite(scores[f"{split}_perplexity"])
+        assert scores[f"{split}_tokens"] == manifest["splits"][split]["scored_tokens"]
+        assert len(scores[f"{split}_perplexity_by_position"]) == MAX_TOKENS
+
+
+def test_train_without_prepared_data_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    line = one_line_error(cli("train", "recipes/lstm_wikitext103.toml", "--out",
+                              tmp_path / "run", "--device", "cpu", "--no-progress",
+                              "--set", f"task.data='{tmp_path / 'empty'}'"))
+    assert "no manifest.json; run `perencode lm-prepare`" in line
