@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from perencode import runs
 from perencode.errors import UserError
@@ -52,31 +53,56 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def output_logits(model: nn.Module, batch: Batch) -> Tensor:
-    """Logits at the output steps only [B, T_out, K]: the head never runs on input steps."""
+# Above this many logits (scored outputs x classes) the head and the loss run a chunk of
+# rows at a time and are recomputed in the backward pass, so the full [N, K] logits never
+# exist at once (WikiText-103: 512 paragraphs x up to 1,024 steps x 32,767 classes, SPEC §7).
+CHUNK_LOGITS = 1 << 28
+
+
+def output_features(model: nn.Module, batch: Batch) -> Tensor:
+    """Model features at the output steps only [B, T_out, H]."""
     h = model(batch.inputs)  # [B, T, H]
     T_out = batch.output_targets.shape[1]
     if batch.output_steps is None:
-        h = h[:, -T_out:]  # [B, T_out, H]
-    else:
-        h = h.gather(1, batch.output_steps[..., None].expand(-1, -1, h.shape[-1]))
-    return model.head(h)  # [B, T_out, K]
+        return h[:, -T_out:]  # [B, T_out, H]
+    return h.gather(1, batch.output_steps[..., None].expand(-1, -1, h.shape[-1]))
 
 
-def loss_fn(logits: Tensor, batch: Batch) -> Tensor:
-    """Mean cross-entropy over the scored outputs (SPEC §1: output phase only)."""
+def output_logits(model: nn.Module, batch: Batch) -> Tensor:
+    """Logits at the output steps [B, T_out, K]: the head never runs on input steps."""
+    return model.head(output_features(model, batch))
+
+
+def loss_fn(model: nn.Module, batch: Batch, count_hits: bool = False,
+            chunk_logits: int = CHUNK_LOGITS) -> tuple[Tensor, Tensor | None]:
+    """Mean cross-entropy over the scored outputs (SPEC §1: output phase only; padding and
+    other masked outputs never count), and the number of correct argmax predictions when
+    `count_hits`. Returns (loss, hits)."""
+    h = output_features(model, batch)  # [B, T_out, H]
     target = batch.output_targets
     if batch.output_mask is not None:
-        target = target.masked_fill(~batch.output_mask, -100)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                           ignore_index=-100)
+        h, target = h[batch.output_mask], target[batch.output_mask]  # [N, H], [N]
+    else:
+        h, target = h.reshape(-1, h.shape[-1]), target.reshape(-1)
+    n = target.shape[0]
+    rows = max(1, chunk_logits // model.head.out_features)
+    if n <= rows:
+        logits = model.head(h)  # [N, K]
+        hits = (logits.argmax(-1) == target).sum() if count_hits else None
+        return F.cross_entropy(logits, target), hits
 
+    def ce_sum(h_chunk: Tensor, t_chunk: Tensor) -> Tensor:
+        return F.cross_entropy(model.head(h_chunk), t_chunk, reduction="sum")
 
-def accuracy(logits: Tensor, batch: Batch) -> float:
-    hits = logits.argmax(-1) == batch.output_targets
-    if batch.output_mask is not None:
-        return float(hits[batch.output_mask].float().mean())
-    return float(hits.float().mean())
+    total = h.new_zeros(())
+    hits = torch.zeros((), dtype=torch.long, device=h.device) if count_hits else None
+    for start in range(0, n, rows):
+        h_chunk, t_chunk = h[start:start + rows], target[start:start + rows]
+        total = total + checkpoint(ce_sum, h_chunk, t_chunk, use_reentrant=False)
+        if count_hits:
+            with torch.no_grad():
+                hits += (model.head(h_chunk).argmax(-1) == t_chunk).sum()
+    return total / n, hits
 
 
 def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
@@ -85,16 +111,21 @@ def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.Optimize
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
-               clip_norm: float) -> tuple[Tensor, Tensor]:
-    """One optimizer step; returns (loss, logits) without synchronising the device."""
-    logits = output_logits(model, batch)
-    loss = loss_fn(logits, batch)
+               clip_norm: float, count_hits: bool = False) -> tuple[Tensor, Tensor | None]:
+    """One optimizer step; returns (loss, correct predictions or None), not synchronised."""
+    loss, hits = loss_fn(model, batch, count_hits)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if clip_norm > 0:
         nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
     optimizer.step()
-    return loss, logits
+    return loss, hits
+
+
+def scored_outputs(batch: Batch) -> int:
+    if batch.output_mask is not None:
+        return int(batch.output_mask.sum())
+    return batch.output_targets.numel()
 
 
 def build(recipe: Recipe, device: torch.device):
@@ -102,6 +133,13 @@ def build(recipe: Recipe, device: torch.device):
     task = make(recipe.task, recipe.train.seed, device)
     torch.manual_seed(recipe.train.seed)
     model = build_model(recipe, task.num_embeddings, task.num_classes, task.max_steps)
+    pad = getattr(task, "pad_id", None)
+    if pad is not None:
+        # The authors' LM embedding: nn.Embedding(..., padding_idx=<unk>), a zero row that
+        # is never trained (SPEC §7); the synthetic tasks' command token stays learnable.
+        with torch.no_grad():
+            model.embedding.weight[pad].zero_()
+        model.embedding.padding_idx = pad
     return task, model.to(device)
 
 
@@ -189,10 +227,12 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
             for group in optimizer.param_groups:
                 group["lr"] = lr
             batch = task.sample(tc.batch_size, generator)
-            loss, logits = train_step(model, optimizer, batch, oc.clip_norm)
+            log = k % tc.log_every == 0 or k == tc.iterations
+            loss, hits = train_step(model, optimizer, batch, oc.clip_norm, count_hits=log)
             shown = {}
-            if k % tc.log_every == 0 or k == tc.iterations:
-                row = {"step": k, "loss": float(loss.detach()), "accuracy": accuracy(logits, batch),
+            if log:
+                acc = int(hits) / max(scored_outputs(batch), 1)
+                row = {"step": k, "loss": float(loss.detach()), "accuracy": acc,
                        "lr": lr, "seconds": round(time.perf_counter() - t0, 3)}
                 runs.append_metrics(run_dir, row)
                 shown = {"loss": row["loss"], "acc": row["accuracy"]}

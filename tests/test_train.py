@@ -210,3 +210,62 @@ def test_loss_decreases_on_a_small_problem(cli, tmp_path):
     assert rows[-1]["loss"] < rows[0]["loss"] - 0.3
     assert json.loads((out / "eval.json").read_text())["token_accuracy"] > 0.5
     assert math.isfinite(rows[-1]["loss"])
+
+
+def _tiny_model_and_batch(mask: bool):
+    from perencode.models import build_model
+    from perencode.recipe import Recipe
+    from perencode.tasks.base import Batch
+
+    recipe = Recipe.model_validate({"model": {"hidden_size": 8, "embed_size": 8}})
+    torch.manual_seed(0)
+    model = build_model(recipe, 11, 10, 12)
+    inputs = torch.randint(0, 11, (4, 12))
+    targets = torch.randint(0, 10, (4, 6))
+    out_mask = torch.rand(4, 6) > 0.3 if mask else None
+    return model, Batch(sequences=inputs, inputs=inputs, targets=targets,
+                        output_targets=targets, output_mask=out_mask)
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_chunked_loss_equals_full_loss_and_gradients(mask):
+    from perencode.train import loss_fn
+
+    model, batch = _tiny_model_and_batch(mask)
+    full, hits = loss_fn(model, batch, count_hits=True)
+    full.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    chunked, chunk_hits = loss_fn(model, batch, count_hits=True, chunk_logits=30)  # 3 rows
+    chunked.backward()
+    torch.testing.assert_close(chunked, full)
+    assert int(chunk_hits) == int(hits)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], msg=n)
+
+
+def test_masked_outputs_never_count():
+    from perencode.train import loss_fn
+
+    model, batch = _tiny_model_and_batch(mask=True)
+    loss = loss_fn(model, batch)[0]
+    scrambled = batch.output_targets.clone()
+    scrambled[~batch.output_mask] = (scrambled[~batch.output_mask] + 1) % 10
+    batch.output_targets = scrambled
+    torch.testing.assert_close(loss_fn(model, batch)[0], loss)
+
+
+def test_padding_row_of_a_task_is_zero_and_frozen(monkeypatch):
+    from perencode import train as train_module
+    from perencode.recipe import Recipe
+
+    class PaddedTask:
+        num_embeddings, num_classes, max_steps, pad_id = 6, 5, 4, 5
+
+    monkeypatch.setattr(train_module, "make", lambda cfg, seed, device: PaddedTask())
+    recipe = Recipe.model_validate({"model": {"hidden_size": 8, "embed_size": 8}})
+    _, model = train_module.build(recipe, torch.device("cpu"))
+    assert model.embedding.weight[5].abs().sum() == 0
+    model(torch.tensor([[5, 1, 5, 2]])).sum().backward()
+    assert model.embedding.weight.grad[5].abs().sum() == 0
+    assert model.embedding.weight.grad[1].abs().sum() > 0
