@@ -34,8 +34,9 @@ class TaskConfig(Section):
         "query, or WikiText-103 language modelling (SPEC §4, §7).",
     )
     vocab_size: int = Field(
-        256, ge=2, le=1 << 20, description="K, the number of distinct input/output tokens (lm: the SentencePiece "
-        "vocabulary V; the head then has V - 1 classes, SPEC §7)."
+        256, ge=2, le=1 << 20,
+        description="K, the number of distinct input/output tokens (lm: the SentencePiece "
+        "vocabulary V; the head then has V - 1 classes, SPEC §7).",
     )
     length: int = Field(
         64, ge=1, le=4096,

@@ -53,9 +53,10 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-# Above this many logits (scored outputs x classes, 4 GiB in fp32) the head and the loss run a chunk of
-# rows at a time and are recomputed in the backward pass, so the full [N, K] logits never
-# exist at once (WikiText-103: 512 paragraphs x up to 1,024 steps x 32,767 classes, SPEC §7).
+# Above this many logits (scored outputs x classes; 4 GiB in fp32) the head and the loss run
+# a chunk of rows at a time and are recomputed in the backward pass, so the full [N, K]
+# logits never exist at once (WikiText-103: 512 paragraphs x up to 1,024 steps x 32,767
+# classes, SPEC §7).
 CHUNK_LOGITS = 1 << 30
 
 
