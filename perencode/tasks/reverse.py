@@ -20,10 +20,14 @@ class ReverseTask(SyntheticTask):
         return torch.randint(0, self.K, (n, self.L), generator=generator,
                              device=generator.device)  # [n, L]
 
+    def transform(self, rows: Tensor) -> Tensor:
+        """What the model must emit during the command steps: the input reversed."""
+        return rows.flip(1)  # [B, L]
+
     def build(self, rows: Tensor) -> Batch:
         command = torch.full_like(rows, self.command)
         inputs = torch.cat([rows, command], dim=1)  # [B, 2L]
-        targets = rows.flip(1)  # [B, L]
+        targets = self.transform(rows)  # [B, L]
         return Batch(sequences=rows, inputs=inputs, targets=targets, output_targets=targets)
 
 

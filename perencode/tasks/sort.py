@@ -6,21 +6,15 @@ command steps the model emits the input in ascending order, ties kept (8, 2, 8 -
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from perencode.tasks.base import Batch, SyntheticTask
+from perencode.tasks.reverse import ReverseTask
 
 
-class SortTask(SyntheticTask):
+class SortTask(ReverseTask):
+    """Reverse ordering's layout and draws; only the target differs."""
+
     name = "sort"
 
-    def draw(self, n: int, generator: torch.Generator) -> Tensor:
-        return torch.randint(0, self.K, (n, self.L), generator=generator,
-                             device=generator.device)  # [n, L]
-
-    def build(self, rows: Tensor) -> Batch:
-        command = torch.full_like(rows, self.command)
-        inputs = torch.cat([rows, command], dim=1)  # [B, 2L]
-        targets = rows.sort(dim=1).values  # [B, L]
-        return Batch(sequences=rows, inputs=inputs, targets=targets, output_targets=targets)
+    def transform(self, rows: Tensor) -> Tensor:
+        return rows.sort(dim=1).values  # [B, L], stable for ties
