@@ -206,7 +206,8 @@ def lm_prepare(
 @app.command()
 @user_errors
 def sweep(
-    grid: Path = typer.Argument(..., help="Grid file, e.g. recipes/paper/fig2_gru.toml."),
+    grid: Path = typer.Argument(..., help="Grid file, e.g. "
+                                "recipes/paper/fig02_gru_reverse.toml."),
     out: Path = typer.Option(Path("runs"), help="Root of the run directories."),
     executor: str = typer.Option("local", help="local (subprocesses) or slurm (submitit)."),
     jobs: int = typer.Option(1, min=1, help="Runs at once (local)."),
@@ -217,7 +218,8 @@ def sweep(
                                    "KEY takes one of these values. Repeatable."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
-    partition: str | None = typer.Option(None, help="SLURM partition (overrides [slurm])."),
+    partition: str | None = typer.Option(None, help="SLURM partition (overrides the grid's "
+                                         "\\[slurm] table)."),
     time_min: int | None = typer.Option(None, help="SLURM time limit in minutes."),
     gpus_per_job: int | None = typer.Option(None, help="SLURM GPUs per job."),
     cpus_per_job: int | None = typer.Option(None, help="SLURM CPUs per job."),

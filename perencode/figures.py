@@ -1,0 +1,525 @@
+"""The results table and the paper's figures (`perencode figures`).
+
+`collect(paths)` reads every run directory under `paths` (recipe.toml, eval.json,
+metrics.jsonl, stability.csv) into tidy tables; `make_figures` writes them out
+(results.csv: one row per run, its grid coordinates and metrics) and draws each figure of
+the paper the results cover, as PNG and PDF. Figures select runs by their recipes, not by
+the grid that made them, so a run shared by several figures is drawn in each. Runs whose
+settings differ beyond a figure's own axes (a quick demo next to the paper's grids) go to
+separate files, suffixed with the differing settings. Error bars: 95% percentile-bootstrap
+CI of the mean over seeds, 10,000 resamples (perencode.stats).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perencode import runs
+from perencode.errors import UserError
+from perencode.io import atomic_write_text
+from perencode.progress import console
+from perencode.recipe import SECTIONS
+from perencode.stats import bootstrap_ci
+from perencode.sweep import format_value, recipe_key, short_key, short_names
+
+# Recipe fields that change nothing a figure compares: never a reason to split a figure.
+BOOKKEEPING = ("train.seed", "train.log_every", "train.checkpoint_every",
+               "train.eval_batch_size")
+IDENTITY = ("task.name", "model.arch", "encoding.kind", "task.vocab_size", "train.seed")
+ENCODINGS = {"none": "Vanilla", "sinusoidal": "Position-Encoded", "random": "Random PE",
+             "learnable": "Learnable PE", "duplicate": "Double vanilla"}
+ARCHS = {"gru": "GRU", "lstm": "LSTM", "s4d": "S4D"}
+METRICS = {"token_accuracy": "Token accuracy", "dl_distance": "Damerau-Levenshtein distance",
+           "accuracy": "Accuracy"}
+
+
+# --------------------------------------------------------------------------------------
+# Collecting results
+# --------------------------------------------------------------------------------------
+
+@dataclass
+class Results:
+    runs: pd.DataFrame                  # one row per run: run, recipe fields (dotted), metrics
+    tables: dict[str, pd.DataFrame]     # by_band, by_condition, by_length, stability, curves
+                                        # (training curves of language models)
+    recipe_columns: list[str]
+    duplicates: list[str] = field(default_factory=list)
+
+    def table(self, name: str) -> pd.DataFrame:
+        """A per-row table joined with its runs' recipe fields (empty if no run has one)."""
+        if name == "runs":
+            return self.runs
+        part = self.tables.get(name)
+        if part is None or part.empty:
+            return pd.DataFrame(columns=["run", "complete", *self.recipe_columns])
+        return part.merge(self.runs[["run", "complete", *self.recipe_columns]], on="run")
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run directories (holding recipe.toml) at or below `paths`, following links (a sweep
+    links cells to identical finished runs), each real directory once."""
+    found, seen = [], set()
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise UserError(f"{path}: no such run directory or folder")
+        for folder, dirs, files in os.walk(path, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            if "recipe.toml" in files:
+                dirs.clear()
+                real = os.path.realpath(folder)
+                if real not in seen:
+                    seen.add(real)
+                    found.append(Path(folder))
+    return found
+
+
+def flatten(recipe) -> dict:
+    """Recipe fields as dotted keys (unset ones as None); lists in their directory spelling."""
+    data = recipe.model_dump(mode="json")
+    return {f"{section}.{key}": format_value(value) if isinstance(value, list) else value
+            for section in SECTIONS for key, value in data[section].items()}
+
+
+def _training_summary(rows: list[dict]) -> dict:
+    """Last logged loss/accuracy and the training wall time summed over (re)starts
+    (`seconds` restarts from 0 when a run resumes)."""
+    if not rows:
+        return {}
+    seconds, previous = 0.0, 0.0
+    for row in rows:
+        if row["seconds"] < previous:
+            seconds += previous
+        previous = row["seconds"]
+    last = rows[-1]
+    return {"train_step": last["step"], "train_loss": last["loss"],
+            "train_accuracy": last.get("accuracy"), "train_seconds": seconds + previous}
+
+
+def _read_eval(run_dir: Path) -> tuple[dict, dict[str, list[dict]]]:
+    """eval.json split into scalars and its lists of rows (by_band, by_length, ...)."""
+    path = run_dir / "eval.json"
+    if not path.exists():
+        return {}, {}
+    data = runs.read_json(path)
+    # task, arch, encoding, vocab_size and seed repeat recipe fields: the recipe's are kept.
+    scalars = {k: v for k, v in data.items() if isinstance(v, (int, float, str, bool))
+               and k not in ("task", "arch", "encoding", "vocab_size", "seed")}
+    nested = {k: v for k, v in data.items()
+              if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)}
+    return scalars, nested
+
+
+def _read_stability(run_dir: Path) -> pd.DataFrame | None:
+    """Mean stability over the triplets of each checkpoint and condition."""
+    path = run_dir / "stability.csv"
+    if not path.exists():
+        return None
+    df = pd.read_csv(path, usecols=["iteration", "comparison", "target", "disturbants",
+                                    "stability"])
+    keys = ["iteration", "comparison", "target", "disturbants"]
+    return df.groupby(keys, as_index=False).agg(stability=("stability", "mean"),
+                                                n=("stability", "size"))
+
+
+def collect(paths: list[Path]) -> Results:
+    """Every run under `paths` into one Results; identical recipes are kept once."""
+    rows, tables, kept = [], {}, {}
+    duplicates = []
+    for run_dir in find_runs(paths):
+        recipe = runs.read_recipe(run_dir)
+        key = recipe_key(recipe)
+        if key in kept:
+            duplicates.append(f"{run_dir} (same recipe as {kept[key]})")
+            continue
+        kept[key] = run_dir
+        run = str(run_dir)
+        scalars, nested = _read_eval(run_dir)
+        metrics = runs.read_metrics(run_dir)
+        row = {"run": run, **flatten(recipe), **scalars, **_training_summary(metrics),
+               "complete": runs.is_complete(run_dir)}
+        if recipe.task.name == "lm" and "train_loss" in row:
+            row["train_perplexity"] = math.exp(row["train_loss"])
+        rows.append(row)
+        for name, items in nested.items():
+            tables.setdefault(name, []).append(pd.DataFrame(items).assign(run=run))
+        stability = _read_stability(run_dir)
+        if stability is not None:
+            tables.setdefault("stability", []).append(stability.assign(run=run))
+        if metrics and recipe.task.name == "lm":  # Fig. 15; other curves stay in the runs
+            tables.setdefault("curves", []).append(
+                pd.DataFrame(metrics)[["step", "loss", "accuracy"]].assign(run=run))
+    if not rows:
+        raise UserError(f"{', '.join(map(str, paths))}: no run directories (recipe.toml) found")
+    frame = pd.DataFrame(rows)
+    recipe_columns = [c for c in frame.columns if c.split(".")[0] in SECTIONS]
+    joined = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}
+    for table in joined.values():
+        for column in ("target", "disturbants"):  # the paper's spelling: FREQUENT, RARE
+            if column in table:
+                table[column] = table[column].str.upper()
+    if "curves" in joined:
+        joined["curves"]["train_perplexity"] = np.exp(joined["curves"]["loss"])
+    return Results(frame, joined, recipe_columns, duplicates)
+
+
+def results_table(results: Results) -> pd.DataFrame:
+    """results.csv: run, identity fields, the other recipe fields that vary, metrics."""
+    df = results.runs
+    varying = [c for c in results.recipe_columns if c in IDENTITY
+               or (c not in BOOKKEEPING and df[c].nunique(dropna=False) > 1)]
+    names = short_names(varying)
+    metrics = [c for c in df.columns if c not in results.recipe_columns and c != "run"]
+    return df[["run", *varying, *metrics]].rename(columns=names)
+
+
+# --------------------------------------------------------------------------------------
+# Drawing helpers
+# --------------------------------------------------------------------------------------
+
+def summarise(df: pd.DataFrame, by: list[str], metric: str) -> pd.DataFrame:
+    """Mean and 95% bootstrap CI over runs (seeds) of `metric` per `by` group."""
+    out = []
+    for keys, part in df.groupby(by, dropna=False, sort=True):
+        mean, low, high = bootstrap_ci(part[metric].to_numpy(dtype=float))
+        out.append({**dict(zip(by, keys if isinstance(keys, tuple) else (keys,))),
+                    "mean": mean, "low": low, "high": high, "n": len(part)})
+    return pd.DataFrame(out)
+
+
+def _label(column: str, value) -> str:
+    if column == "encoding.kind":
+        return ENCODINGS.get(value, value)
+    if column == "model.arch":
+        return ARCHS.get(value, value)
+    return str(value)
+
+
+def _subplots(nrows: int, ncols: int, width: float = 4.0, height: float = 3.2):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows),
+                             squeeze=False)
+    return fig, axes
+
+
+def _save(fig, stem: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    for path in paths:
+        fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return paths
+
+
+def _encoding_order(values) -> list[str]:
+    return [e for e in ENCODINGS if e in set(values)]
+
+
+def _lines(ax, s: pd.DataFrame, x: str, hue: str, log2: bool = False) -> None:
+    """Mean with CI error bars against x, one line per hue value."""
+    for value in _encoding_order(s[hue]) if hue == "encoding.kind" else sorted(s[hue].unique()):
+        part = s[s[hue] == value].sort_values(x)
+        ax.errorbar(part[x], part["mean"], yerr=[part["mean"] - part["low"],
+                                                 part["high"] - part["mean"]],
+                    marker="o", capsize=3, label=_label(hue, value))
+    if log2:
+        ax.set_xscale("log", base=2)
+        ticks = sorted(s[x].unique())
+        ax.set_xticks(ticks, [str(int(t)) for t in ticks])
+        ax.minorticks_off()
+
+
+def _bars(ax, s: pd.DataFrame, x: str, hue: str, x_order: list) -> None:
+    """Grouped bars with CI error bars: groups along x, one bar per hue value."""
+    hues = _encoding_order(s[hue]) if hue == "encoding.kind" else sorted(s[hue].unique())
+    width = 0.8 / max(1, len(hues))
+    for i, value in enumerate(hues):
+        part = s[s[hue] == value].set_index(x).reindex(x_order)
+        pos = np.arange(len(x_order)) + (i - (len(hues) - 1) / 2) * width
+        ax.bar(pos, part["mean"], width, yerr=[part["mean"] - part["low"],
+                                               part["high"] - part["mean"]],
+               capsize=3, label=_label(hue, value))
+    ax.set_xticks(np.arange(len(x_order)), [_label(x, v) for v in x_order])
+
+
+# --------------------------------------------------------------------------------------
+# The figures
+# --------------------------------------------------------------------------------------
+
+def draw_vocabulary(metrics: list[str]) -> Callable[[pd.DataFrame, Path], list[Path]]:
+    """Fig. 2, 7, 8, 10: metric vs vocabulary size (log2), vanilla vs PE, one column per arch."""
+    def draw(df: pd.DataFrame, stem: Path) -> list[Path]:
+        archs = [a for a in ARCHS if a in set(df["model.arch"])]
+        fig, axes = _subplots(len(metrics), len(archs))
+        for j, arch in enumerate(archs):
+            part = df[df["model.arch"] == arch]
+            for i, metric in enumerate(metrics):
+                ax = axes[i, j]
+                s = summarise(part, ["task.vocab_size", "encoding.kind"], metric)
+                _lines(ax, s, "task.vocab_size", "encoding.kind", log2=True)
+                ax.set_title(ARCHS[arch])
+                ax.set_xlabel("Vocabulary size")
+                ax.set_ylabel(METRICS.get(metric, metric))
+        axes[0, 0].legend()
+        return _save(fig, stem)
+    return draw
+
+
+def draw_dual_frequency(df: pd.DataFrame, stem: Path) -> list[Path]:
+    """Fig. 3: target-token accuracy per target-position band, one panel per arch and
+    condition (target x disturbants FREQUENT/RARE)."""
+    archs = [a for a in ARCHS if a in set(df["model.arch"])]
+    conditions = sorted(set(zip(df["target"], df["disturbants"])))
+    bands = df.drop_duplicates("band").sort_values("first")["band"].tolist()
+    fig, axes = _subplots(len(archs), len(conditions), width=3.4)
+    for i, arch in enumerate(archs):
+        for j, (target, disturbants) in enumerate(conditions):
+            part = df[(df["model.arch"] == arch) & (df["target"] == target)
+                      & (df["disturbants"] == disturbants)]
+            ax = axes[i, j]
+            _bars(ax, summarise(part, ["band", "encoding.kind"], "accuracy"), "band",
+                  "encoding.kind", bands)
+            ax.set_ylim(0, 1.05)
+            ax.set_title(f"{ARCHS[arch]}: target {target}\ndisturbants {disturbants}")
+            ax.set_xlabel("Target position")
+            ax.set_ylabel("Target accuracy")
+    axes[0, 0].legend(fontsize="small")
+    return _save(fig, stem)
+
+
+def draw_stability(df: pd.DataFrame, stem: Path) -> list[Path]:
+    """Fig. 5: stability (common-target comparison) over training; one row per model, one
+    column per encoding; colour = target type, line style = disturbant type."""
+    df = df[df["comparison"] == "target"]
+    archs = [a for a in ARCHS if a in set(df["model.arch"])]
+    encodings = _encoding_order(df["encoding.kind"])
+    fig, axes = _subplots(len(archs), len(encodings))
+    colours = {"FREQUENT": "tab:blue", "RARE": "tab:red"}
+    styles = {"FREQUENT": "-", "RARE": "--"}
+    for i, arch in enumerate(archs):
+        for j, encoding in enumerate(encodings):
+            ax = axes[i, j]
+            part = df[(df["model.arch"] == arch) & (df["encoding.kind"] == encoding)]
+            s = summarise(part, ["target", "disturbants", "iteration"], "stability")
+            for (target, disturbants), line in s.groupby(["target", "disturbants"]):
+                ax.plot(line["iteration"], line["mean"], styles.get(disturbants, ":"),
+                        color=colours.get(target), label=f"target {target}, disturbants "
+                                                         f"{disturbants}")
+                ax.fill_between(line["iteration"], line["low"], line["high"],
+                                color=colours.get(target), alpha=0.15)
+            ax.set_title(f"{ARCHS[arch]}, {ENCODINGS[encoding]}")
+            ax.set_xlabel("Training iterations")
+            ax.set_ylabel("Gradient stability")
+    axes[0, 0].legend(fontsize="small")
+    return _save(fig, stem)
+
+
+def draw_by_length(df: pd.DataFrame, stem: Path) -> list[Path]:
+    """Fig. 11: token accuracy per input length, vanilla vs PE."""
+    fig, axes = _subplots(1, 1, width=5.0)
+    _lines(axes[0, 0], summarise(df, ["length", "encoding.kind"], "token_accuracy"), "length",
+           "encoding.kind")
+    axes[0, 0].set_xlabel("Input length")
+    axes[0, 0].set_ylabel("Token accuracy")
+    axes[0, 0].legend()
+    return _save(fig, stem)
+
+
+def draw_encodings(x: str) -> Callable[[pd.DataFrame, Path], list[Path]]:
+    """Fig. 12-14: token accuracy as bars, one per encoding (grouped by `x`)."""
+    def draw(df: pd.DataFrame, stem: Path) -> list[Path]:
+        fig, axes = _subplots(1, 1, width=5.5)
+        s = summarise(df, [x, "encoding.kind"], "token_accuracy")
+        order = sorted(s[x].unique(), key=str) if x != "encoding.kind" else \
+            _encoding_order(s[x])
+        _bars(axes[0, 0], s, x, "encoding.kind", order)
+        axes[0, 0].set_ylabel("Token accuracy")
+        axes[0, 0].set_ylim(0, 1.05)
+        axes[0, 0].legend(fontsize="small")
+        return _save(fig, stem)
+    return draw
+
+
+def draw_lm_training(df: pd.DataFrame, stem: Path) -> list[Path]:
+    """Fig. 15: training perplexity (exp of the logged loss), one line per seed."""
+    fig, axes = _subplots(1, 1, width=6.0, height=4.0)
+    ax = axes[0, 0]
+    colours = {"none": "tab:blue", "sinusoidal": "tab:orange"}
+    for (encoding, seed), part in df.groupby(["encoding.kind", "train.seed"]):
+        ax.plot(part["step"], part["train_perplexity"], color=colours.get(encoding),
+                alpha=0.8, lw=1, label=f"{ENCODINGS.get(encoding, encoding)} (seed {seed})")
+    ax.set_yscale("log")
+    ax.set_xlabel("Training iterations")
+    ax.set_ylabel("Training perplexity")
+    ax.legend(fontsize="x-small", ncol=2)
+    return _save(fig, stem)
+
+
+def table_perplexity(df: pd.DataFrame, stem: Path) -> list[Path]:
+    """Table 1: min / mean / max over seeds of the test (and validation) perplexity."""
+    rows = []
+    for encoding in _encoding_order(df["encoding.kind"]):
+        part = df[df["encoding.kind"] == encoding]
+        row = {"model": f"{ENCODINGS[encoding]} LSTM", "runs": len(part)}
+        for split in ("test", "valid"):
+            values = part.get(f"{split}_perplexity", pd.Series(dtype=float)).dropna()
+            for stat in ("min", "mean", "max"):
+                row[f"{split} {stat}"] = getattr(values, stat)() if len(values) else math.nan
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    csv, md = stem.with_suffix(".csv"), stem.with_suffix(".md")
+    atomic_write_text(csv, table.to_csv(index=False))
+    header = "| " + " | ".join(table.columns) + " |\n|" + "---|" * len(table.columns) + "\n"
+    body = "".join("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) else str(v)
+                                     for v in r) + " |\n" for r in table.itertuples(index=False))
+    atomic_write_text(md, "Table 1: perplexity on WikiText-103 over seeds (min / mean / max)."
+                          "\n\n" + header + body)
+    return [md, csv]
+
+
+def _is(column: str, *values):
+    return lambda df: df[column].isin(values)
+
+
+def _fixed_reverse(df: pd.DataFrame) -> pd.Series:
+    return (df["task.name"] == "reverse") & ~df["task.dual_frequency"].astype(bool) \
+        & df["task.min_length"].isna()
+
+
+def _variable_length(df: pd.DataFrame) -> pd.Series:
+    return (df["task.name"] == "reverse") & df["task.min_length"].notna()
+
+
+@dataclass
+class Figure:
+    name: str
+    table: str                                   # a Results.table name
+    select: Callable[[pd.DataFrame], pd.Series]  # on run rows
+    axes: list[str]      # recipe fields the figure plots (panels, x, hue); the rest must agree
+    draw: Callable[[pd.DataFrame, Path], list[Path]]
+    requires: tuple[str, ...] = ()  # drawn only where a run has one of these encodings
+    complete: bool = True           # only finished runs (False: training curves of any run)
+
+
+PE_PAIR = ("none", "sinusoidal")
+VOCAB_AXES = ["model.arch", "task.vocab_size", "encoding.kind"]
+FIGURES = [
+    Figure("fig02_reverse_vocabulary", "runs",
+           lambda d: _fixed_reverse(d) & _is("encoding.kind", *PE_PAIR)(d), VOCAB_AXES,
+           draw_vocabulary(["token_accuracy", "dl_distance"])),
+    Figure("fig03_dual_frequency", "by_band",
+           lambda d: d["task.dual_frequency"].astype(bool), VOCAB_AXES, draw_dual_frequency),
+    Figure("fig05_stability", "stability",
+           lambda d: d["task.dual_frequency"].astype(bool), VOCAB_AXES, draw_stability),
+    Figure("fig07_reverse_add", "runs", _is("task.name", "reverse_add"), VOCAB_AXES,
+           draw_vocabulary(["token_accuracy"])),
+    Figure("fig08_sort", "runs",
+           lambda d: _is("task.name", "sort")(d) & _is("encoding.kind", *PE_PAIR)(d),
+           VOCAB_AXES, draw_vocabulary(["token_accuracy", "dl_distance"])),
+    Figure("fig10_predecessor", "runs", _is("task.name", "predecessor"), VOCAB_AXES,
+           draw_vocabulary(["accuracy"])),
+    Figure("fig11_variable_length", "by_length",
+           lambda d: _variable_length(d) & _is("encoding.kind", *PE_PAIR)(d),
+           ["encoding.kind"], draw_by_length),
+    Figure("fig12_double_vanilla", "runs",
+           lambda d: (_fixed_reverse(d) | (d["task.name"] == "sort"))
+           & _is("encoding.kind", *PE_PAIR, "duplicate")(d),
+           ["task.name", "encoding.kind"], draw_encodings("task.name"), ("duplicate",)),
+    Figure("fig13_pe_variants", "runs",
+           lambda d: _fixed_reverse(d) & ~_is("encoding.kind", "duplicate")(d),
+           ["encoding.kind"], draw_encodings("encoding.kind"), ("random", "learnable")),
+    Figure("fig14_pe_variants_variable_length", "runs",
+           lambda d: _variable_length(d) & ~_is("encoding.kind", "duplicate")(d),
+           ["encoding.kind"], draw_encodings("encoding.kind"), ("random", "learnable")),
+    Figure("fig15_lm_training", "curves", _is("task.name", "lm"), ["encoding.kind"],
+           draw_lm_training, complete=False),
+    Figure("table1_lm_perplexity", "runs", _is("task.name", "lm"), ["encoding.kind"],
+           table_perplexity),
+]
+
+
+def settings(df: pd.DataFrame, columns: list[str],
+             axes: list[str]) -> list[tuple[str, pd.DataFrame]]:
+    """Split runs by the recipe fields (other than the figure's axes) that differ: one
+    (file suffix, rows) per setting; no suffix when they all agree."""
+    differing = [c for c in columns if c not in axes and c not in BOOKKEEPING
+                 and df[c].nunique(dropna=False) > 1]
+    if not differing:
+        return [("", df)]
+    names = short_names(differing)
+    out = []
+    for keys, part in df.groupby(differing, dropna=False, sort=True):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        out.append(("__" + "_".join(f"{names[c]}={format_value(v)}"
+                                    for c, v in zip(differing, keys)), part))
+    return out
+
+
+def missing_runs(df: pd.DataFrame, axes: list[str]) -> list[str]:
+    """Cells of a figure without a run: per arch (its own vocabularies), the product of the
+    values seen on the other axes and of the seeds seen."""
+    keys = [a for a in axes if a != "model.arch"] + ["train.seed"]
+    missing = []
+    for arch, part in df.groupby("model.arch"):
+        have = set(map(tuple, part[keys].map(str).to_numpy()))
+        for cell in product(*(sorted(part[k].map(str).unique()) for k in keys)):
+            if cell not in have:
+                missing.append(f"arch={arch} " + " ".join(f"{short_key(k)}={v}"
+                                                         for k, v in zip(keys, cell)))
+    return missing
+
+
+def _warn(message: str) -> None:
+    console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
+def make_figures(runs: list[Path], out: Path = Path("figures")) -> list[Path]:
+    """results.csv, the per-row tables and every figure the runs under `runs` cover."""
+    results = collect([Path(p) for p in runs])
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for line in results.duplicates:
+        _warn(f"ignored a second run of the same recipe: {line}")
+    written = [out / "results.csv"]
+    atomic_write_text(written[0], results_table(results).to_csv(index=False))
+    for name, table in sorted(results.tables.items()):
+        if name != "curves":
+            written.append(out / f"results_{name}.csv")
+            atomic_write_text(written[-1], table.to_csv(index=False))
+    for figure in FIGURES:
+        chosen = results.runs[figure.select(results.runs)]
+        if figure.complete:
+            chosen = chosen[chosen["complete"]]
+        if figure.requires:  # only settings with such a run; a suffix only if several do
+            chosen = pd.concat([chosen.iloc[:0]] + [
+                part for _, part in settings(chosen, results.recipe_columns, figure.axes)
+                if part["encoding.kind"].isin(figure.requires).any()])
+        for suffix, part in settings(chosen, results.recipe_columns, figure.axes):
+            rows = results.table(figure.table)
+            rows = rows[rows["run"].isin(part["run"])]
+            if rows.empty:
+                continue
+            lacking = missing_runs(part[part["run"].isin(rows["run"])], figure.axes)
+            if lacking:
+                shown = "; ".join(lacking[:8]) + (f"; and {len(lacking) - 8} more"
+                                                  if len(lacking) > 8 else "")
+                _warn(f"{figure.name}{suffix}: drawn without {len(lacking)} missing run(s): "
+                      f"{shown}")
+            written += figure.draw(rows, out / f"{figure.name}{suffix}")
+    return written

@@ -1,0 +1,293 @@
+"""Grids and sweeps (perencode.sweep): a tiny grid (2 vocabularies x 2 encodings x 2 seeds)
+through the local executor, a rerun that skips everything, submitit's local executor,
+failures, linked twins, the dry run, then figures and verify on the real runs; and every
+grid file of the package expands to valid recipes in stable directories."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import ROOT
+from matplotlib.image import imread
+from typer.testing import CliRunner
+
+from perencode import runs
+from perencode.cli import app
+from perencode.errors import UserError
+from perencode.sweep import TrainJob, load_grid, recipe_key, run_sweep
+
+TINY = """
+[task]
+name = "reverse"
+length = 4
+held_out = 16
+
+[model]
+hidden_size = 16
+embed_size = 8
+
+[optim]
+lr = 1e-2
+warmup = 2
+
+[train]
+iterations = 10
+batch_size = 8
+checkpoint_every = 10
+log_every = 5
+eval_batch_size = 16
+"""
+AXES = """
+[grid]
+"task.vocab_size" = [8, 16]
+"encoding.kind" = ["none", "sinusoidal"]
+"train.seed" = [111, 222]
+"""
+CELLS = [f"vocab_size={k}/encoding={e}/seed={s}" for k in (8, 16)
+         for e in ("none", "sinusoidal") for s in (111, 222)]
+
+
+def sweep(*args) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["sweep", *map(str, args), "--device", "cpu",
+                                      "--no-progress"], catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    grid = root / "tiny.toml"
+    grid.write_text(TINY + AXES)
+    code, output = sweep(grid, "--out", root / "runs", "--jobs", "2")
+    return grid, root / "runs", code, output
+
+
+def test_local_sweep_trains_every_cell(swept):
+    grid, out, code, output = swept
+    assert code == 0, output
+    for cell in CELLS:
+        run = out / "tiny" / cell
+        assert runs.is_complete(run), output
+        log = (run / "train.log").read_text()
+        assert log.startswith("# ") and "perencode train" in log
+        assert runs.read_recipe(run).description == f"tiny: {cell}"
+
+
+def test_rerun_skips_finished_and_resumes_unfinished(swept):
+    grid, out, _, _ = swept
+    logs = {c: (out / "tiny" / c / "train.log").read_text() for c in CELLS}
+    unfinished = out / "tiny" / CELLS[0]
+    (unfinished / "eval.json").unlink()
+    (unfinished / "checkpoints" / "step-10.pt").unlink()
+    code, output = sweep(grid, "--out", out, "--jobs", "2")
+    assert code == 0, output
+    assert runs.is_complete(unfinished)
+    for cell in CELLS[1:]:
+        assert (out / "tiny" / cell / "train.log").read_text() == logs[cell]
+    assert (unfinished / "train.log").read_text().count("perencode train") == 2
+
+
+def test_submitit_local_executor(swept, tmp_path):
+    grid, _, _, _ = swept
+    out = tmp_path / "runs"
+    code = run_sweep(grid, out=out, executor="slurm", device="cpu", progress=False,
+                     only=["seed=111", "vocab_size=8"],
+                     slurm={"cluster": "local", "gpus_per_job": 0, "cpus_per_job": 1})
+    assert code == 0
+    done = sorted(p.parent.relative_to(out / "tiny").as_posix()
+                  for p in out.glob("tiny/**/eval.json"))
+    assert done == ["vocab_size=8/encoding=none/seed=111",
+                    "vocab_size=8/encoding=sinusoidal/seed=111"]
+    assert any((out / "tiny" / ".submitit").iterdir())
+
+
+def test_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
+    grid = tmp_path / "mixed.toml"
+    grid.write_text(TINY.replace('name = "reverse"', 'name = "reverse"\ndata = "nowhere"')
+                    + '[grid]\n"task.name" = ["lm", "reverse"]\n')
+    code, output = sweep(grid, "--out", tmp_path / "runs")
+    assert code == 1
+    failed = tmp_path / "runs" / "mixed" / "task=lm"
+    assert f"log: {failed / 'train.log'}" in output.replace("\n", "")
+    assert "no manifest.json" in (failed / "train.log").read_text()
+    assert runs.is_complete(tmp_path / "runs" / "mixed" / "task=reverse")
+
+
+def test_identical_recipes_are_linked_not_retrained(swept):
+    grid, out, _, _ = swept
+    twin = grid.with_name("twin.toml")
+    twin.write_text(grid.read_text())
+    code, output = sweep(twin, "--out", out, "--only", "seed=111")
+    assert code == 0, output
+    for cell in CELLS:
+        if "seed=111" in cell:
+            linked = out / "twin" / cell
+            assert linked.is_symlink() and linked.resolve() == (out / "tiny" / cell).resolve()
+    assert "reuse" in output
+
+
+def test_analyses_run_after_training_until_their_output_is_complete(swept):
+    from perencode.sweep import plan
+
+    grid, out, _, _ = swept
+    after = grid.with_name("after.toml")
+    after.write_text(f'base = "{grid.name}"\n[sweep]\nafter = ["stability"]\n')
+    planned = plan(load_grid(after, only=["seed=222"]), out)
+    assert [r.state for r in planned] == ["reuse"] * 4
+    assert all(r.commands == [["stability", str(r.dir)]] for r in planned)
+    csv = planned[0].twin / "stability.csv"
+    csv.write_text("iteration,stability\n10,1.0\n")  # covers the run's one checkpoint
+    try:
+        again = plan(load_grid(after, only=["seed=222"]), out)
+    finally:
+        csv.unlink()
+    assert again[0].commands == [] and all(r.commands for r in again[1:])
+
+
+def test_dry_run_prints_cost_and_writes_nothing(swept, tmp_path):
+    grid, _, _, _ = swept
+    code, output = sweep(grid, "--out", tmp_path / "fresh", "--dry-run")
+    assert code == 0
+    assert "device-hours" in output and "s/it" in output
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_figures_and_verify_on_the_swept_runs(swept, tmp_path):
+    _, out, _, _ = swept
+    runner = CliRunner()
+    result = runner.invoke(app, ["figures", str(out / "tiny"), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(tmp_path / "results.csv")
+    assert len(table) == 8
+    assert {"vocab_size", "encoding", "seed", "token_accuracy", "dl_distance"} <= set(table)
+    image = imread(tmp_path / "fig02_reverse_vocabulary.png")
+    assert image.ndim == 3 and image.shape[0] > 100
+    assert (tmp_path / "fig02_reverse_vocabulary.pdf").stat().st_size > 0
+
+    claims = tmp_path / "claims.toml"
+    true = ('[[claim]]\nid = "trained"\nstatement = "every cell has an accuracy in [0, 1]"\n'
+            'where = { "task.name" = "reverse" }\nmetric = "token_accuracy"\n'
+            'by = ["task.vocab_size", "encoding.kind"]\ntest = "threshold"\nop = ">="\n'
+            'value = 0.0\n')
+    false = ('[[claim]]\nid = "impossible"\nstatement = "deliberately false: accuracy 150%"\n'
+             'where = { "task.name" = "reverse" }\nmetric = "token_accuracy"\n'
+             'by = ["task.vocab_size", "encoding.kind"]\ntest = "threshold"\nvalue = 1.5\n')
+    claims.write_text(true)
+    result = runner.invoke(app, ["verify", str(out / "tiny"), "--claims", str(claims),
+                                 "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    claims.write_text(true + "\n" + false)
+    result = runner.invoke(app, ["verify", str(out / "tiny"), "--claims", str(claims),
+                                 "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    verdicts = {r["id"]: r for r in json.loads((tmp_path / "verify.json").read_text())
+                ["results"]}
+    assert verdicts["trained"]["verdict"] == "pass"
+    assert len(verdicts["trained"]["cells"]) == 4
+    assert verdicts["impossible"]["verdict"] == "fail"
+    worst = table.groupby(["vocab_size", "encoding"])["token_accuracy"].mean().min()
+    assert verdicts["impossible"]["value"] == pytest.approx(worst)
+
+
+def test_checkpoint_stops_training_and_the_requeued_job_resumes(tmp_path):
+    """What submitit does on a SLURM time-out: checkpoint() -> requeue -> call again."""
+    grid = tmp_path / "long.toml"
+    grid.write_text(TINY.replace("iterations = 10", "iterations = 400")
+                    .replace("checkpoint_every = 10", "checkpoint_every = 400")
+                    + '[grid]\n"train.seed" = [111]\n')
+    cell = load_grid(grid).cells[0]
+    run_dir = tmp_path / "run"
+    runs.claim(run_dir, cell.recipe)
+    args = (str(run_dir), [["train", str(run_dir / "recipe.toml"), "--out", str(run_dir)]],
+            "cpu", 1)
+    job, errors = TrainJob(), []
+
+    def call():
+        try:
+            job(*args)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not runs.read_metrics(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    delayed = job.checkpoint(*args)
+    thread.join()
+    assert (run_dir / "checkpoints" / "resume.pt").exists() and errors
+    assert isinstance(delayed.function, TrainJob) and delayed.args == args
+    delayed.function(*delayed.args)
+    assert runs.is_complete(run_dir)
+    assert "interrupted at iteration" in (run_dir / "train.log").read_text()
+    steps = [row["step"] for row in runs.read_metrics(run_dir)]
+    assert steps == list(range(5, 401, 5))  # resumed: every logged step once
+
+
+GRIDS = sorted((ROOT / "recipes" / "paper").glob("*.toml")) + \
+    sorted((ROOT / "recipes" / "quick").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.stem)
+def test_package_grids_expand_to_stable_valid_cells(path):
+    first, again = load_grid(path), load_grid(path)
+    names = [c.name for c in first.cells]
+    assert names == [c.name for c in again.cells] and len(set(names)) == len(names)
+    assert all("seed=" in n for n in names)
+    assert {recipe_key(c.recipe) for c in first.cells} == \
+        {recipe_key(c.recipe) for c in again.cells}
+    if path.parent.name == "paper":
+        assert first.description.startswith(("Fig. ", "Table "))
+        assert {c.recipe.train.seed for c in first.cells} == {111, 222, 333, 444, 555}
+        assert all(c.recipe.model.hidden_size == 512 for c in first.cells)
+
+
+def test_paper_grids_share_identical_runs():
+    def keys(name):
+        return {recipe_key(c.recipe) for c in load_grid(ROOT / "recipes" / "paper" /
+                                                         f"{name}.toml").cells}
+    assert keys("fig05_lstm_stability") == keys("fig03_lstm_dual_frequency")
+    assert len(keys("fig12_lstm_double_vanilla") & (keys("fig02_lstm_reverse")
+                                                     | keys("fig08_lstm_sort"))) == 20
+    assert load_grid(ROOT / "recipes" / "paper" / "fig05_s4d_stability.toml").sweep.after \
+        == ["stability"]
+
+
+@pytest.mark.parametrize("text, options, message", [
+    (TINY + '[grid]\n"task.vocabsize" = [8]\n', {},
+     "task.vocabsize: unknown key 'vocabsize' in [task]"),
+    (TINY + '[grid]\n"tsk.vocab_size" = [8]\n', {}, "axes are section.key"),
+    (TINY + '[grid]\n"task.vocab_size" = 8\n', {}, "must be a non-empty list"),
+    (TINY + '[grid]\n"task.vocab_size" = [8, 8]\n', {}, "value 8 appears twice"),
+    (TINY + '[grid]\n"task.vocab_size" = [1]\n', {}, "vocab_size=1: task.vocab_size"),
+    (TINY, {}, "no [grid] table"),
+    (TINY + AXES + '[slurm]\npartion = "gpu"\n', {}, "[slurm] partion: unknown key"),
+    (TINY + AXES, {"overrides": ["task.vocab_size=4"]}, "is an axis of"),
+    (TINY + AXES, {"only": ["seed=999"]}, "999 is not a value of train.seed"),
+    (TINY + AXES, {"only": ["colour=red"]}, "AXIS one of vocab_size, encoding, seed"),
+    ('base = "grid.toml"\n' + AXES, {}, "(a loop)"),
+])
+def test_grid_mistakes_are_one_line(tmp_path, text, options, message):
+    path = tmp_path / "grid.toml"
+    path.write_text(text)
+    with pytest.raises(UserError) as err:
+        load_grid(path, **options)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_base_chain_overrides_key_by_key(tmp_path):
+    (tmp_path / "base.toml").write_text(TINY + AXES)
+    child = tmp_path / "child.toml"
+    child.write_text('base = "base.toml"\n[model]\nhidden_size = 24\n'
+                     '[grid]\n"train.seed" = [7]\n')
+    grid = load_grid(child, only=["vocab_size=16"])
+    assert [c.name for c in grid.cells] == ["vocab_size=16/encoding=none/seed=7",
+                                            "vocab_size=16/encoding=sinusoidal/seed=7"]
+    assert all(c.recipe.model.hidden_size == 24 and c.recipe.model.embed_size == 8
+               for c in grid.cells)
+    assert Path(grid.path) == child

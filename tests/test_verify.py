@@ -1,0 +1,225 @@
+"""Claims checks (perencode.verify) on hand-made runs with known numbers; the claims
+files of the package parse and evaluate. The path from real tiny runs is in test_sweep.py."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from test_figures import by_band, fake_run, stability_rows
+
+from perencode.errors import UserError
+from perencode.verify import load_claims, verify_runs
+
+REVERSE = '{ "task.name" = "reverse", "task.dual_frequency" = false, "model.arch" = "gru" }'
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory):
+    """GRU reverse: K = 32 solved by both, K = 64 PE 0.97 vs vanilla 0.60 (three seeds);
+    dual frequency; stability falling (vanilla) / rising (PE); language models."""
+    root = tmp_path_factory.mktemp("runs")
+    for i, seed in enumerate((111, 222, 333)):
+        for vocab, pe, van in ((32, 0.99, 0.98), (64, 0.97, 0.60)):
+            for enc, acc in (("sinusoidal", pe), ("none", van)):
+                fake_run(root, f"rev/{vocab}/{enc}/{seed}", encoding=enc, vocab=vocab,
+                         seed=seed, metrics={"token_accuracy": acc + 0.002 * i,
+                                             "dl_distance": (1 - acc) * 64})
+        for enc, good, bad, end in (("sinusoidal", 0.99, 0.97, 0.9), ("none", 0.95, 0.3, 0.2)):
+            fake_run(root, f"dual/{enc}/{seed}", encoding=enc, vocab=64, seed=seed,
+                     task_extra={"dual_frequency": True},
+                     metrics={"by_band": by_band(good, bad)},
+                     stability=stability_rows(0.8, end))
+        for enc, ppl in (("none", 37.0), ("sinusoidal", 38.4)):
+            fake_run(root, f"lm/{enc}/{seed}", task="lm", arch="lstm", encoding=enc,
+                     vocab=32768, seed=seed, metrics={"test_perplexity": ppl + 0.4 * i})
+    return root
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "claims.toml"
+    path.write_text(text)
+    return path
+
+
+CLAIMS = f'''
+[[claim]]
+id = "pe-above-95"
+statement = "PE above 95% at every K"
+where = {REVERSE[:-2]}, "encoding.kind" = "sinusoidal", "task.vocab_size" = [32, 64, 128] }}
+metric = "token_accuracy"
+by = ["task.vocab_size"]
+test = "threshold"
+value = 0.95
+
+[[claim]]
+id = "vanilla-degrades"
+statement = "vanilla drops with K"
+where = {REVERSE[:-2]}, "encoding.kind" = "none" }}
+metric = "token_accuracy"
+test = "trend"
+along = "task.vocab_size"
+op = "<"
+
+[[claim]]
+id = "pe-helps-at-largest"
+statement = "PE beats vanilla at the largest K"
+where = {REVERSE}
+metric = "token_accuracy"
+by = ["task.vocab_size"]
+cells = "last"
+test = "difference"
+a = {{ "encoding.kind" = "sinusoidal" }}
+b = {{ "encoding.kind" = "none" }}
+
+[[claim]]
+id = "pe-helps-at-smallest"
+statement = "PE's gain at the smallest K is smaller than at the largest"
+where = {REVERSE[:-2]}, "task.vocab_size" = 32 }}
+metric = "token_accuracy"
+test = "difference"
+a = {{ "encoding.kind" = "sinusoidal" }}
+b = {{ "encoding.kind" = "none" }}
+than = "pe-helps-at-largest"
+op = "<"
+
+[[claim]]
+id = "worst-band"
+statement = "vanilla, RARE disturbants: worst at t = 1..16"
+table = "by_band"
+where = {{ "encoding.kind" = "none", "disturbants" = "RARE", "target" = "FREQUENT" }}
+metric = "accuracy"
+test = "lowest"
+along = "band"
+expect = "1-16"
+
+[[claim]]
+id = "stability-declines"
+statement = "vanilla stability declines with RARE disturbants"
+table = "stability"
+where = {{ "encoding.kind" = "none", "comparison" = "target", "disturbants" = "RARE" }}
+metric = "stability"
+test = "trend"
+along = "iteration"
+op = "<"
+
+[[claim]]
+id = "table1-mean"
+statement = "vanilla mean perplexity near 37.4"
+where = {{ "task.name" = "lm", "encoding.kind" = "none" }}
+metric = "test_perplexity"
+test = "approx"
+value = 37.4
+tolerance = 0.1
+
+[[claim]]
+id = "pe-worse-min"
+statement = "PE has the higher minimum perplexity"
+where = {{ "task.name" = "lm" }}
+metric = "test_perplexity"
+statistic = "min"
+test = "difference"
+a = {{ "encoding.kind" = "sinusoidal" }}
+b = {{ "encoding.kind" = "none" }}
+
+[[claim]]
+id = "s4d"
+statement = "nothing trained: not run"
+where = {{ "model.arch" = "s4d" }}
+metric = "token_accuracy"
+test = "threshold"
+value = 0.5
+'''
+
+
+def test_verdicts_on_known_numbers(runs_root, tmp_path):
+    code = verify_runs([runs_root], claims=write(tmp_path, CLAIMS), out=tmp_path / "out")
+    assert code == 0
+    report = json.loads((tmp_path / "out" / "verify.json").read_text())
+    got = {r["id"]: r for r in report["results"]}
+    assert {k: v["verdict"] for k, v in got.items()} == {
+        "pe-above-95": "pass", "vanilla-degrades": "pass", "pe-helps-at-largest": "pass",
+        "pe-helps-at-smallest": "pass", "worst-band": "pass", "stability-declines": "pass",
+        "table1-mean": "pass", "pe-worse-min": "pass", "s4d": "not run"}
+    worst = got["pe-above-95"]
+    assert worst["value"] == pytest.approx(0.972)  # K = 64 decides: 0.970, 0.972, 0.974
+    assert worst["ci95"][0] <= 0.972 <= worst["ci95"][1]
+    assert worst["coverage"] == "2/3 cells" and "vocab_size=64" in worst["reproduced"]
+    assert got["pe-helps-at-largest"]["value"] == pytest.approx(0.37)
+    assert got["vanilla-degrades"]["value"] == pytest.approx(0.60 - 0.98)
+    assert got["stability-declines"]["value"] == pytest.approx(0.2 - 0.8)
+    assert got["pe-worse-min"]["value"] == pytest.approx(38.4 - 37.0)
+    assert got["pe-helps-at-smallest"]["value"] == pytest.approx(0.01 - 0.37)
+    md = (tmp_path / "out" / "verify.md").read_text()
+    assert "| pe-above-95 |" in md and "8 pass, 0 fail, 1 not run" in md
+
+
+def test_a_false_claim_fails_the_run(runs_root, tmp_path):
+    false = CLAIMS + f'''
+[[claim]]
+id = "vanilla-solves-64"
+statement = "deliberately false: vanilla above 95% at K = 64"
+where = {REVERSE[:-2]}, "encoding.kind" = "none", "task.vocab_size" = 64 }}
+metric = "token_accuracy"
+test = "threshold"
+value = 0.95
+'''
+    assert verify_runs([runs_root], claims=write(tmp_path, false), out=tmp_path) == 1
+    got = {r["id"]: r["verdict"] for r in json.loads((tmp_path / "verify.json").read_text())
+           ["results"]}
+    assert got["vanilla-solves-64"] == "fail"
+
+
+def test_runs_of_different_settings_are_not_mixed(runs_root, tmp_path):
+    fake_run(tmp_path / "extra", "small", hidden=16, vocab=64, encoding="sinusoidal",
+             metrics={"token_accuracy": 0.1})
+    claims = write(tmp_path, CLAIMS.split("[[claim]]\nid = \"vanilla-degrades\"")[0])
+    verify_runs([runs_root, tmp_path / "extra"], claims=claims, out=tmp_path / "out")
+    result = json.loads((tmp_path / "out" / "verify.json").read_text())["results"][0]
+    assert result["verdict"] == "not run" and "model.hidden_size varies" in result["note"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[[claim]]\nid = "x"\nstatement = "s"\nmetric = "m"\ntest = "threshold"\nfoo = 1\n',
+     "claim x: foo: Extra inputs are not permitted"),
+    ('[[claim]]\nid = "x"\nstatement = "s"\nmetric = "m"\ntest = "difference"\n',
+     "claim x: test = 'difference' needs filters `a` and `b`"),
+    ('[[claim]]\nid = "x"\nstatement = "s"\nmetric = "m"\ntest = "difference"\n'
+     'a = { "encoding.kind" = "none" }\nb = { "encoding.kind" = "random" }\nthan = "y"\n',
+     "than = 'y' is no claim's id"),
+    ('title = "no claims"\n', "no [[claim]] tables"),
+])
+def test_claims_file_mistakes_are_one_line(tmp_path, text, message):
+    with pytest.raises(UserError, match="claims.toml") as err:
+        load_claims(write(tmp_path, text))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_filter_column_is_a_user_error(runs_root, tmp_path):
+    text = CLAIMS.replace('"encoding.kind" = "none", "disturbants"', '"encoding.kid" = "none", '
+                          '"disturbants"')
+    with pytest.raises(UserError, match="no column 'encoding.kid'"):
+        verify_runs([runs_root], claims=write(tmp_path, text), out=tmp_path)
+
+
+@pytest.mark.parametrize("name, count", [("paper_claims.toml", 49), ("quick_claims.toml", 4)])
+def test_package_claims_parse_and_evaluate(runs_root, tmp_path, name, count):
+    from conftest import ROOT
+
+    path = ROOT / "data" / name
+    assert len(load_claims(path)) == count
+    verify_runs([runs_root], claims=path, out=tmp_path)
+    results = pd.DataFrame(json.loads((tmp_path / "verify.json").read_text())["results"])
+    assert set(results["verdict"]) <= {"pass", "fail", "not run"}
+    assert results["statement"].str.len().min() > 10
+
+
+def test_claims_on_missing_tables_are_not_run(tmp_path):
+    from conftest import ROOT
+
+    fake_run(tmp_path / "runs", "one", metrics={"token_accuracy": 0.5, "dl_distance": 1.0})
+    code = verify_runs([tmp_path / "runs"], claims=ROOT / "data" / "paper_claims.toml",
+                       out=tmp_path)
+    results = json.loads((tmp_path / "verify.json").read_text())["results"]
+    assert code == 0 and {r["verdict"] for r in results} == {"not run"}
