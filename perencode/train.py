@@ -238,14 +238,16 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
                 runs.append_metrics(run_dir, row)
                 shown = {"loss": row["loss"], "acc": row["accuracy"]}
             reporter.advance(1, **shown)
+            saved = None
             if k % tc.checkpoint_every == 0 or k == tc.iterations:
-                checkpoint(ckpt_dir / f"step-{k}.pt", k)
+                saved = ckpt_dir / f"step-{k}.pt"
+                checkpoint(saved, k)
                 (ckpt_dir / "resume.pt").unlink(missing_ok=True)
             elif stop.signum is not None:
-                checkpoint(ckpt_dir / "resume.pt", k)
+                saved = ckpt_dir / "resume.pt"
+                checkpoint(saved, k)
             if stop.signum is not None and k < tc.iterations:
-                path = runs.resume_point(run_dir)
-                raise Interrupted(k, path)
+                raise Interrupted(k, saved)
 
     result = evaluate_model(model, task, recipe, device)
     result["iteration"] = tc.iterations
