@@ -116,8 +116,10 @@ def bench(
     from perencode.train import resolve_device
 
     r = load_recipe(recipe, overrides)
-    if baseline and r.model.arch == "s4d":
-        raise UserError("--baseline: the bare reference loop exists for gru and lstm only")
+    if baseline and (r.model.arch == "s4d" or r.task.name not in ("reverse", "sort")
+                     or r.task.min_length is not None or r.task.dual_frequency):
+        raise UserError("--baseline: the bare reference loop exists for gru and lstm on the "
+                        "fixed-length reverse and sort tasks only")
     result = run_bench(r, resolve_device(device), iterations, warmup, baseline)
     table = Table(title=f"bench {recipe}")
     table.add_column("figure")
@@ -136,16 +138,6 @@ def recipe_schema() -> None:
     print("| key | type | default | description |\n|---|---|---|---|")
     for row in schema_rows():
         print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
-
-
-def _library(module: str, name: str, command: str):
-    """The library function behind a command, or a clear line if this version lacks it."""
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        fail(f"`perencode {command}` is not available in this version yet")
 
 
 @app.command()
@@ -178,8 +170,9 @@ def stability(
     Checkpoints already in the file are skipped: an interrupted analysis resumes,
     a finished one is left as it is.
     """
-    fn = _library("perencode.stability", "analyse_run", "stability")
-    path = fn(run_dir, triplets=triplets, metric=metric, device=device, every=every,
+    from perencode.stability import analyse_run
+
+    path = analyse_run(run_dir, triplets=triplets, metric=metric, device=device, every=every,
               batch=batch, progress=progress)
     console.print(f"wrote {path}")
 
@@ -197,8 +190,9 @@ def lm_prepare(
     progress: bool = typer.Option(True, help="Show progress."),
 ) -> None:
     """Prepare WikiText-103 for language modelling: clean, train SentencePiece, encode."""
-    fn = _library("perencode.lm.prepare", "prepare", "lm-prepare")
-    manifest = fn(source=source, out=out, vocab_size=vocab_size, max_tokens=max_tokens,
+    from perencode.lm.prepare import prepare
+
+    manifest = prepare(source=source, out=out, vocab_size=vocab_size, max_tokens=max_tokens,
                   threads=threads, progress=progress)
     console.print(f"prepared {out} ({manifest.get('status', 'done')})")
 
@@ -226,11 +220,12 @@ def sweep(
     progress: bool = typer.Option(True, help="Show the live run table."),
 ) -> None:
     """Run every cell of a grid (skipping finished runs, resuming interrupted ones)."""
-    fn = _library("perencode.sweep", "run_sweep", "sweep")
+    from perencode.sweep import run_sweep
+
     slurm = {k: v for k, v in (("partition", partition), ("time_min", time_min),
                                ("gpus_per_job", gpus_per_job),
                                ("cpus_per_job", cpus_per_job)) if v is not None}
-    code = fn(grid, out=out, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
+    code = run_sweep(grid, out=out, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
               dry_run=dry_run, only=only, overrides=overrides, device=device, slurm=slurm,
               progress=progress)
     raise typer.Exit(code)
@@ -243,8 +238,9 @@ def figures(
     out: Path = typer.Option(Path("figures"), help="Output folder."),
 ) -> None:
     """Collect results into results.csv and draw every paper figure they cover."""
-    fn = _library("perencode.figures", "make_figures", "figures")
-    written = fn(runs, out=out)
+    from perencode.figures import make_figures
+
+    written = make_figures(runs, out=out)
     for path in written:
         console.print(f"wrote {path}")
 
@@ -257,8 +253,9 @@ def verify(
     out: Path = typer.Option(Path("figures"), help="Where verify.md and verify.json go."),
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
-    fn = _library("perencode.verify", "verify_runs", "verify")
-    raise typer.Exit(fn(runs, claims=claims, out=out))
+    from perencode.verify import verify_runs
+
+    raise typer.Exit(verify_runs(runs, claims=claims, out=out))
 
 
 def main() -> None:  # pragma: no cover

@@ -12,6 +12,7 @@ CI of the mean over seeds, 10,000 resamples (perencode.stats).
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from collections.abc import Callable
@@ -24,7 +25,7 @@ import pandas as pd
 
 from perencode import runs
 from perencode.errors import UserError
-from perencode.io import atomic_write_text
+from perencode.io import atomic_write_bytes, atomic_write_text
 from perencode.progress import console
 from perencode.recipe import SECTIONS
 from perencode.stats import bootstrap_ci
@@ -222,7 +223,9 @@ def _save(fig, stem: Path) -> list[Path]:
     fig.tight_layout()
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
     for path in paths:
-        fig.savefig(path, dpi=150)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format=path.suffix[1:], dpi=150)
+        atomic_write_bytes(path, buffer.getvalue())
     plt.close(fig)
     return paths
 

@@ -8,7 +8,7 @@ from rapidfuzz.distance import DamerauLevenshtein
 
 def dl_distance(prediction, target) -> int:
     """Unrestricted Damerau-Levenshtein distance between two token sequences."""
-    return DamerauLevenshtein.distance(list(prediction), list(target))
+    return DamerauLevenshtein.distance(prediction, target)
 
 
 def dl_distances(predictions: np.ndarray, targets: np.ndarray, lengths: np.ndarray) -> np.ndarray:

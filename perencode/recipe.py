@@ -77,6 +77,9 @@ class TaskConfig(Section):
             if self.data is None:
                 raise ValueError("field 'data': task.name = 'lm' needs task.data (a folder "
                                  "made by `perencode lm-prepare`)")
+            for field in ("min_length", "dual_frequency"):
+                if field in self.model_fields_set and getattr(self, field):
+                    raise ValueError(f"field '{field}': not an option of task.name = 'lm'")
             return self
         if self.min_length is not None:
             if self.name != "reverse":

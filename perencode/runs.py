@@ -59,6 +59,8 @@ def claim(run_dir: Path, recipe: Recipe) -> bool:
     A different recipe in an existing run directory is refused: a finished run is never
     silently overwritten.
     """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir}: exists and is not a directory; choose another --out")
     path = run_dir / "recipe.toml"
     if path.exists():
         existing = read_recipe(run_dir)
@@ -108,7 +110,7 @@ def now() -> str:
 def record_start(run_dir: Path, device: torch.device, seed: int) -> None:
     """env.json: provenance of the first start, plus one entry per (re)start."""
     path = run_dir / "env.json"
-    env = json.loads(path.read_text()) if path.exists() else {}
+    env = read_json(path) if path.exists() else {}
     starts = env.get("starts", [])
     current = environment(device, seed)
     starts.append({"time": now(), "device": current["device"], "git_commit": current["git_commit"]})
@@ -120,7 +122,7 @@ def record_start(run_dir: Path, device: torch.device, seed: int) -> None:
 
 def record_end(run_dir: Path) -> None:
     path = run_dir / "env.json"
-    env = json.loads(path.read_text()) if path.exists() else {}
+    env = read_json(path) if path.exists() else {}
     env["end_time"] = now()
     atomic_write_json(path, env)
 
@@ -156,12 +158,9 @@ def save_checkpoint(path: Path, *, iteration: int, recipe: Recipe, model: torch.
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": {"step": iteration},
-        "rng": {
-            "generator": generator.get_state(),
-            "generator_device": str(generator.device),
-            "torch": torch.get_rng_state(),
-            "cuda": (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []),
-        },
+        # Batches come from `generator` alone (no dropout): its state and the CPU RNG are
+        # all a resumed run needs to continue bit-identically.
+        "rng": {"generator": generator.get_state(), "torch": torch.get_rng_state()},
     }
     atomic_torch_save(path, state)
 

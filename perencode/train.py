@@ -48,6 +48,9 @@ def resolve_device(name: str) -> torch.device:
         raise UserError(f"--device '{name}': expected auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device '{name}': no CUDA device is available (use cpu or auto)")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device '{name}': only {torch.cuda.device_count()} CUDA device(s) "
+                        f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
     if device.type not in ("cpu", "cuda"):
         raise UserError(f"--device '{name}': expected auto, cpu, cuda or cuda:N")
     return device
@@ -80,17 +83,20 @@ def loss_fn(model: nn.Module, batch: Batch, count_hits: bool = False,
     other masked outputs never count), and the number of correct argmax predictions when
     `count_hits`. Returns (loss, hits)."""
     h = output_features(model, batch)  # [B, T_out, H]
-    target = batch.output_targets
-    if batch.output_mask is not None:
-        h, target = h[batch.output_mask], target[batch.output_mask]  # [N, H], [N]
+    target, mask = batch.output_targets, batch.output_mask
+    K = model.head.out_features
+    if h.shape[0] * h.shape[1] * K <= chunk_logits:
+        logits = model.head(h)  # [B, T_out, K]
+        # ignore_index rather than boolean indexing: no device sync in the hot path.
+        scored = target if mask is None else target.masked_fill(~mask, -100)
+        loss = F.cross_entropy(logits.reshape(-1, K), scored.reshape(-1), ignore_index=-100)
+        hits = (logits.argmax(-1) == scored).sum() if count_hits else None
+        return loss, hits
+    if mask is not None:  # drop padding before the head: it dominates LM batches
+        h, target = h[mask], target[mask]  # [N, H], [N]
     else:
         h, target = h.reshape(-1, h.shape[-1]), target.reshape(-1)
-    n = target.shape[0]
-    rows = max(1, chunk_logits // model.head.out_features)
-    if n <= rows:
-        logits = model.head(h)  # [N, K]
-        hits = (logits.argmax(-1) == target).sum() if count_hits else None
-        return F.cross_entropy(logits, target), hits
+    n, rows = target.shape[0], max(1, chunk_logits // K)
 
     def ce_sum(h_chunk: Tensor, t_chunk: Tensor) -> Tensor:
         return F.cross_entropy(model.head(h_chunk), t_chunk, reduction="sum")
@@ -215,7 +221,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
     ckpt_dir = run_dir / "checkpoints"
     t0 = time.perf_counter()
 
-    def checkpoint(path: Path, iteration: int) -> None:
+    def save(path: Path, iteration: int) -> None:
         runs.save_checkpoint(path, iteration=iteration, recipe=recipe, model=model,
                              optimizer=optimizer, generator=generator)
 
@@ -241,11 +247,11 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
             saved = None
             if k % tc.checkpoint_every == 0 or k == tc.iterations:
                 saved = ckpt_dir / f"step-{k}.pt"
-                checkpoint(saved, k)
+                save(saved, k)
                 (ckpt_dir / "resume.pt").unlink(missing_ok=True)
             elif stop.signum is not None:
                 saved = ckpt_dir / "resume.pt"
-                checkpoint(saved, k)
+                save(saved, k)
             if stop.signum is not None and k < tc.iterations:
                 raise Interrupted(k, saved)
 

@@ -64,6 +64,8 @@ def test_round_trip_through_toml(tmp_path):
      "task.held_out: 8 held-out sequences leave nothing to train on: only 8"),
     ("[optim]\nbetas = [0.9, 1.5]\n", [], "optim.betas"),
     ("[encoding]\nkind = 'duplicate'\nmode = 'add'\n", [], "encoding.mode"),
+    ("[task]\nname = 'lm'\ndata = 'd'\nmin_length = 3\n", [],
+     "task.min_length: not an option of task.name = 'lm'"),
     ("", ["model.hidden_size"], "expected section.key=value"),
     ("", ["foo.bar=1"], "section one of task, model"),
     ("", ["model.hidden_size=-1"], "(with --set): model.hidden_size"),

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from perencode.errors import UserError
+from perencode.io import fsync_dir
 from perencode.lm.data import (
     FORMAT,
     FORMAT_VERSION,
@@ -345,14 +346,6 @@ def _previous_manifest(out: Path) -> dict | None:
     return manifest
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def prepare(source: str | None = None, out: str | Path = "data/wikitext103",
             vocab_size: int = 32768, max_tokens: int = 1024, threads: int = 0,
             progress: bool = True) -> dict:
@@ -397,7 +390,7 @@ def prepare(source: str | None = None, out: str | Path = "data/wikitext103",
                 shutil.rmtree(old)
             else:
                 os.rename(build, out)
-            _fsync_dir(out.parent)
+            fsync_dir(out.parent)
         finally:
             shutil.rmtree(build, ignore_errors=True)
     return manifest | {"status": "built" if previous is None else "rebuilt"}

@@ -73,23 +73,29 @@ class Exclusion:
         self.keys = keys  # [N, M]
         self.sorted_hashes = torch.sort(sequence_hash(keys)).values  # [N]
 
-    def contains(self, keys: Tensor) -> Tensor:
-        """keys [B, M] -> bool [B]: True where the row is in the set."""
+    def members(self, keys: Tensor) -> Tensor:
+        """keys [B, M] -> the indices [n] of the rows that are in the set.
+
+        One host-device sync (`nonzero`) when no hash hits, the usual case in training.
+        """
         if self.keys.shape[0] == 0:
-            return torch.zeros(keys.shape[0], dtype=torch.bool, device=keys.device)
+            return torch.zeros(0, dtype=torch.long, device=keys.device)
         h = sequence_hash(keys)
         idx = torch.searchsorted(self.sorted_hashes, h).clamp_max(len(self.sorted_hashes) - 1)
-        hit = self.sorted_hashes[idx] == h
-        if not bool(hit.any()):
-            return hit
-        rows = hit.nonzero().squeeze(1)
+        rows = (self.sorted_hashes[idx] == h).nonzero().squeeze(1)
+        if len(rows) == 0:
+            return rows
         # Exact check of the (rare) hash hits against the whole set, a chunk at a time.
         found = torch.zeros(len(rows), dtype=torch.bool, device=keys.device)
         for start in range(0, self.keys.shape[0], 4096):
             chunk = self.keys[start:start + 4096]
             found |= (keys[rows][:, None, :] == chunk[None]).all(-1).any(-1)
-        out = torch.zeros_like(hit)
-        out[rows] = found
+        return rows[found]
+
+    def contains(self, keys: Tensor) -> Tensor:
+        """keys [B, M] -> bool [B]: True where the row is in the set."""
+        out = torch.zeros(keys.shape[0], dtype=torch.bool, device=keys.device)
+        out[self.members(keys)] = True
         return out
 
 
@@ -158,14 +164,11 @@ class SyntheticTask:
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         """A training batch on the generator's device; held-out rows are redrawn."""
         rows = self.draw(batch_size, generator)
-        hit = self._exclusion.contains(self.key(rows))
-        while bool(hit.any()):
-            idx = hit.nonzero().squeeze(1)
+        idx = self._exclusion.members(self.key(rows))
+        while len(idx):
             fresh = self.draw(len(idx), generator)
             rows[idx] = fresh
-            again = self._exclusion.contains(self.key(fresh))
-            hit = torch.zeros_like(hit)
-            hit[idx[again]] = True
+            idx = idx[self._exclusion.members(self.key(fresh))]
         return self.build(rows)
 
     def held_out_batches(self, batch_size: int) -> Iterator[Batch]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from perencode.tasks.base import Batch, redraw_duplicates, row_scores, summarise
+from perencode.tasks.base import Batch, redraw_duplicates, sequence_scores
 from perencode.tasks.reverse import ReverseTask
 
 TYPES = ("frequent", "rare")
@@ -69,7 +69,7 @@ class DualFrequencyTask(ReverseTask):
         """Whole-sequence metrics, plus the target token's accuracy: `target_accuracy`,
         `by_condition` (per condition and position) and `by_band` (per condition and quarter
         of the positions: 1-16, 17-32, 33-48, 49-64 for L = 64)."""
-        overall = summarise(row_scores(batches, predictions))
+        overall = sequence_scores(batches, predictions)
         pred = torch.cat([p.cpu() for p in predictions])  # [N, L], in held-out order
         rows = self.held_out.cpu()
         target_rare, disturbants_rare, position = self.cells.unbind(1)  # [N] each
