@@ -46,3 +46,18 @@ def test_bench_prints_json_line(cli):
     assert result["seconds_per_iteration"] > 0 and result["device"] == "cpu"
     assert result["sequences_per_second"] == pytest.approx(4 / result["seconds_per_iteration"])
     assert result["peak_memory_bytes"] > 0 and result["ratio_to_bare"] > 0
+
+
+def test_out_that_is_a_file_is_refused(cli, tmp_path):
+    target = tmp_path / "a_file"
+    target.write_text("mine")
+    code, text = cli("train", RECIPE, "--out", str(target), "--device", "cpu")
+    assert code == 2 and "exists and is not a directory" in text
+    assert target.read_text() == "mine"
+
+
+@pytest.mark.parametrize("recipe", ["lstm_varlen_vocab16384.toml", "s4d_vocab1024.toml",
+                                    "gru_dualfreq_vocab64.toml"])
+def test_bench_baseline_scope(cli, recipe):
+    code, text = cli("bench", str(ROOT / "recipes" / recipe), "--baseline", "--device", "cpu")
+    assert code == 2 and "--baseline: the bare reference loop exists for gru and lstm" in text

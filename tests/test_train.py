@@ -269,3 +269,22 @@ def test_padding_row_of_a_task_is_zero_and_frozen(monkeypatch):
     model(torch.tensor([[5, 1, 5, 2]])).sum().backward()
     assert model.embedding.weight.grad[5].abs().sum() == 0
     assert model.embedding.weight.grad[1].abs().sum() > 0
+
+
+def test_corrupted_env_json_is_one_line(cli, tmp_path):
+    out = tmp_path / "run"
+    assert cli(*_train_args(out, 10))[0] == 0
+    (out / "eval.json").unlink()  # unfinished again: the rerun reads env.json
+    (out / "env.json").write_text("{not json")
+    code, text = cli(*_train_args(out, 10))
+    assert code == 2 and "env.json: not valid JSON" in text and "Traceback" not in text
+
+
+def test_cuda_index_beyond_device_count(monkeypatch):
+    from perencode.errors import UserError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(UserError, match=r"only 1 CUDA device\(s\) \(cuda:0..cuda:0\)"):
+        resolve_device("cuda:3")
