@@ -110,14 +110,11 @@ def now() -> str:
 def record_start(run_dir: Path, device: torch.device, seed: int) -> None:
     """env.json: provenance of the first start, plus one entry per (re)start."""
     path = run_dir / "env.json"
-    env = read_json(path) if path.exists() else {}
-    starts = env.get("starts", [])
+    previous = read_json(path) if path.exists() else {}
     current = environment(device, seed)
-    starts.append({"time": now(), "device": current["device"], "git_commit": current["git_commit"]})
-    env = {**current, **{k: v for k, v in env.items() if k in ("start_time",)}}
-    env.setdefault("start_time", starts[0]["time"])
-    env["starts"] = starts
-    atomic_write_json(path, env)
+    starts = [*previous.get("starts", []),
+              {"time": now(), "device": current["device"], "git_commit": current["git_commit"]}]
+    atomic_write_json(path, {**current, "start_time": starts[0]["time"], "starts": starts})
 
 
 def record_end(run_dir: Path) -> None:
