@@ -11,12 +11,13 @@ export OMP_NUM_THREADS ?= 1
 PERENCODE ?= $(PY) -m perencode
 PERENCODE_DEPS ?= install
 
-.PHONY: help install test lint
+.PHONY: help install test test-fast lint
 .DEFAULT_GOAL := help
 
 help:
 	@echo "make quickstart   CPU demo of the paper's headline effect (installs first)"
-	@echo "make test         the test suite"
+	@echo "make test         the test suite (everything; CI runs it)"
+	@echo "make test-fast    the tests not marked slow (under a minute)"
 	@echo "make lint         ruff"
 	@echo "make install      create $(VENV) and install perencode into it"
 	@echo "make reproduce-all  every paper grid, then figures and verify (GPU; EXECUTOR=slurm)"
@@ -34,6 +35,9 @@ install: $(VENV)/.installed
 
 test: install
 	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not slow"
 
 lint: install
 	$(PY) -m ruff check perencode tests

@@ -7,15 +7,26 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from perencode import runs
+from perencode.bench import bench as run_bench
+from perencode.console import console
+from perencode.device import resolve_device
 from perencode.errors import UserError
-from perencode.progress import console
+from perencode.evaluate import evaluate_run
+from perencode.figures import make_figures
+from perencode.lm.prepare import prepare
+from perencode.recipe import load_recipe, schema_rows
+from perencode.stability import analyse_run
+from perencode.sweep import run_sweep
+from perencode.train import Interrupted
+from perencode.train import train as run_training
+from perencode.verify import verify_runs
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -53,20 +64,17 @@ def train(
     progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
 ) -> None:
     """Train a recipe (or resume its interrupted run, or report it complete)."""
-    from perencode.recipe import load_recipe
-    from perencode.runs import default_run_dir
-    from perencode.train import Interrupted
-    from perencode.train import train as run_training
 
     r = load_recipe(recipe, overrides)
-    run_dir = out if out is not None else default_run_dir(recipe, r.train.seed)
+    run_dir = out if out is not None else runs.default_run_dir(recipe, r.train.seed)
+    already = run_dir.is_dir() and runs.is_complete(run_dir)
     try:
         result = run_training(r, run_dir, device, progress=progress)
     except Interrupted as stop:
         console.print(f"interrupted at iteration {stop.iteration}; checkpoint saved to "
                       f"{stop.path}. Run the same command again to resume.")
         raise typer.Exit(130) from None
-    if result.pop("already_complete", False):
+    if already:
         console.print(f"{run_dir}: run is already complete; results in {run_dir}/eval.json")
     _print_metrics(result, run_dir / "eval.json")
 
@@ -92,7 +100,6 @@ def eval_(
                                       help="Language models: perplexity by token position."),
 ) -> None:
     """Score a run on its held-out data and write eval.json."""
-    from perencode.evaluate import evaluate_run
 
     options = {"per_position": True} if per_position else {}
     result, path = evaluate_run(run_dir, device, checkpoint, **options)
@@ -111,15 +118,8 @@ def bench(
                                   "shapes (GRU/LSTM) and report the ratio."),
 ) -> None:
     """Time the real training step; prints a table and a final JSON line."""
-    from perencode.bench import bench as run_bench
-    from perencode.recipe import load_recipe
-    from perencode.train import resolve_device
 
     r = load_recipe(recipe, overrides)
-    if baseline and (r.model.arch == "s4d" or r.task.name not in ("reverse", "sort")
-                     or r.task.min_length is not None or r.task.dual_frequency):
-        raise UserError("--baseline: the bare reference loop exists for gru and lstm on the "
-                        "fixed-length reverse and sort tasks only")
     result = run_bench(r, resolve_device(device), iterations, warmup, baseline)
     table = Table(title=f"bench {recipe}")
     table.add_column("figure")
@@ -133,7 +133,6 @@ def bench(
 @app.command("recipe-schema")
 def recipe_schema() -> None:
     """Print every recipe field (key, type, default, meaning) as a Markdown table."""
-    from perencode.recipe import schema_rows
 
     print("| key | type | default | description |\n|---|---|---|---|")
     for row in schema_rows():
@@ -144,7 +143,7 @@ def recipe_schema() -> None:
 @user_errors
 def stability(
     run_dir: Path = typer.Argument(..., help="A run of the dual-frequency task "
-                                   "(task.dual_frequency = true), GRU, LSTM or S4D."),
+                                   "(task.name = \"dual_frequency\"), GRU, LSTM or S4D."),
     triplets: int = typer.Option(1024, min=4, help="Triplets (x,s),(x,s'),(x',s) per "
                                  "checkpoint, drawn from the run's seed (the same at every "
                                  "checkpoint); a multiple of 4, a quarter per target x "
@@ -158,9 +157,7 @@ def stability(
     every: int = typer.Option(1, min=1, help="Analyse every N-th checkpoint: the 1st, "
                               "(N+1)-th, (2N+1)-th, ..."),
     batch: int = typer.Option(16, min=1, help="Triplets differentiated at once; peak memory "
-                              "grows linearly with it: about 55 MB per triplet for the "
-                              "paper's GRU, 65 MB for its LSTM, 0.45 GB for its S4D "
-                              "(512 x 32,768 Jacobians), plus about 0.3 GB."),
+                              "grows linearly with it (docs/stability.md)."),
     progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
 ) -> None:
     """Gradient stability at every checkpoint of a dual-frequency run (Fig. 4-5; SPEC §6).
@@ -170,7 +167,6 @@ def stability(
     Checkpoints already in the file are skipped: an interrupted analysis resumes,
     a finished one is left as it is.
     """
-    from perencode.stability import analyse_run
 
     path = analyse_run(run_dir, triplets=triplets, metric=metric, device=device, every=every,
               batch=batch, progress=progress)
@@ -190,7 +186,6 @@ def lm_prepare(
     progress: bool = typer.Option(True, help="Show progress."),
 ) -> None:
     """Prepare WikiText-103 for language modelling: clean, train SentencePiece, encode."""
-    from perencode.lm.prepare import prepare
 
     manifest = prepare(source=source, out=out, vocab_size=vocab_size, max_tokens=max_tokens,
                   threads=threads, progress=progress)
@@ -220,7 +215,6 @@ def sweep(
     progress: bool = typer.Option(True, help="Show the live run table."),
 ) -> None:
     """Run every cell of a grid (skipping finished runs, resuming interrupted ones)."""
-    from perencode.sweep import run_sweep
 
     slurm = {k: v for k, v in (("partition", partition), ("time_min", time_min),
                                ("gpus_per_job", gpus_per_job),
@@ -238,7 +232,6 @@ def figures(
     out: Path = typer.Option(Path("figures"), help="Output folder."),
 ) -> None:
     """Collect results into results.csv and draw every paper figure they cover."""
-    from perencode.figures import make_figures
 
     written = make_figures(runs, out=out)
     for path in written:
@@ -253,14 +246,5 @@ def verify(
     out: Path = typer.Option(Path("figures"), help="Where verify.md and verify.json go."),
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
-    from perencode.verify import verify_runs
 
     raise typer.Exit(verify_runs(runs, claims=claims, out=out))
-
-
-def main() -> None:  # pragma: no cover
-    app(prog_name="perencode")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -8,15 +8,15 @@ import torch
 from torch import nn
 
 from perencode import runs
+from perencode.device import resolve_device
 from perencode.errors import UserError
 from perencode.io import atomic_write_json
-from perencode.recipe import Recipe
-from perencode.train import build, output_logits, resolve_device
+from perencode.models import build, output_logits
+from perencode.recipe import Recipe, identity
 
 
 @torch.no_grad()
-def evaluate_model(model: nn.Module, task, recipe: Recipe, device: torch.device,
-                   **options) -> dict:
+def evaluate_model(model: nn.Module, task, recipe: Recipe, **options) -> dict:
     was_training = model.training
     model.eval()
     try:
@@ -45,7 +45,7 @@ def load_run(run_dir: str | Path, device: torch.device, checkpoint: str | Path |
             raise UserError(f"{run_dir}: no checkpoints yet (train it first)")
         checkpoint = steps[-1][1]
     state = runs.load_checkpoint(checkpoint, map_location=device)
-    if state["recipe"] != recipe.to_dict():
+    if identity(state["recipe"]) != recipe.identity():
         raise UserError(f"{checkpoint}: checkpoint belongs to another recipe than "
                         f"{run_dir / 'recipe.toml'}")
     task, model = build(recipe, device)
@@ -59,7 +59,7 @@ def evaluate_run(run_dir: str | Path, device: str = "auto",
     run_dir = Path(run_dir)
     dev = resolve_device(device)
     recipe, task, model, iteration = load_run(run_dir, dev, checkpoint)
-    result = evaluate_model(model, task, recipe, dev, **options)
+    result = evaluate_model(model, task, recipe, **options)
     result["iteration"] = iteration
     final = iteration == recipe.train.iterations
     path = write_eval(run_dir, result, "eval.json" if final else f"eval-step-{iteration}.json")

@@ -1,7 +1,6 @@
 """The results table and the paper's figures (`perencode figures`).
 
-`collect(paths)` reads every run directory under `paths` (recipe.toml, eval.json,
-metrics.jsonl, stability.csv) into tidy tables; `make_figures` writes them out
+`make_figures` collects the runs under its paths (perencode.results) and writes them out
 (results.csv: one row per run, its grid coordinates and metrics) and draws each figure of
 the paper the results cover, as PNG and PDF. Figures select runs by their recipes, not by
 the grid that made them, so a run shared by several figures is drawn in each. Runs whose
@@ -14,27 +13,20 @@ from __future__ import annotations
 
 import io
 import math
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from perencode import runs
-from perencode.errors import UserError
+from perencode.console import console
+from perencode.grid import format_value, short_key, short_names
 from perencode.io import atomic_write_bytes, atomic_write_text
-from perencode.progress import console
-from perencode.recipe import SECTIONS
+from perencode.results import BOOKKEEPING, collect, results_table
 from perencode.stats import bootstrap_ci
-from perencode.sweep import format_value, recipe_key, short_key, short_names
 
-# Recipe fields that change nothing a figure compares: never a reason to split a figure.
-BOOKKEEPING = ("train.seed", "train.log_every", "train.checkpoint_every",
-               "train.eval_batch_size")
-IDENTITY = ("task.name", "model.arch", "encoding.kind", "task.vocab_size", "train.seed")
 ENCODINGS = {"none": "Vanilla", "sinusoidal": "Position-Encoded", "random": "Random PE",
              "learnable": "Learnable PE", "duplicate": "Double vanilla"}
 ARCHS = {"gru": "GRU", "lstm": "LSTM", "s4d": "S4D"}
@@ -43,150 +35,10 @@ METRICS = {"token_accuracy": "Token accuracy", "dl_distance": "Damerau-Levenshte
 
 
 # --------------------------------------------------------------------------------------
-# Collecting results
-# --------------------------------------------------------------------------------------
-
-@dataclass
-class Results:
-    runs: pd.DataFrame                  # one row per run: run, recipe fields (dotted), metrics
-    tables: dict[str, pd.DataFrame]     # by_band, by_condition, by_length, stability, curves
-                                        # (training curves of language models)
-    recipe_columns: list[str]
-    duplicates: list[str] = field(default_factory=list)
-
-    def table(self, name: str) -> pd.DataFrame:
-        """A per-row table joined with its runs' recipe fields (empty if no run has one)."""
-        if name == "runs":
-            return self.runs
-        part = self.tables.get(name)
-        if part is None or part.empty:
-            return pd.DataFrame(columns=["run", "complete", *self.recipe_columns])
-        return part.merge(self.runs[["run", "complete", *self.recipe_columns]], on="run")
-
-
-def find_runs(paths: list[Path]) -> list[Path]:
-    """Run directories (holding recipe.toml) at or below `paths`, following links (a sweep
-    links cells to identical finished runs), each real directory once."""
-    found, seen = [], set()
-    for path in paths:
-        path = Path(path)
-        if not path.exists():
-            raise UserError(f"{path}: no such run directory or folder")
-        for folder, dirs, files in os.walk(path, followlinks=True):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            if "recipe.toml" in files:
-                dirs.clear()
-                real = os.path.realpath(folder)
-                if real not in seen:
-                    seen.add(real)
-                    found.append(Path(folder))
-    return found
-
-
-def flatten(recipe) -> dict:
-    """Recipe fields as dotted keys (unset ones as None); lists in their directory spelling."""
-    data = recipe.model_dump(mode="json")
-    return {f"{section}.{key}": format_value(value) if isinstance(value, list) else value
-            for section in SECTIONS for key, value in data[section].items()}
-
-
-def _training_summary(rows: list[dict]) -> dict:
-    """Last logged loss/accuracy and the training wall time summed over (re)starts
-    (`seconds` restarts from 0 when a run resumes)."""
-    if not rows:
-        return {}
-    seconds, previous = 0.0, 0.0
-    for row in rows:
-        if row["seconds"] < previous:
-            seconds += previous
-        previous = row["seconds"]
-    last = rows[-1]
-    return {"train_step": last["step"], "train_loss": last["loss"],
-            "train_accuracy": last.get("accuracy"), "train_seconds": seconds + previous}
-
-
-def _read_eval(run_dir: Path) -> tuple[dict, dict[str, list[dict]]]:
-    """eval.json split into scalars and its lists of rows (by_band, by_length, ...)."""
-    path = run_dir / "eval.json"
-    if not path.exists():
-        return {}, {}
-    data = runs.read_json(path)
-    # task, arch, encoding, vocab_size and seed repeat recipe fields: the recipe's are kept.
-    scalars = {k: v for k, v in data.items() if isinstance(v, (int, float, str, bool))
-               and k not in ("task", "arch", "encoding", "vocab_size", "seed")}
-    nested = {k: v for k, v in data.items()
-              if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)}
-    return scalars, nested
-
-
-def _read_stability(run_dir: Path) -> pd.DataFrame | None:
-    """Mean stability over the triplets of each checkpoint and condition."""
-    path = run_dir / "stability.csv"
-    if not path.exists():
-        return None
-    df = pd.read_csv(path, usecols=["iteration", "comparison", "target", "disturbants",
-                                    "stability"])
-    keys = ["iteration", "comparison", "target", "disturbants"]
-    return df.groupby(keys, as_index=False).agg(stability=("stability", "mean"),
-                                                n=("stability", "size"))
-
-
-def collect(paths: list[Path]) -> Results:
-    """Every run under `paths` into one Results; identical recipes are kept once."""
-    rows, tables, kept = [], {}, {}
-    duplicates = []
-    for run_dir in find_runs(paths):
-        recipe = runs.read_recipe(run_dir)
-        key = recipe_key(recipe)
-        if key in kept:
-            duplicates.append(f"{run_dir} (same recipe as {kept[key]})")
-            continue
-        kept[key] = run_dir
-        run = str(run_dir)
-        scalars, nested = _read_eval(run_dir)
-        metrics = runs.read_metrics(run_dir)
-        row = {"run": run, **flatten(recipe), **scalars, **_training_summary(metrics),
-               "complete": runs.is_complete(run_dir)}
-        if recipe.task.name == "lm" and "train_loss" in row:
-            row["train_perplexity"] = math.exp(row["train_loss"])
-        rows.append(row)
-        for name, items in nested.items():
-            tables.setdefault(name, []).append(pd.DataFrame(items).assign(run=run))
-        stability = _read_stability(run_dir)
-        if stability is not None:
-            tables.setdefault("stability", []).append(stability.assign(run=run))
-        if metrics and recipe.task.name == "lm":  # Fig. 15; other curves stay in the runs
-            tables.setdefault("curves", []).append(
-                pd.DataFrame(metrics)[["step", "loss", "accuracy"]].assign(run=run))
-    if not rows:
-        raise UserError(f"{', '.join(map(str, paths))}: no run directories (recipe.toml) found")
-    frame = pd.DataFrame(rows)
-    recipe_columns = [c for c in frame.columns if c.split(".")[0] in SECTIONS]
-    joined = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}
-    for table in joined.values():
-        for column in ("target", "disturbants"):  # the paper's spelling: FREQUENT, RARE
-            if column in table:
-                table[column] = table[column].str.upper()
-    if "curves" in joined:
-        joined["curves"]["train_perplexity"] = np.exp(joined["curves"]["loss"])
-    return Results(frame, joined, recipe_columns, duplicates)
-
-
-def results_table(results: Results) -> pd.DataFrame:
-    """results.csv: run, identity fields, the other recipe fields that vary, metrics."""
-    df = results.runs
-    varying = [c for c in results.recipe_columns if c in IDENTITY
-               or (c not in BOOKKEEPING and df[c].nunique(dropna=False) > 1)]
-    names = short_names(varying)
-    metrics = [c for c in df.columns if c not in results.recipe_columns and c != "run"]
-    return df[["run", *varying, *metrics]].rename(columns=names)
-
-
-# --------------------------------------------------------------------------------------
 # Drawing helpers
 # --------------------------------------------------------------------------------------
 
-def summarise(df: pd.DataFrame, by: list[str], metric: str) -> pd.DataFrame:
+def group_ci(df: pd.DataFrame, by: list[str], metric: str) -> pd.DataFrame:
     """Mean and 95% bootstrap CI over runs (seeds) of `metric` per `by` group."""
     out = []
     for keys, part in df.groupby(by, dropna=False, sort=True):
@@ -274,7 +126,7 @@ def draw_vocabulary(metrics: list[str]) -> Callable[[pd.DataFrame, Path], list[P
             part = df[df["model.arch"] == arch]
             for i, metric in enumerate(metrics):
                 ax = axes[i, j]
-                s = summarise(part, ["task.vocab_size", "encoding.kind"], metric)
+                s = group_ci(part, ["task.vocab_size", "encoding.kind"], metric)
                 _lines(ax, s, "task.vocab_size", "encoding.kind", log2=True)
                 ax.set_title(ARCHS[arch])
                 ax.set_xlabel("Vocabulary size")
@@ -296,7 +148,7 @@ def draw_dual_frequency(df: pd.DataFrame, stem: Path) -> list[Path]:
             part = df[(df["model.arch"] == arch) & (df["target"] == target)
                       & (df["disturbants"] == disturbants)]
             ax = axes[i, j]
-            _bars(ax, summarise(part, ["band", "encoding.kind"], "accuracy"), "band",
+            _bars(ax, group_ci(part, ["band", "encoding.kind"], "accuracy"), "band",
                   "encoding.kind", bands)
             ax.set_ylim(0, 1.05)
             ax.set_title(f"{ARCHS[arch]}: target {target}\ndisturbants {disturbants}")
@@ -319,7 +171,7 @@ def draw_stability(df: pd.DataFrame, stem: Path) -> list[Path]:
         for j, encoding in enumerate(encodings):
             ax = axes[i, j]
             part = df[(df["model.arch"] == arch) & (df["encoding.kind"] == encoding)]
-            s = summarise(part, ["target", "disturbants", "iteration"], "stability")
+            s = group_ci(part, ["target", "disturbants", "iteration"], "stability")
             for (target, disturbants), line in s.groupby(["target", "disturbants"]):
                 ax.plot(line["iteration"], line["mean"], styles.get(disturbants, ":"),
                         color=colours.get(target), label=f"target {target}, disturbants "
@@ -336,7 +188,7 @@ def draw_stability(df: pd.DataFrame, stem: Path) -> list[Path]:
 def draw_by_length(df: pd.DataFrame, stem: Path) -> list[Path]:
     """Fig. 11: token accuracy per input length, vanilla vs PE."""
     fig, axes = _subplots(1, 1, width=5.0)
-    _lines(axes[0, 0], summarise(df, ["length", "encoding.kind"], "token_accuracy"), "length",
+    _lines(axes[0, 0], group_ci(df, ["length", "encoding.kind"], "token_accuracy"), "length",
            "encoding.kind")
     axes[0, 0].set_xlabel("Input length")
     axes[0, 0].set_ylabel("Token accuracy")
@@ -348,7 +200,7 @@ def draw_encodings(x: str) -> Callable[[pd.DataFrame, Path], list[Path]]:
     """Fig. 12-14: token accuracy as bars, one per encoding (grouped by `x`)."""
     def draw(df: pd.DataFrame, stem: Path) -> list[Path]:
         fig, axes = _subplots(1, 1, width=5.5)
-        s = summarise(df, [x, "encoding.kind"], "token_accuracy")
+        s = group_ci(df, [x, "encoding.kind"], "token_accuracy")
         order = sorted(s[x].unique(), key=str) if x != "encoding.kind" else \
             _encoding_order(s[x])
         _bars(axes[0, 0], s, x, "encoding.kind", order)
@@ -400,15 +252,6 @@ def _is(column: str, *values):
     return lambda df: df[column].isin(values)
 
 
-def _fixed_reverse(df: pd.DataFrame) -> pd.Series:
-    return (df["task.name"] == "reverse") & ~df["task.dual_frequency"].astype(bool) \
-        & df["task.min_length"].isna()
-
-
-def _variable_length(df: pd.DataFrame) -> pd.Series:
-    return (df["task.name"] == "reverse") & df["task.min_length"].notna()
-
-
 @dataclass
 class Figure:
     name: str
@@ -424,12 +267,13 @@ PE_PAIR = ("none", "sinusoidal")
 VOCAB_AXES = ["model.arch", "task.vocab_size", "encoding.kind"]
 FIGURES = [
     Figure("fig02_reverse_vocabulary", "runs",
-           lambda d: _fixed_reverse(d) & _is("encoding.kind", *PE_PAIR)(d), VOCAB_AXES,
+           lambda d: _is("task.name", "reverse")(d) & _is("encoding.kind", *PE_PAIR)(d),
+           VOCAB_AXES,
            draw_vocabulary(["token_accuracy", "dl_distance"])),
     Figure("fig03_dual_frequency", "by_band",
-           lambda d: d["task.dual_frequency"].astype(bool), VOCAB_AXES, draw_dual_frequency),
+           _is("task.name", "dual_frequency"), VOCAB_AXES, draw_dual_frequency),
     Figure("fig05_stability", "stability",
-           lambda d: d["task.dual_frequency"].astype(bool), VOCAB_AXES, draw_stability),
+           _is("task.name", "dual_frequency"), VOCAB_AXES, draw_stability),
     Figure("fig07_reverse_add", "runs", _is("task.name", "reverse_add"), VOCAB_AXES,
            draw_vocabulary(["token_accuracy"])),
     Figure("fig08_sort", "runs",
@@ -438,17 +282,19 @@ FIGURES = [
     Figure("fig10_predecessor", "runs", _is("task.name", "predecessor"), VOCAB_AXES,
            draw_vocabulary(["accuracy"])),
     Figure("fig11_variable_length", "by_length",
-           lambda d: _variable_length(d) & _is("encoding.kind", *PE_PAIR)(d),
+           lambda d: _is("task.name", "variable_length")(d)
+           & _is("encoding.kind", *PE_PAIR)(d),
            ["encoding.kind"], draw_by_length),
     Figure("fig12_double_vanilla", "runs",
-           lambda d: (_fixed_reverse(d) | (d["task.name"] == "sort"))
+           lambda d: _is("task.name", "reverse", "sort")(d)
            & _is("encoding.kind", *PE_PAIR, "duplicate")(d),
            ["task.name", "encoding.kind"], draw_encodings("task.name"), ("duplicate",)),
     Figure("fig13_pe_variants", "runs",
-           lambda d: _fixed_reverse(d) & ~_is("encoding.kind", "duplicate")(d),
+           lambda d: _is("task.name", "reverse")(d) & ~_is("encoding.kind", "duplicate")(d),
            ["encoding.kind"], draw_encodings("encoding.kind"), ("random", "learnable")),
     Figure("fig14_pe_variants_variable_length", "runs",
-           lambda d: _variable_length(d) & ~_is("encoding.kind", "duplicate")(d),
+           lambda d: _is("task.name", "variable_length")(d)
+           & ~_is("encoding.kind", "duplicate")(d),
            ["encoding.kind"], draw_encodings("encoding.kind"), ("random", "learnable")),
     Figure("fig15_lm_training", "curves", _is("task.name", "lm"), ["encoding.kind"],
            draw_lm_training, complete=False),

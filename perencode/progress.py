@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import time
 
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -15,7 +14,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-console = Console(stderr=True, soft_wrap=True)
+from perencode.console import console
 
 
 class Reporter:

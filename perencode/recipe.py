@@ -6,12 +6,14 @@ option away (e.g. `optim.betas = [0.9, 0.999]`, `optim.schedule = "cosine"`).
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from rapidfuzz import process
 
 from perencode.errors import UserError
 
@@ -27,11 +29,16 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+TASK_NAMES = ("reverse", "sort", "reverse_add", "predecessor", "dual_frequency",
+              "variable_length", "lm")
+
+
 class TaskConfig(Section):
-    name: Literal["reverse", "sort", "reverse_add", "predecessor", "lm"] = Field(
+    name: Literal[TASK_NAMES] = Field(
         "reverse",
         description="Task: reverse ordering, sort, reverse + delayed addition, predecessor "
-        "query, or WikiText-103 language modelling (SPEC §4, §7).",
+        "query, reverse with a dual-frequency vocabulary, variable-length reverse, or "
+        "WikiText-103 language modelling (SPEC §4, §7).",
     )
     vocab_size: int = Field(
         256, ge=2, le=1 << 20,
@@ -40,58 +47,64 @@ class TaskConfig(Section):
     )
     length: int = Field(
         64, ge=1, le=4096,
-        description="L, input length (the longest one for variable length; for lm the "
+        description="L, input length (the longest one for variable_length; for lm the "
         "maximum input tokens per paragraph, equal to `lm-prepare --max-tokens`).",
     )
     min_length: int | None = Field(
         None, ge=1,
-        description="Shortest input length; set it to make `reverse` the variable-length "
-        "task (lengths uniform in min_length..length, SPEC §4).",
+        description="variable_length only: the shortest input length (lengths uniform in "
+        "min_length..length, SPEC §4).",
     )
     held_out: int = Field(
         1024, ge=1,
         description="Distinct held-out test sequences drawn before training and never "
-        "trained on (per length for variable length; dual frequency uses held_out_per_cell).",
-    )
-    dual_frequency: bool = Field(
-        False,
-        description="Dual-frequency vocabulary: FREQUENT = first K/2 ids, RARE = the rest "
-        "(SPEC §4).",
+        "trained on (per length for variable_length; dual_frequency uses held_out_per_cell).",
     )
     rarity: float = Field(
         0.125, gt=0.0, lt=1.0,
-        description="Probability that a training token is RARE (dual frequency only).",
+        description="dual_frequency only: probability that a training token is RARE "
+        "(FREQUENT = first K/2 ids, RARE = the rest; SPEC §4).",
     )
     held_out_per_cell: int = Field(
         16, ge=1,
-        description="Dual-frequency test sequences per (target type, disturbant type, target "
-        "position) cell: 16 gives the caption's 4,096; 4 gives the authors' 1,024.",
+        description="dual_frequency only: test sequences per (target type, disturbant type, "
+        "target position) cell: 16 gives the caption's 4,096; 4 gives the authors' 1,024.",
     )
     data: str | None = Field(
         None, description="Prepared data folder for `lm` (made by `perencode lm-prepare`)."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """The variants of reverse were flags before they were tasks: say the new name."""
+        if isinstance(data, dict):
+            if "dual_frequency" in data:
+                raise ValueError("field 'dual_frequency': the flag is gone; the task is named "
+                                 "now: task.name = \"dual_frequency\"")
+            if data.get("name", "reverse") == "reverse" and data.get("min_length") is not None:
+                raise ValueError("field 'min_length': variable length is a task of its own "
+                                 "now: task.name = \"variable_length\"")
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> TaskConfig:
-        if self.name == "lm":
-            if self.data is None:
-                raise ValueError("field 'data': task.name = 'lm' needs task.data (a folder "
-                                 "made by `perencode lm-prepare`)")
-            for field in ("min_length", "dual_frequency"):
-                if field in self.model_fields_set and getattr(self, field):
-                    raise ValueError(f"field '{field}': not an option of task.name = 'lm'")
-            return self
-        if self.min_length is not None:
-            if self.name != "reverse":
-                raise ValueError("field 'min_length': variable length exists only for "
-                                 "task.name = 'reverse'")
+        if self.name == "lm" and self.data is None:
+            raise ValueError("field 'data': task.name = 'lm' needs task.data (a folder "
+                             "made by `perencode lm-prepare`)")
+        if self.name == "variable_length":
+            if self.min_length is None:
+                raise ValueError("field 'min_length': task.name = 'variable_length' needs "
+                                 "task.min_length (the paper: 32 with length 64)")
             if self.min_length > self.length:
                 raise ValueError(f"field 'min_length': {self.min_length} > task.length "
                                  f"= {self.length}")
-        if self.dual_frequency:
-            if self.name != "reverse" or self.min_length is not None:
-                raise ValueError("field 'dual_frequency': only the fixed-length 'reverse' "
-                                 "task has a dual-frequency variant")
+        elif self.min_length is not None:
+            raise ValueError(f"field 'min_length': not an option of task.name = '{self.name}' "
+                             "(only of 'variable_length')")
+        if self.name == "lm":
+            return self
+        if self.name == "dual_frequency":
             if self.vocab_size % 2:
                 raise ValueError(f"field 'vocab_size': dual frequency needs an even K "
                                  f"(got {self.vocab_size})")
@@ -106,18 +119,18 @@ class TaskConfig(Section):
                     f"field 'held_out_per_cell': {self.held_out_per_cell} per cell needs "
                     f"{self.held_out_per_cell * self.length} distinct sequences of one half of "
                     f"the vocabulary, but only (K/2)^L = {per_half} exist")
+            return self
         if self.name == "predecessor" and self.vocab_size < self.length:
             raise ValueError(f"field 'vocab_size': predecessor query needs K >= L distinct "
                              f"tokens (K = {self.vocab_size}, L = {self.length})")
         if self.name == "predecessor" and self.length < 2:
             raise ValueError("field 'length': predecessor query needs L >= 2")
-        if not self.dual_frequency:
-            distinct = self.distinct_sequences()
-            if self.held_out >= distinct:
-                raise ValueError(
-                    f"field 'held_out': {self.held_out} held-out sequences leave nothing to "
-                    f"train on: only {distinct} distinct sequences exist (must be < {distinct})"
-                )
+        distinct = self.distinct_sequences()
+        if self.held_out >= distinct:
+            raise ValueError(
+                f"field 'held_out': {self.held_out} held-out sequences leave nothing to "
+                f"train on: only {distinct} distinct sequences exist (must be < {distinct})"
+            )
         return self
 
     def distinct_sequences(self) -> int:
@@ -128,8 +141,7 @@ class TaskConfig(Section):
             return K ** (2 * L)
         if self.name == "predecessor":
             return math.perm(K, L) * (L - 1)
-        shortest = self.min_length if self.min_length is not None else L
-        return K ** shortest
+        return K ** (self.min_length or L)
 
 
 class ModelConfig(Section):
@@ -225,6 +237,22 @@ class Recipe(Section):
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
 
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs the same run (see `identity`)."""
+        return identity(self.to_dict())
+
+
+def identity(data: dict[str, Any]) -> dict[str, Any]:
+    """What makes two runs the same run: the resolved recipe dict without its free-text
+    description, so editing that text never turns a finished run into "a different
+    recipe". The one definition used by run directories, checkpoints, sweeps and results."""
+    return {k: v for k, v in data.items() if k != "description"}
+
+
+def run_key(recipe: Recipe) -> str:
+    """`identity` as a hashable string (sweeps and results index runs by it)."""
+    return json.dumps(recipe.identity(), sort_keys=True)
+
 
 SECTIONS = ("task", "model", "encoding", "optim", "train")
 
@@ -260,51 +288,70 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "-
     return out
 
 
-def _allowed_keys(section: str | None) -> list[str]:
-    if section is None:
-        return list(Recipe.model_fields)
-    field = Recipe.model_fields.get(section)
-    model = field.annotation if field is not None else None
-    return list(model.model_fields) if isinstance(model, type) else []
+def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None:
+    """The Pydantic model of the table at `path` inside `model` (None if not a table)."""
+    for part in path:
+        field = model.model_fields.get(part)
+        model = field.annotation if field is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+    return model
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    """One line: the file, the field and what is allowed."""
+def format_validation_error(exc: ValidationError, source: str,
+                            model: type[BaseModel] | None = None, table: str = "",
+                            top: str = "the top level") -> str:
+    """One line for any of our Pydantic models (recipes, grid tables, claims): the file,
+    the field and what is allowed, with "did you mean" for an unknown key.
+
+    `model` is the validated class (default Recipe); `table` names it inside its file
+    (e.g. "slurm" for a grid's [slurm] table) when it is not the whole file; `top` is how
+    an unknown key's place is named when it is not in a table (e.g. "the claim").
+    """
+    model = model or Recipe
     errors = exc.errors()
-    err = errors[0]
+    # A misspelt key is both unknown and (its right spelling) missing: name the unknown one.
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = [str(p) for p in err["loc"]]
-    where = ".".join(loc) if loc else "recipe"
+    where = ".".join(loc)
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
-    if msg.startswith("field '") and len(loc) == 1:
+    if msg.startswith("field '"):  # a model validator naming the field it is about
         field, _, msg = msg[len("field '"):].partition("': ")
-        where = f"{loc[0]}.{field}"
+        where = ".".join([*loc, field])
     if err["type"] == "extra_forbidden":
-        section = loc[0] if len(loc) > 1 else None
-        allowed = _allowed_keys(section)
-        from rapidfuzz import process
-
+        owner = _model_at(model, loc[:-1])
+        allowed = list(owner.model_fields) if owner is not None else []
         guess = process.extractOne(loc[-1], allowed) if allowed else None
         hint = f"; did you mean '{guess[0]}'?" if guess and guess[1] >= 70 else ""
-        table = f"[{section}]" if section else "the top level"
-        msg = f"unknown key '{loc[-1]}' in {table} (allowed: {', '.join(allowed)}){hint}"
-    elif err["type"] == "model_attributes_type" or err["type"] == "dict_type":
+        inside = ".".join([table, *loc[:-1]] if table else loc[:-1])
+        name = f"[{inside}]" if inside else top
+        msg = f"unknown key '{loc[-1]}' in {name} (allowed: {', '.join(allowed)}){hint}"
+    elif err["type"] in ("model_attributes_type", "dict_type", "model_type"):
         msg = f"must be a table, got {err.get('input')!r}"
-    else:
-        if "input" in err and err["type"] not in ("missing",) and not isinstance(
-            err["input"], dict
-        ):
-            msg = f"{msg} (got {err['input']!r})"
+    elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
+        msg = f"{msg} (got {err['input']!r})"
+    if table:
+        where = f"[{table}] {where}".rstrip()
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{source}: {where}: {msg}{more}"
+    return f"{source}: {where or 'recipe'}: {msg}{more}"
+
+
+def validate_table(model: type[BaseModel], data: Any, source: str, table: str = "",
+                   top: str = "the top level"):
+    """`model.model_validate(data)`, any mistake as a one-line UserError."""
+    if not isinstance(data, dict):
+        name = f"[{table}]" if table else "it"
+        raise UserError(f"{source}: {name} must be a table, got {data!r}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(format_validation_error(exc, source, model, table, top)) from None
 
 
 def validate(data: dict[str, Any], source: str) -> Recipe:
-    try:
-        return Recipe.model_validate(data)
-    except ValidationError as exc:
-        raise UserError(format_validation_error(exc, source)) from None
+    return validate_table(Recipe, data, source)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -31,6 +31,26 @@ CHECKPOINT_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d+)\.pt$")
 
 
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run directories (holding recipe.toml) at or below `paths`, following links (a sweep
+    links cells to identical finished runs), each real directory once, in a stable order.
+    Hidden folders (a sweep's .submitit logs) are skipped."""
+    found, seen = [], set()
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise UserError(f"{path}: no such run directory or folder")
+        for folder, dirs, files in os.walk(path, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            if "recipe.toml" in files:
+                dirs.clear()  # a run directory holds no other run
+                real = os.path.realpath(folder)
+                if real not in seen:
+                    seen.add(real)
+                    found.append(Path(folder))
+    return found
+
+
 def default_run_dir(recipe_path: str | Path, seed: int) -> Path:
     return Path("runs") / Path(recipe_path).stem / f"seed-{seed}"
 
@@ -64,7 +84,7 @@ def claim(run_dir: Path, recipe: Recipe) -> bool:
     path = run_dir / "recipe.toml"
     if path.exists():
         existing = read_recipe(run_dir)
-        diff = _differences(existing.to_dict(), recipe.to_dict())
+        diff = _differences(existing.identity(), recipe.identity())
         if diff:
             raise UserError(f"{run_dir}: holds a run of a different recipe ({diff[0]}"
                             f"{'; ...' if len(diff) > 1 else ''}); choose another --out")

@@ -1,45 +1,10 @@
 """Gradient stability of models trained on the dual-frequency task (Fig. 4-5; SPEC §6).
 
-For a pair of input sequences A and B, J^A and J^B are the Jacobians of a late output
-with respect to an early latent state z: GRU/LSTM d h_{2L} / d z_1 (z = h_1, or [h_1; c_1]
-for the LSTM, so D x 2D); S4D d y_106 / d z_23 (z = the complex state right after the
-target at t = 23, as a real vector). Row i of J is the gradient of output dim i; with
-`n_i = ||J[i, :]||` and `cos_i = <J^A[i], J^B[i]> / (n_i^A n_i^B)` (0 where a norm is 0):
-
-    name       formula                                     identical J    source
-    weighted   sum_i w_i cos_i,                            1              the authors' code
-               w_i = n_i^A n_i^B / sum_k n_k^A n_k^B                      (weighted_mean_
-                                                                          gradient_similarity)
-    printed    sum_i a_i^A a_i^B <J^A[i], J^B[i]>,         sum_i n_i^4    Eq. 3-4 of the
-               a_i^s = n_i^s / sum_k n_k^s                 / (sum_k n_k)^2  paper, as printed
-    mean       (1/D_out) sum_i cos_i                       1              the code's
-                                                                          mean_gradient_similarity
-    frobenius  <J^A, J^B>_F / (||J^A||_F ||J^B||_F)        1              plain matrix cosine
-
-`weighted` fills the `stability` column by default. The repository has no plotting code:
-that this column drew Fig. 5 is inferred from the paper's wording ("emphasizes the
-consistency of the paired gradients that *both* have a greater L2-norm"); Eq. 3-4 as
-printed are not normalised (not 1 at perfect alignment, and scale with |J|^2). weighted,
-mean and frobenius lie in [-1, 1] and are invariant to scaling either Jacobian; mean
-is also invariant to scaling single rows, which weighted is not (row norms are its weights).
-The CSV also has the Frobenius distance ||J^A - J^B||_F and the forward distance and
-cosine of the two outputs (h_{2L} or y_106), as the code recorded them.
-
-Triplets (the code's `test_jacobian_palindrome*.py`): (x, s), (x, s'), (x', s) with x the
-target, s the disturbants; "target" compares the first two (Fig. 5), "suffix" the first
-and the third (a control). Tokens are uniform within their half of the vocabulary
-(FREQUENT [0, K/2), RARE [K/2, K)), a quarter of the triplets per (target type, disturbant
-type) condition, drawn from the run's seed, so every checkpoint sees the same triplets.
-For the S4D a 22-token prefix of the disturbant type comes first: (p, x, s), (p, x, s'),
-(p', x', s), followed by only 42 command tokens (106 steps; SPEC §6).
-
-Memory: `batch` triplets are differentiated at once (3 x batch sequences under `vmap`) and
-`jacrev` pulls back `chunk_size` = 128 output dims at a time, so peak memory grows linearly
-with `batch`: the Jacobians (3 x batch x D_out x D_in floats, twice while jacrev joins its
-chunks) plus the activations kept for the backward pass (3 x batch x T x a few D floats).
-Measured on CPU at the paper's sizes: about 55 MB per triplet for the GRU (512 x 512
-Jacobians), 65 MB for the LSTM (512 x 1,024) and 0.43 GB for the S4D (512 x 32,768), on
-top of about 0.3 GB.
+For triplets of inputs (x, s), (x, s'), (x', s), the Jacobian J of a late output with
+respect to an early latent state (GRU/LSTM: d h_{2L} / d z_1; S4D: d y_106 / d z_23) is
+compared row by row between two members. `gradient_stability` is the authors' weighted row
+cosine; `printed`, `mean` and `frobenius` are the alternatives. docs/stability.md has the
+formulas, the triplets, what the CSV holds and what the paper leaves open.
 """
 
 from __future__ import annotations
@@ -55,7 +20,9 @@ from torch import Tensor
 from torch.func import jacrev, vmap
 
 from perencode import runs
+from perencode.device import resolve_device
 from perencode.errors import UserError
+from perencode.evaluate import load_run
 from perencode.io import atomic_write_text
 from perencode.models.rnn import RecurrentModel
 from perencode.progress import Reporter
@@ -125,7 +92,8 @@ def _frobenius(cos: Tensor, n_a: Tensor, n_b: Tensor) -> Tensor:
     return ((a * b * cos).sum(dim=-1) / _masked(norms)).clamp(-1.0, 1.0)
 
 
-_FROM_ROWS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+# Every metric as a function of the row terms (cos_i, n_i^A, n_i^B); `--metric` names one.
+METRICS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
     "weighted": _weighted, "printed": _printed, "mean": _mean, "frobenius": _frobenius}
 
 
@@ -170,15 +138,10 @@ def forward_cosine(out_a: Tensor, out_b: Tensor) -> Tensor:
     return (_unit(out_a)[0] * _unit(out_b)[0]).sum(dim=-1).clamp(-1.0, 1.0)
 
 
-METRICS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "weighted": gradient_stability, "printed": printed_stability,
-    "mean": mean_row_cosine, "frobenius": frobenius_cosine}
-
-
 def stability_metrics(jac_a: Tensor, jac_b: Tensor) -> dict[str, Tensor]:
     """Every metric of METRICS plus `frobenius_distance`, sharing one pass over the rows."""
     rows = _row_terms(jac_a, jac_b)
-    out = {name: fn(*rows) for name, fn in _FROM_ROWS.items()}
+    out = {name: fn(*rows) for name, fn in METRICS.items()}
     out["frobenius_distance"] = frobenius_distance(jac_a, jac_b)
     return out
 
@@ -248,54 +211,24 @@ def make_triplets(vocab_size: int, length: int, count: int, seed: int,
 # --------------------------------------------------------------------------------------
 
 
-def gru_cell(params: dict[str, Tensor], x: Tensor, h: Tensor) -> Tensor:
-    """One nn.GRU step (gate order r, z, n) from its weights: x [..., D_in], h [..., H]."""
-    gi = torch.nn.functional.linear(x, params["weight_ih_l0"], params["bias_ih_l0"])
-    gh = torch.nn.functional.linear(h, params["weight_hh_l0"], params["bias_hh_l0"])
-    i_r, i_z, i_n = gi.chunk(3, dim=-1)
-    h_r, h_z, h_n = gh.chunk(3, dim=-1)
-    r = torch.sigmoid(i_r + h_r)
-    z = torch.sigmoid(i_z + h_z)
-    n = torch.tanh(i_n + r * h_n)
-    return (1 - z) * n + z * h
-
-
-def lstm_cell(params: dict[str, Tensor], x: Tensor, state: Tensor) -> Tensor:
-    """One nn.LSTM step (gate order i, f, g, o); state = [h; c] [..., 2H] -> [h'; c']."""
-    h, c = state.chunk(2, dim=-1)
-    gates = torch.nn.functional.linear(x, params["weight_ih_l0"], params["bias_ih_l0"]) \
-        + torch.nn.functional.linear(h, params["weight_hh_l0"], params["bias_hh_l0"])
-    i, f, g, o = gates.chunk(4, dim=-1)
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    h = torch.sigmoid(o) * torch.tanh(c)
-    return torch.cat([h, c], dim=-1)
-
-
-CELLS = {"gru": gru_cell, "lstm": lstm_cell}
-
-
 @torch.no_grad()  # torch.func transforms still differentiate; no graph on the parameters
 def rnn_jacobians(model: RecurrentModel, tokens: Tensor, target_step: int = 0,
                   chunk_size: int = 128) -> tuple[Tensor, Tensor]:
     """tokens [B, T] -> (J [B, H, D_z], h_T [B, H]), J = d h_T / d z.
 
-    z is the state right after the (0-based) `target_step`: h for the GRU (D_z = H),
-    [h; c] for the LSTM (D_z = 2H), as the authors' `JacobianAnalyzer` concatenated them.
+    z is the state right after the (0-based) `target_step` (`RecurrentModel.step`'s state:
+    h for the GRU, D_z = H; [h; c] for the LSTM, D_z = 2H).
     """
-    cell = CELLS[model.arch]
-    params = {name: p.detach() for name, p in model.rnn.named_parameters()}
-    H = model.rnn.hidden_size
     x = model.cell_inputs(tokens)  # [B, T, D_in]
-    B = x.shape[0]
-    z = x.new_zeros(B, H if model.arch == "gru" else 2 * H)
+    z = model.initial_state(x.shape[0])  # [B, D_z]
     for t in range(target_step + 1):
-        z = cell(params, x[:, t], z)  # [B, D_z]
+        _, z = model.step(x[:, t], z)
 
     def last_hidden(suffix: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         """One sequence: suffix [T', D_in], state [D_z] -> h_T [H] (twice: J and aux)."""
         for x_t in suffix.unbind(0):
-            state = cell(params, x_t, state)
-        return state[:H], state[:H]
+            h, state = model.step(x_t, state)
+        return h, h
 
     jac = jacrev(last_hidden, argnums=1, has_aux=True, chunk_size=chunk_size)
     return vmap(jac)(x[:, target_step + 1:], z)
@@ -339,12 +272,13 @@ def s4d_jacobians(model, tokens: Tensor, target_step: int,
     return vmap(jac)(u[:, -1], torch.view_as_real(w), z_real)
 
 
+JACOBIANS = {"gru": rnn_jacobians, "lstm": rnn_jacobians, "s4d": s4d_jacobians}
+
+
 def jacobians(model, tokens: Tensor, target_step: int,
               chunk_size: int = 128) -> tuple[Tensor, Tensor]:
     """(J [B, D_out, D_z], output [B, D_out]) for any of the package's models."""
-    if isinstance(model, RecurrentModel):
-        return rnn_jacobians(model, tokens, target_step, chunk_size)
-    return s4d_jacobians(model, tokens, target_step, chunk_size)
+    return JACOBIANS[model.arch](model, tokens, target_step, chunk_size)
 
 
 # --------------------------------------------------------------------------------------
@@ -438,11 +372,8 @@ def analyse_run(run_dir: str | Path, triplets: int = 1024, metric: str = "weight
     one per comparison) and returns its path. Checkpoints already in the CSV are skipped;
     after each new checkpoint the CSV is rewritten atomically with its rows appended, so
     an interrupted analysis resumes where it stopped. `metric` names the column copied into
-    `stability` (METRICS). Memory grows linearly with `batch` (module docstring).
+    `stability` (METRICS). Memory grows linearly with `batch` (docs/stability.md).
     """
-    from perencode.evaluate import load_run
-    from perencode.train import resolve_device
-
     if metric not in METRICS:
         raise UserError(f"--metric '{metric}': expected one of {', '.join(METRICS)}")
     if batch < 1 or every < 1:
@@ -450,10 +381,9 @@ def analyse_run(run_dir: str | Path, triplets: int = 1024, metric: str = "weight
     run_dir = Path(run_dir)
     recipe = runs.read_recipe(run_dir)
     task = recipe.task
-    if not task.dual_frequency:
-        raise UserError(f"{run_dir}: gradient stability needs a dual-frequency run "
-                        "(task.dual_frequency = true; SPEC §6), this one is "
-                        f"task.name = '{task.name}' without it")
+    if task.name != "dual_frequency":
+        raise UserError(f"{run_dir}: gradient stability needs a run of task.name = "
+                        f"'dual_frequency' (SPEC §6), this one is '{task.name}'")
     prefix = S4D_PREFIX if recipe.model.arch == "s4d" else 0
     if prefix and task.length <= prefix + 1:
         raise UserError(f"{run_dir}: the S4D analysis puts the target at t = {prefix + 1}; "

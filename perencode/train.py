@@ -13,11 +13,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from perencode import runs
-from perencode.errors import UserError
-from perencode.models import build_model
+from perencode.device import resolve_device
+from perencode.evaluate import evaluate_model, write_eval
+from perencode.models import build, output_features
 from perencode.progress import Reporter
 from perencode.recipe import OptimConfig, Recipe
-from perencode.tasks import Batch, make
+from perencode.tasks import Batch
 
 
 def learning_rate(step: int, optim: OptimConfig, iterations: int) -> float:
@@ -38,43 +39,11 @@ def learning_rate(step: int, optim: OptimConfig, iterations: int) -> float:
     return 0.5 * peak * (1.0 + math.cos(math.pi * min(step - warm, span) / span))
 
 
-def resolve_device(name: str) -> torch.device:
-    """'auto' -> cuda when available, else cpu; an unavailable cuda request is a UserError."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device '{name}': expected auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device '{name}': no CUDA device is available (use cpu or auto)")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UserError(f"--device '{name}': only {torch.cuda.device_count()} CUDA device(s) "
-                        f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
-    if device.type not in ("cpu", "cuda"):
-        raise UserError(f"--device '{name}': expected auto, cpu, cuda or cuda:N")
-    return device
-
-
 # Above this many logits (scored outputs x classes; 4 GiB in fp32) the head and the loss run
 # a chunk of rows at a time and are recomputed in the backward pass, so the full [N, K]
 # logits never exist at once (WikiText-103: 512 paragraphs x up to 1,024 steps x 32,767
 # classes, SPEC §7).
 CHUNK_LOGITS = 1 << 30
-
-
-def output_features(model: nn.Module, batch: Batch) -> Tensor:
-    """Model features at the output steps only [B, T_out, H]."""
-    h = model(batch.inputs)  # [B, T, H]
-    T_out = batch.output_targets.shape[1]
-    if batch.output_steps is None:
-        return h[:, -T_out:]  # [B, T_out, H]
-    return h.gather(1, batch.output_steps[..., None].expand(-1, -1, h.shape[-1]))
-
-
-def output_logits(model: nn.Module, batch: Batch) -> Tensor:
-    """Logits at the output steps [B, T_out, K]: the head never runs on input steps."""
-    return model.head(output_features(model, batch))
 
 
 def loss_fn(model: nn.Module, batch: Batch, count_hits: bool = False,
@@ -135,21 +104,6 @@ def scored_outputs(batch: Batch) -> int:
     return batch.output_targets.numel()
 
 
-def build(recipe: Recipe, device: torch.device):
-    """Task (held-out drawn from the seed) and freshly initialised model, seeded."""
-    task = make(recipe.task, recipe.train.seed, device)
-    torch.manual_seed(recipe.train.seed)
-    model = build_model(recipe, task.num_embeddings, task.num_classes, task.max_steps)
-    pad = getattr(task, "pad_id", None)
-    if pad is not None:
-        # The authors' LM embedding: nn.Embedding(..., padding_idx=<unk>), a zero row that
-        # is never trained (SPEC §7); the synthetic tasks' command token stays learnable.
-        with torch.no_grad():
-            model.embedding.weight[pad].zero_()
-        model.embedding.padding_idx = pad
-    return task, model.to(device)
-
-
 def training_generator(recipe: Recipe, device: torch.device) -> torch.Generator:
     # A stream of its own: the held-out set uses the plain seed on the CPU.
     return torch.Generator(device=device).manual_seed(recipe.train.seed + 1_000_003)
@@ -188,17 +142,17 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
           progress: bool = True) -> dict:
     """Train (or resume, or report complete) the run of `recipe` in `run_dir`.
 
-    Returns the eval.json dict. A killed run resumes from its newest checkpoint and ends
-    bit-identical on CPU to an uninterrupted one: model, optimizer, schedule position and
-    the batch generator's state are all in the checkpoint.
+    Returns the eval.json dict (that of the earlier training when the run was already
+    complete: `runs.is_complete` tells the two apart beforehand). A killed run resumes
+    from its newest checkpoint and ends bit-identical on CPU to an uninterrupted one:
+    model, optimizer, schedule position and the batch generator's state are all in the
+    checkpoint.
     """
-    from perencode.evaluate import evaluate_model, write_eval
-
     run_dir = Path(run_dir)
     device = resolve_device(device) if isinstance(device, str) else device
     existed = runs.claim(run_dir, recipe)
     if existed and runs.is_complete(run_dir):
-        return runs.read_json(run_dir / "eval.json") | {"already_complete": True}
+        return runs.read_json(run_dir / "eval.json")
     runs.record_start(run_dir, device, recipe.train.seed)
 
     task, model = build(recipe, device)
@@ -255,7 +209,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
             if stop.signum is not None and k < tc.iterations:
                 raise Interrupted(k, saved)
 
-    result = evaluate_model(model, task, recipe, device)
+    result = evaluate_model(model, task, recipe)
     result["iteration"] = tc.iterations
     write_eval(run_dir, result)
     runs.record_end(run_dir)

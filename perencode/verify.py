@@ -13,8 +13,10 @@ and table columns), the metric, the cells it holds in (`by`, `cells`) and a test
 
 The statistic is taken over runs (one value per run: the mean of its matching rows, weighted
 by `n` where the table has it), i.e. over seeds; the reproduced value comes with its 95%
-percentile-bootstrap CI (10,000 resamples). Verdicts: pass, fail, or not run (no matching
-runs). The verdict uses the point estimate; the CI shows how firm it is.
+percentile-bootstrap CI (10,000 resamples). Verdicts account for the seeds (`three_way`):
+pass when the CI lies entirely on the claimed side of the threshold, fail when it lies
+entirely on the other side, inconclusive when it straddles it or a group has one run (no
+CI); not run when no run matches. Only a fail makes `perencode verify` exit 1.
 """
 
 from __future__ import annotations
@@ -27,16 +29,16 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.table import Table
 
+from perencode.console import console
 from perencode.errors import UserError
-from perencode.figures import BOOKKEEPING, Results, collect
+from perencode.grid import short_key
 from perencode.io import atomic_write_json, atomic_write_text
-from perencode.progress import console
-from perencode.recipe import read_toml
+from perencode.recipe import read_toml, validate_table
+from perencode.results import BOOKKEEPING, Results, collect
 from perencode.stats import bootstrap_ci, bootstrap_diff_ci
-from perencode.sweep import short_key
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 TABLES = ("runs", "by_band", "by_condition", "by_length", "stability", "curves")
@@ -68,6 +70,18 @@ class Claim(BaseModel):
     than: str | None = Field(None, description="difference: id of the claim whose "
                              "difference this one's is compared with (in magnitude).")
 
+    @model_validator(mode="after")
+    def _complete(self) -> Claim:
+        if self.test == "difference" and not (self.a and self.b):
+            raise ValueError("field 'a': test = 'difference' needs filters `a` and `b`")
+        if self.test in ("trend", "lowest") and self.along is None:
+            raise ValueError(f"field 'along': test = '{self.test}' needs `along`")
+        if self.test == "lowest" and self.expect is None:
+            raise ValueError("field 'expect': test = 'lowest' needs `expect`")
+        if self.than is not None and self.test != "difference":
+            raise ValueError("field 'than': applies to test = 'difference' only")
+        return self
+
 
 def load_claims(path: str | Path) -> list[Claim]:
     data = read_toml(path)
@@ -76,17 +90,8 @@ def load_claims(path: str | Path) -> list[Claim]:
         raise UserError(f"{path}: no [[claim]] tables")
     claims = []
     for i, item in enumerate(items):
-        try:
-            claim = Claim.model_validate(item)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"]) or "claim"
-            name = item.get("id", f"#{i + 1}") if isinstance(item, dict) else f"#{i + 1}"
-            raise UserError(f"{path}: claim {name}: {where}: {err['msg']}") from None
-        problem = _check(claim)
-        if problem:
-            raise UserError(f"{path}: claim {claim.id}: {problem}")
-        claims.append(claim)
+        name = item.get("id", f"#{i + 1}") if isinstance(item, dict) else f"#{i + 1}"
+        claims.append(validate_table(Claim, item, f"{path}: claim {name}", top="the claim"))
     ids = [c.id for c in claims]
     for claim in claims:
         if ids.count(claim.id) > 1:
@@ -94,18 +99,6 @@ def load_claims(path: str | Path) -> list[Claim]:
         if claim.than is not None and claim.than not in ids:
             raise UserError(f"{path}: claim {claim.id}: than = '{claim.than}' is no claim's id")
     return claims
-
-
-def _check(claim: Claim) -> str:
-    if claim.test == "difference" and not (claim.a and claim.b):
-        return "test = 'difference' needs filters `a` and `b`"
-    if claim.test in ("trend", "lowest") and claim.along is None:
-        return f"test = '{claim.test}' needs `along`"
-    if claim.test == "lowest" and claim.expect is None:
-        return "test = 'lowest' needs `expect`"
-    if claim.than is not None and claim.test != "difference":
-        return "`than` applies to test = 'difference' only"
-    return ""
 
 
 # --------------------------------------------------------------------------------------
@@ -176,21 +169,39 @@ def _mixed(df: pd.DataFrame, claim: Claim, recipe_columns: list[str]) -> list[st
 # Evaluation
 # --------------------------------------------------------------------------------------
 
+PASS, FAIL, INCONCLUSIVE, NOT_RUN = "pass", "fail", "inconclusive", "not run"
+ONE_SEED = "one run per group: no confidence interval, so no verdict"
+
+
+def three_way(holds, low: float, high: float) -> str:
+    """The verdict of a claim `holds(x)` about a quantity whose 95% CI is [low, high]:
+    pass when it holds over the whole interval, fail when it holds nowhere on it,
+    inconclusive when the interval straddles the claim's boundary. `holds` must be monotone
+    in x (a threshold) or hold on one interval of x (a tolerance)."""
+    at_low, at_high = holds(low), holds(high)
+    if at_low and at_high:
+        return PASS
+    if not at_low and not at_high:
+        return FAIL
+    return INCONCLUSIVE
+
+
 class Scored(NamedTuple):
-    """One cell of a claim: its reproduced value and whether the claim holds there."""
+    """One cell of a claim: its reproduced value, its CI and the verdict there."""
     cell: tuple
     value: float
     low: float
     high: float
-    ok: bool
-    margin: float  # how far inside (+) or outside (-) the claim the value lies
+    verdict: str   # pass, fail or inconclusive
+    margin: float  # how far inside (+) or outside (-) the claim the point estimate lies
     runs: int
+    note: str = ""
 
 
 @dataclass
 class Outcome:
     claim: Claim
-    verdict: str                     # pass, fail, not run
+    verdict: str                     # pass, fail, inconclusive, not run
     value: float = math.nan          # the reproduced number the verdict rests on
     low: float = math.nan
     high: float = math.nan
@@ -234,16 +245,16 @@ def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcom
     if claim.table != "curves":  # training curves of unfinished runs count too
         rows = rows[rows["complete"].astype(bool)]
     if rows.empty:  # e.g. no run wrote stability.csv: its columns do not exist either
-        return Outcome(claim, "not run", note=f"no finished run has table '{claim.table}'")
+        return Outcome(claim, NOT_RUN, note=f"no finished run has table '{claim.table}'")
     rows = select(rows, claim.where, source)
     if claim.metric not in rows.columns and not rows.empty:
         raise UserError(f"{source}: metric '{claim.metric}' is not a column of table "
                         f"'{claim.table}'")
     if rows.empty:
-        return Outcome(claim, "not run", note="no finished run matches")
+        return Outcome(claim, NOT_RUN, note="no finished run matches")
     mixed = _mixed(rows, claim, results.recipe_columns)
     if mixed:
-        return Outcome(claim, "not run", note=f"runs of different settings match ({mixed[0]} "
+        return Outcome(claim, NOT_RUN, note=f"runs of different settings match ({mixed[0]} "
                        "varies); narrow `where`")
     keys = claim.by + ([claim.along] if claim.along else [])
     if claim.test == "difference":
@@ -255,37 +266,68 @@ def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcom
     for cell, vals in _cells(values, claim.by):
         v, lo, hi = _stat(vals, claim.statistic)
         if claim.test == "approx":
-            off = abs(v - claim.value)
-            scored.append(Scored(cell, v, lo, hi, off <= claim.tolerance, -off, len(vals)))
+            scored.append(_near(claim, cell, (v, lo, hi), len(vals)))
         else:
-            scored.append(_against(claim, cell, (v, lo, hi), len(vals)))
+            scored.append(_against(claim, cell, (v, lo, hi), len(vals), len(vals)))
     return _verdict(claim, scored)
 
 
-def _against(claim: Claim, cell: tuple, estimate: tuple[float, float, float],
-             runs: int) -> Scored:
-    """A cell's (value, low, high) compared with the claim's `op value`."""
+def _near(claim: Claim, cell: tuple, estimate: tuple[float, float, float],
+          runs: int) -> Scored:
+    """approx: pass when the CI lies within value +- tolerance, fail when it lies wholly
+    outside, else inconclusive."""
     v, lo, hi = estimate
-    sign = 1 if claim.op in (">", ">=") else -1
-    return Scored(cell, v, lo, hi, OPS[claim.op](v, claim.value), (v - claim.value) * sign,
-                  runs)
+    if runs < 2:
+        return Scored(cell, v, lo, hi, INCONCLUSIVE, -abs(v - claim.value), runs, ONE_SEED)
+    low, high = _interval(estimate)
+    band = (claim.value - claim.tolerance, claim.value + claim.tolerance)
+    if band[0] <= low and high <= band[1]:
+        verdict = PASS
+    elif high < band[0] or low > band[1]:
+        verdict = FAIL
+    else:
+        verdict = INCONCLUSIVE
+    return Scored(cell, v, lo, hi, verdict, -abs(v - claim.value), runs)
+
+
+def _interval(estimate: tuple[float, float, float]) -> tuple[float, float]:
+    """The CI of an estimate; min/max over seeds have none and decide on the value itself
+    (a claim about every seed, not about a mean)."""
+    v, lo, hi = estimate
+    return (v, v) if math.isnan(lo) else (lo, hi)
+
+
+def _against(claim: Claim, cell: tuple, estimate: tuple[float, float, float], seeds: int,
+             runs: int) -> Scored:
+    """A cell's (value, low, high) compared with the claim's `op value`; `seeds` is the
+    smallest number of runs behind one side of the estimate."""
+    v, lo, hi = estimate
+    margin = (v - claim.value) * (1 if claim.op in (">", ">=") else -1)
+    if seeds < 2:
+        return Scored(cell, v, lo, hi, INCONCLUSIVE, margin, runs, ONE_SEED)
+    verdict = three_way(lambda x: OPS[claim.op](x, claim.value), *_interval(estimate))
+    return Scored(cell, v, lo, hi, verdict, margin, runs)
+
+
+RANK = {FAIL: 0, INCONCLUSIVE: 1, PASS: 2}
 
 
 def _verdict(claim: Claim, scored: list[Scored]) -> Outcome:
-    """Pick the deciding cell: the worst for 'all', the best for 'any', else first/last."""
+    """Combine the cells: 'all' passes when every cell passes and fails when one fails;
+    'any' passes when one passes and fails when all fail; else inconclusive. The cell
+    shown is the one that decides (the worst for 'all', the best for 'any')."""
     if claim.cells == "all":
-        pick, ok = min(scored, key=lambda s: s.margin), all(s.ok for s in scored)
+        pick = min(scored, key=lambda s: (RANK[s.verdict], s.margin))
     elif claim.cells == "any":
-        pick, ok = max(scored, key=lambda s: s.margin), any(s.ok for s in scored)
+        pick = max(scored, key=lambda s: (RANK[s.verdict], s.margin))
     else:
         pick = scored[0] if claim.cells == "first" else scored[-1]
-        ok = pick.ok
     where = _describe(claim.by, pick.cell)
     details = [{"cell": _describe(claim.by, s.cell), "value": s.value, "low": s.low,
-                "high": s.high, "runs": s.runs, "pass": bool(s.ok)} for s in scored]
-    return Outcome(claim, "pass" if ok else "fail", pick.value, pick.low, pick.high,
+                "high": s.high, "runs": s.runs, "verdict": s.verdict} for s in scored]
+    return Outcome(claim, pick.verdict, pick.value, pick.low, pick.high,
                    _fmt(pick.value, pick.low, pick.high) + (f" ({where})" if where else ""),
-                   _coverage(claim, [s.cell for s in scored]), cells=details)
+                   _coverage(claim, [s.cell for s in scored]), note=pick.note, cells=details)
 
 
 def _difference(claim: Claim, rows: pd.DataFrame, done: dict[str, Outcome],
@@ -294,31 +336,71 @@ def _difference(claim: Claim, rows: pd.DataFrame, done: dict[str, Outcome],
     b = per_run(select(rows, claim.b, source), claim.by, claim.metric)
     if a.empty or b.empty:
         missing = "a" if a.empty else "b"
-        return Outcome(claim, "not run", note=f"no finished run in group {missing}")
+        return Outcome(claim, NOT_RUN, note=f"no finished run in group {missing}")
     b_cells = dict(_cells(b, claim.by))
     scored = [_against(claim, cell, _diff(vals, b_cells[cell], claim.statistic),
-                       len(vals) + len(b_cells[cell]))
+                       min(len(vals), len(b_cells[cell])), len(vals) + len(b_cells[cell]))
               for cell, vals in _cells(a, claim.by) if cell in b_cells]
     if not scored:
-        return Outcome(claim, "not run", note="groups a and b share no cell")
+        return Outcome(claim, NOT_RUN, note="groups a and b share no cell")
     if claim.than is not None:
         return _than(claim, scored, done.get(claim.than))
     return _verdict(claim, scored)
 
 
+def _abs_interval(low: float, high: float) -> tuple[float, float]:
+    """The range of |x| for x in [low, high]."""
+    if low >= 0:
+        return low, high
+    if high <= 0:
+        return -high, -low
+    return 0.0, max(-low, high)
+
+
 def _than(claim: Claim, scored: list[Scored], other: Outcome | None) -> Outcome:
-    """|this difference| - |the other claim's deciding difference| OP value."""
+    """|this difference| - |the other claim's deciding difference| OP value. Its interval
+    combines the two CIs end to end (wider than a joint CI: a pass is certain)."""
     if claim.cells in ("all", "any") and len(scored) > 1:
         raise UserError(f"claim {claim.id}: with `than`, set cells = 'first' or 'last' (or "
                         "narrow `where` to one cell)")
-    if other is None or other.verdict == "not run":
-        return Outcome(claim, "not run", note=f"claim {claim.than} was not run")
+    if other is None or other.verdict == NOT_RUN:
+        return Outcome(claim, NOT_RUN, note=f"claim {claim.than} was not run")
     pick = scored[-1] if claim.cells == "last" else scored[0]
     d, v = pick.value, abs(pick.value) - abs(other.value)
+    mine = _abs_interval(*_interval((pick.value, pick.low, pick.high)))
+    theirs = _abs_interval(*_interval((other.value, other.low, other.high)))
+    low, high = mine[0] - theirs[1], mine[1] - theirs[0]
+    holds = lambda x: OPS[claim.op](x, claim.value)  # noqa: E731
+    one_seed = pick.note == ONE_SEED or other.note == ONE_SEED
     where = _describe(claim.by, pick.cell)
-    return Outcome(claim, "pass" if OPS[claim.op](v, claim.value) else "fail", v,
-                   shown=f"|{d:.4g}|{' (' + where + ')' if where else ''} - "
-                         f"|{other.value:.4g}| ({claim.than}) = {v:.4g}")
+    return Outcome(claim, INCONCLUSIVE if one_seed else three_way(holds, low, high), v, low,
+                   high, shown=f"|{d:.4g}|{' (' + where + ')' if where else ''} - "
+                   f"|{other.value:.4g}| ({claim.than}) = {_fmt(v, low, high)}",
+                   note=ONE_SEED if one_seed else "")
+
+
+def _lowest(claim: Claim, cell: tuple, series: dict) -> Scored:
+    """`expect` has the lowest statistic of the values of `along`: pass when its CI lies
+    below every other value's CI, fail when another's CI lies below its own."""
+    stats = {k: _stat(vals, claim.statistic) for k, vals in series.items()}
+    expected = next((k for k in stats if str(k) == str(claim.expect)), None)
+    others = [k for k in stats if k != expected]
+    runs = sum(map(len, series.values()))
+    if expected is None or not others:
+        return Scored(cell, math.nan, math.nan, math.nan, FAIL, -math.inf, runs,
+                      f"no run at {claim.along} = {claim.expect}")
+    low, high = _interval(stats[expected])
+    nearest = min(others, key=lambda k: stats[k][0])
+    gap = stats[nearest][0] - stats[expected][0]
+    if min(len(vals) for vals in series.values()) < 2:
+        return Scored(cell, gap, math.nan, math.nan, INCONCLUSIVE, gap, runs, ONE_SEED)
+    if all(high < _interval(stats[k])[0] for k in others):
+        verdict = PASS
+    elif any(_interval(stats[k])[1] < low for k in others):
+        verdict = FAIL
+    else:
+        verdict = INCONCLUSIVE
+    return Scored(cell, gap, math.nan, math.nan, verdict, gap, runs)
 
 
 def _along(claim: Claim, values: pd.DataFrame) -> Outcome:
@@ -328,23 +410,14 @@ def _along(claim: Claim, values: pd.DataFrame) -> Outcome:
         cell = cell if isinstance(cell, tuple) else (cell,)
         series = {key[0]: vals for key, vals in _cells(part, [claim.along])}
         order = sorted(series)
-        if claim.test == "trend":
-            if len(order) < 2:
-                continue
+        if claim.test == "lowest":
+            scored.append(_lowest(claim, cell, series))
+        elif len(order) >= 2:
             first, last = series[order[0]], series[order[-1]]
             scored.append(_against(claim, cell, _diff(last, first, claim.statistic),
-                                   len(first) + len(last)))
-        else:
-            stats = {k: _stat(series[k], claim.statistic)[0] for k in order}
-            lowest = min(stats, key=stats.get)
-            ok = str(lowest) == str(claim.expect)
-            expected = stats.get(claim.expect, math.nan)
-            gap = min((s for k, s in stats.items() if str(k) != str(claim.expect)),
-                      default=math.nan) - expected
-            scored.append(Scored(cell, gap, math.nan, math.nan, ok, gap,
-                                 sum(map(len, series.values()))))
+                                   min(len(first), len(last)), len(first) + len(last)))
     if not scored:
-        return Outcome(claim, "not run", note=f"fewer than two values of {claim.along}")
+        return Outcome(claim, NOT_RUN, note=f"fewer than two values of {claim.along}")
     outcome = _verdict(claim, scored)
     if claim.test == "lowest":
         outcome.shown = f"next lowest minus {claim.expect}: {outcome.shown}"
@@ -355,7 +428,13 @@ def _along(claim: Claim, values: pd.DataFrame) -> Outcome:
 # The report
 # --------------------------------------------------------------------------------------
 
-VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "not run": "yellow"}
+VERDICT_STYLE = {INCONCLUSIVE: "bold yellow", FAIL: "bold red", NOT_RUN: "yellow",
+                 PASS: "bold green"}
+RULE = ("Verdicts: pass when the 95% CI of the reproduced value lies entirely on the claimed "
+        "side of the threshold, fail when it lies entirely on the other side, inconclusive "
+        "when it straddles the threshold or a group has a single run (no CI). Reproduced "
+        "values: mean over seeds [95% percentile-bootstrap CI, 10,000 resamples] in the "
+        "deciding cell; min/max over seeds have no CI and decide on the value itself.")
 
 
 def _reproduced(o: Outcome) -> str:
@@ -363,14 +442,17 @@ def _reproduced(o: Outcome) -> str:
     return (o.shown or "-") + (f" ({extra})" if extra else "")
 
 
+def in_report_order(outcomes: list[Outcome]) -> list[Outcome]:
+    """Inconclusive claims first (they need more seeds), then the rest in file order."""
+    return sorted(outcomes, key=lambda o: o.verdict != INCONCLUSIVE)
+
+
 def report_markdown(outcomes: list[Outcome], claims_path: Path, run_paths: list[Path]) -> str:
-    counts = {v: sum(o.verdict == v for o in outcomes) for v in VERDICT_STYLE}
+    counts = ", ".join(f"{sum(o.verdict == v for o in outcomes)} {v}" for v in VERDICT_STYLE)
     lines = [f"# Claims of {claims_path} checked against {', '.join(map(str, run_paths))}", "",
-             f"{counts['pass']} pass, {counts['fail']} fail, {counts['not run']} not run. "
-             "Reproduced values: mean over seeds [95% percentile-bootstrap CI, 10,000 "
-             "resamples] in the deciding cell.", "",
+             f"{counts}.", "", RULE, "",
              "| claim | statement | paper | reproduced | verdict |", "|---|---|---|---|---|"]
-    for o in outcomes:
+    for o in in_report_order(outcomes):
         cells = (o.claim.id, o.claim.statement, o.claim.paper, _reproduced(o), o.verdict)
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
@@ -379,7 +461,7 @@ def report_markdown(outcomes: list[Outcome], claims_path: Path, run_paths: list[
 def verify_runs(runs: list[Path], claims: Path = Path("data/paper_claims.toml"),
                 out: Path = Path("figures")) -> int:
     """Evaluate every claim; print a table, write verify.md and verify.json into `out`.
-    Returns 1 if an evaluated claim fails, else 0."""
+    Returns 1 if a claim fails (inconclusive and not run do not fail), else 0."""
     claims_path = Path(claims)
     parsed = load_claims(claims_path)
     results = collect([Path(p) for p in runs])
@@ -391,14 +473,16 @@ def verify_runs(runs: list[Path], claims: Path = Path("data/paper_claims.toml"),
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "verify.md", report_markdown(outcomes, claims_path, runs))
     atomic_write_json(out / "verify.json", {"claims": str(claims_path),
-                                            "runs": [str(p) for p in runs],
+                                            "runs": [str(p) for p in runs], "rule": RULE,
                                             "results": [o.as_dict() for o in outcomes]})
     table = Table(title=f"claims of {claims_path}")
     for col in ("claim", "paper", "reproduced (95% CI)", "verdict"):
         table.add_column(col, overflow="fold")
-    for o in outcomes:
+    for o in in_report_order(outcomes):
         table.add_row(f"{o.claim.id}: {o.claim.statement}", o.claim.paper, _reproduced(o),
                       f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}")
     console.print(table)
-    console.print(f"wrote {out / 'verify.md'} and {out / 'verify.json'}", highlight=False)
-    return 1 if any(o.verdict == "fail" for o in outcomes) else 0
+    counts = ", ".join(f"{sum(o.verdict == v for o in outcomes)} {v}" for v in VERDICT_STYLE)
+    console.print(f"{counts}; wrote {out / 'verify.md'} and {out / 'verify.json'}",
+                  highlight=False)
+    return 1 if any(o.verdict == FAIL for o in outcomes) else 0

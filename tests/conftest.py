@@ -1,9 +1,15 @@
+"""Shared test helpers: the repository root, the tiny overrides, the in-process CLI."""
+
 import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from fake_runs import paper_like_runs
+from typer.testing import CliRunner
+
+from perencode.cli import app
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,20 +26,16 @@ def tiny_overrides(*extra: str) -> list[str]:
     return out
 
 
+def run_cli(*args) -> tuple[int, str]:
+    """Run `perencode ARGS...` in-process: (exit code, output). Exceptions propagate."""
+    result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+    return result.exit_code, result.output
+
+
 @pytest.fixture
-def cli(monkeypatch):
-    """Run the CLI in-process: returns (exit_code, output)."""
-    from typer.testing import CliRunner
-
-    from perencode.cli import app
-
-    runner = CliRunner()
-
-    def invoke(*args: str):
-        result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
-        return result.exit_code, result.output
-
-    return invoke
+def cli():
+    """`run_cli` as a fixture."""
+    return run_cli
 
 
 def subprocess_env() -> dict:
@@ -43,3 +45,9 @@ def subprocess_env() -> dict:
 
 
 PYTHON = sys.executable
+
+
+@pytest.fixture(scope="module")
+def paper_like(tmp_path_factory) -> Path:
+    """tests/fake_runs.py's stand-in for the paper's grids, built once per module."""
+    return paper_like_runs(tmp_path_factory.mktemp("runs"))

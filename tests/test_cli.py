@@ -1,8 +1,8 @@
 import json
 
 import pytest
-
-from tests.conftest import ROOT
+import torch
+from conftest import ROOT
 
 RECIPE = str(ROOT / "recipes/gru_vocab256.toml")
 
@@ -61,3 +61,13 @@ def test_out_that_is_a_file_is_refused(cli, tmp_path):
 def test_bench_baseline_scope(cli, recipe):
     code, text = cli("bench", str(ROOT / "recipes" / recipe), "--baseline", "--device", "cpu")
     assert code == 2 and "--baseline: the bare reference loop exists for gru and lstm" in text
+
+
+def test_bench_baseline_scope_is_checked_by_the_library():
+    from perencode.bench import bench
+    from perencode.errors import UserError
+    from perencode.recipe import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes/s4d_vocab1024.toml")
+    with pytest.raises(UserError, match="--baseline: the bare reference loop exists for gru"):
+        bench(recipe, torch.device("cpu"), iterations=1, warmup=0, baseline=True)

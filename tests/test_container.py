@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
 BASE_IMAGE = "pytorch/pytorch:2.1.1-cuda12.1-cudnn8-runtime"
 CONSTRAINTS = "constraints/py310-torch2.1.1.txt"
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^=\s;,]+)$")

@@ -57,7 +57,7 @@ def make_corpus(folder: Path, seed: int = 0) -> dict[str, dict]:
 
 
 def cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
+    return CliRunner().invoke(app, [str(a) for a in args])  # result object: exceptions kept
 
 
 def one_line_error(result) -> str:
@@ -107,7 +107,7 @@ def test_prepare_cleans_truncates_and_counts(corpus, prepared):
         # paragraph of 2 pieces or more: headings and blank lines are gone.
         encoded = sp.encode(paragraphs)
         expected = [ids[:MAX_TOKENS + 1] for ids in encoded if len(ids) >= 2]
-        stored = data.splits[split]
+        stored = data[split]
         assert [stored.tokens[a:b].tolist() for a, b in zip(stored.offsets, stored.offsets[1:])
                 ] == expected
         assert counts["truncated"] == sum(len(ids) > MAX_TOKENS + 1 for ids in encoded)
@@ -216,7 +216,7 @@ def test_sample_comes_from_the_generator_alone(prepared):
 def test_uniform_logits_give_a_perplexity_of_the_class_count(prepared):
     task = LanguageModelTask(task_config(prepared), seed=0)
     manifest = json.loads((prepared / "manifest.json").read_text())
-    valid = task.data.splits["valid"]
+    valid = task.splits["valid"]
     covered = np.sort(np.concatenate(list(task.eval_batches(valid, batch_size=3))))
     assert covered.tolist() == list(range(len(valid)))
 

@@ -1,11 +1,10 @@
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from perencode.errors import UserError
 from perencode.recipe import Recipe, apply_overrides, load_recipe, parse_value, schema_rows
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def write(tmp_path, text: str) -> Path:
@@ -65,7 +64,7 @@ def test_round_trip_through_toml(tmp_path):
     ("[optim]\nbetas = [0.9, 1.5]\n", [], "optim.betas"),
     ("[encoding]\nkind = 'duplicate'\nmode = 'add'\n", [], "encoding.mode"),
     ("[task]\nname = 'lm'\ndata = 'd'\nmin_length = 3\n", [],
-     "task.min_length: not an option of task.name = 'lm'"),
+     "task.min_length: not an option of task.name = 'lm' (only of 'variable_length')"),
     ("", ["model.hidden_size"], "expected section.key=value"),
     ("", ["foo.bar=1"], "section one of task, model"),
     ("", ["model.hidden_size=-1"], "(with --set): model.hidden_size"),

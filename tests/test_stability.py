@@ -10,16 +10,14 @@ import shutil
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from conftest import ROOT, run_cli
 
 from perencode import stability as st
-from perencode.cli import app
 from perencode.errors import UserError
 from perencode.models.rnn import RecurrentModel
 from perencode.models.s4d import S4DModel
 from perencode.recipe import EncodingConfig
 from perencode.runs import read_recipe
-from tests.conftest import ROOT
 
 F64 = torch.float64
 WEIGHTED_LIKE = ("weighted", "mean", "frobenius")  # the normalised metrics, in [-1, 1]
@@ -51,8 +49,8 @@ def slow_metrics(A: torch.Tensor, B: torch.Tensor) -> dict[str, float]:
 def test_identical_jacobians_give_one_and_negated_minus_one():
     J = torch.randn(7, 5, dtype=F64)
     for name in WEIGHTED_LIKE:
-        assert st.METRICS[name](J, J).item() == pytest.approx(1.0, abs=1e-14)
-        assert st.METRICS[name](J, -J).item() == pytest.approx(-1.0, abs=1e-14)
+        assert st.stability_metrics(J, J)[name].item() == pytest.approx(1.0, abs=1e-14)
+        assert st.stability_metrics(J, -J)[name].item() == pytest.approx(-1.0, abs=1e-14)
     J32 = torch.randn(64, 128)
     assert st.gradient_stability(J32, J32).item() == pytest.approx(1.0, abs=1e-6)
     assert st.gradient_stability(J32, J32).item() <= 1.0  # clamped: never past the bounds
@@ -76,9 +74,10 @@ def test_weighted_known_answer_and_row_scaling():
 
 def test_invariances_to_scaling():
     A, B = torch.randn(2, 9, 6, dtype=F64).unbind(0)
-    base = {name: fn(A, B).item() for name, fn in st.METRICS.items()}
+    base = {name: st.stability_metrics(A, B)[name].item() for name in st.METRICS}
     for name in WEIGHTED_LIKE:  # whole-Jacobian scale, either side, any magnitude
-        assert st.METRICS[name](3.0 * A, 1e-3 * B).item() == pytest.approx(base[name], 1e-12)
+        scaled = st.stability_metrics(3.0 * A, 1e-3 * B)[name].item()
+        assert scaled == pytest.approx(base[name], 1e-12)
     # Scaling single rows: the cosines, hence mean, are invariant (weighted moves those
     # rows' weights: test_weighted_known_answer_and_row_scaling).
     scale = torch.rand(9, 1, dtype=F64) * 10 + 0.1
@@ -108,9 +107,9 @@ def test_zero_rows_contribute_nothing_and_all_zero_gives_zero():
     assert st.mean_row_cosine(A0, B).item() == pytest.approx(
         st.mean_row_cosine(A[keep], B[keep]).item() * 4 / 5, abs=1e-14)
     zero = torch.zeros(5, 4, dtype=F64)
-    for name, fn in st.METRICS.items():
+    for name in st.METRICS:
         for a, b in ((zero, zero), (zero, B), (A, zero)):
-            value = fn(a, b)
+            value = st.stability_metrics(a, b)[name]
             assert not torch.isnan(value) and value.item() == 0.0, name
     assert st.forward_cosine(torch.zeros(3), torch.ones(3)).item() == 0.0
 
@@ -123,7 +122,10 @@ def test_batch_dims_and_slow_reference():
     together = st.stability_metrics(A, B)
     for key, value in together.items():
         assert value.shape == (2, 3), key
-    for name, fn in st.METRICS.items():
+    public = {"weighted": st.gradient_stability, "printed": st.printed_stability,
+              "mean": st.mean_row_cosine, "frobenius": st.frobenius_cosine}
+    assert set(public) == set(st.METRICS)
+    for name, fn in public.items():
         torch.testing.assert_close(fn(A, B), together[name], rtol=0, atol=0)
     for i in range(2):
         for j in range(3):
@@ -204,18 +206,20 @@ def tiny_s4d(K: int = 5, E: int = 4, H: int = 3, N: int = 4, T: int = 12) -> S4D
 
 
 @pytest.mark.parametrize("arch", ["gru", "lstm"])
-def test_cells_match_torch_modules(arch):
+def test_step_matches_torch_modules(arch):
     model = tiny_rnn(arch)
     x = torch.randn(2, 7, model.rnn.input_size, dtype=F64)
-    params = dict(model.rnn.named_parameters())
     H = model.rnn.hidden_size
+    assert torch.equal(model.initial_state(2), torch.zeros(2, H if arch == "gru" else 2 * H,
+                                                           dtype=F64))
     state = torch.randn(2, H if arch == "gru" else 2 * H, dtype=F64)
     init = state[None] if arch == "gru" else tuple(s[None].contiguous()
                                                    for s in state.chunk(2, -1))
     expected, _ = model.rnn(x, init)  # [2, 7, H]
     for t in range(7):
-        state = st.CELLS[arch](params, x[:, t], state)
-        torch.testing.assert_close(state[:, :H], expected[:, t], rtol=1e-12, atol=1e-12)
+        h, state = model.step(x[:, t], state)
+        torch.testing.assert_close(h, expected[:, t], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(state[:, :H], h, rtol=0, atol=0)
 
 
 def reference_rnn(model: RecurrentModel, tokens: torch.Tensor, target_step: int):
@@ -306,14 +310,9 @@ def test_s4d_state_layout_is_view_as_real():
 # End to end: tiny dual-frequency runs, `perencode stability`.
 # --------------------------------------------------------------------------------------
 
-TINY_DUAL = ["task.dual_frequency=true", "task.vocab_size=16", "model.hidden_size=16",
+TINY_DUAL = ['task.name="dual_frequency"', "task.vocab_size=16", "model.hidden_size=16",
              "model.embed_size=16", "train.batch_size=8", "train.iterations=6",
              "train.checkpoint_every=2", "task.held_out_per_cell=1"]
-
-
-def invoke(*args) -> tuple[int, str]:
-    result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
-    return result.exit_code, result.output
 
 
 @pytest.fixture(scope="module", params=["gru", "lstm", "s4d"])
@@ -322,10 +321,10 @@ def analysed(request, tmp_path_factory):
     run = tmp_path_factory.mktemp(request.param) / "run"
     overrides = [*TINY_DUAL, f"model.arch={request.param}"]
     sets = [a for item in overrides for a in ("--set", item)]
-    code, text = invoke("train", ROOT / "recipes/gru_vocab256.toml", *sets, "--out", run,
+    code, text = run_cli("train", ROOT / "recipes/gru_vocab256.toml", *sets, "--out", run,
                         "--device", "cpu", "--no-progress")
     assert code == 0, text
-    code, text = invoke("stability", run, "--triplets", 16, "--device", "cpu",
+    code, text = run_cli("stability", run, "--triplets", 16, "--device", "cpu",
                         "--no-progress")
     assert code == 0, text
     path = run / "stability.csv"
@@ -363,7 +362,7 @@ def test_rerun_is_a_no_op_and_a_cut_analysis_resumes(analysed):
     run, rows, content = analysed
     path = run / "stability.csv"
     mtime = path.stat().st_mtime_ns
-    assert invoke("stability", run, "--triplets", 16, "--device", "cpu",
+    assert run_cli("stability", run, "--triplets", 16, "--device", "cpu",
                   "--no-progress")[0] == 0
     assert path.stat().st_mtime_ns == mtime and path.read_bytes() == content
     # As if killed after the first two checkpoints: the last is recomputed identically.
@@ -380,7 +379,7 @@ def test_options_and_refusals(analysed, tmp_path):
         st.analyse_run(run, triplets=16, metric="cosine")
     with pytest.raises(UserError, match="--triplets 16 --metric weighted"):
         st.analyse_run(run, triplets=8, progress=False)
-    code, text = invoke("stability", run, "--metric", "mean", "--triplets", 16)
+    code, text = run_cli("stability", run, "--metric", "mean", "--triplets", 16)
     assert code == 2 and "--metric weighted" in " ".join(text.split())
     # --every 2 on a fresh copy: the 1st and 3rd checkpoints; --metric printed.
     copy = tmp_path / "copy"
@@ -394,8 +393,8 @@ def test_options_and_refusals(analysed, tmp_path):
     # A run of the plain reverse task is refused.
     plain = tmp_path / "plain"
     plain.mkdir()
-    recipe = (run / "recipe.toml").read_text().replace("dual_frequency = true",
-                                                      "dual_frequency = false")
+    recipe = (run / "recipe.toml").read_text().replace('name = "dual_frequency"',
+                                                      'name = "reverse"')
     (plain / "recipe.toml").write_text(recipe)
-    with pytest.raises(UserError, match="dual-frequency run"):
+    with pytest.raises(UserError, match="needs a run of task.name = 'dual_frequency'"):
         st.analyse_run(plain)

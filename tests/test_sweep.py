@@ -1,25 +1,23 @@
 """Grids and sweeps (perencode.sweep): a tiny grid (2 vocabularies x 2 encodings x 2 seeds)
 through the local executor, a rerun that skips everything, submitit's local executor,
-failures, linked twins, the dry run, then figures and verify on the real runs; and every
-grid file of the package expands to valid recipes in stable directories."""
+failures, linked twins, the dry run, then figures and verify on the real runs. Grid files
+themselves are tests/test_grid.py."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ROOT
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from perencode import runs
 from perencode.cli import app
-from perencode.errors import UserError
-from perencode.sweep import TrainJob, load_grid, recipe_key, run_sweep
+from perencode.grid import load_grid
+from perencode.sweep import TrainJob, run_sweep
 
 TINY = """
 [task]
@@ -67,6 +65,7 @@ def swept(tmp_path_factory):
     return grid, root / "runs", code, output
 
 
+@pytest.mark.slow
 def test_local_sweep_trains_every_cell(swept):
     grid, out, code, output = swept
     assert code == 0, output
@@ -78,6 +77,7 @@ def test_local_sweep_trains_every_cell(swept):
         assert runs.read_recipe(run).description == f"tiny: {cell}"
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_and_resumes_unfinished(swept):
     grid, out, _, _ = swept
     logs = {c: (out / "tiny" / c / "train.log").read_text() for c in CELLS}
@@ -92,6 +92,7 @@ def test_rerun_skips_finished_and_resumes_unfinished(swept):
     assert (unfinished / "train.log").read_text().count("perencode train") == 2
 
 
+@pytest.mark.slow
 def test_submitit_local_executor(swept, tmp_path):
     grid, _, _, _ = swept
     out = tmp_path / "runs"
@@ -106,6 +107,7 @@ def test_submitit_local_executor(swept, tmp_path):
     assert any((out / "tiny" / ".submitit").iterdir())
 
 
+@pytest.mark.slow
 def test_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
     grid = tmp_path / "mixed.toml"
     grid.write_text(TINY.replace('name = "reverse"', 'name = "reverse"\ndata = "nowhere"')
@@ -118,6 +120,7 @@ def test_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
     assert runs.is_complete(tmp_path / "runs" / "mixed" / "task=reverse")
 
 
+@pytest.mark.slow
 def test_identical_recipes_are_linked_not_retrained(swept):
     grid, out, _, _ = swept
     twin = grid.with_name("twin.toml")
@@ -131,6 +134,7 @@ def test_identical_recipes_are_linked_not_retrained(swept):
     assert "reuse" in output
 
 
+@pytest.mark.slow
 def test_analyses_run_after_training_until_their_output_is_complete(swept):
     from perencode.sweep import plan
 
@@ -149,6 +153,7 @@ def test_analyses_run_after_training_until_their_output_is_complete(swept):
     assert again[0].commands == [] and all(r.commands for r in again[1:])
 
 
+@pytest.mark.slow
 def test_dry_run_prints_cost_and_writes_nothing(swept, tmp_path):
     grid, _, _, _ = swept
     code, output = sweep(grid, "--out", tmp_path / "fresh", "--dry-run")
@@ -157,6 +162,7 @@ def test_dry_run_prints_cost_and_writes_nothing(swept, tmp_path):
     assert not (tmp_path / "fresh").exists()
 
 
+@pytest.mark.slow
 def test_figures_and_verify_on_the_swept_runs(swept, tmp_path):
     _, out, _, _ = swept
     runner = CliRunner()
@@ -194,6 +200,7 @@ def test_figures_and_verify_on_the_swept_runs(swept, tmp_path):
     assert verdicts["impossible"]["value"] == pytest.approx(worst)
 
 
+@pytest.mark.slow
 def test_checkpoint_stops_training_and_the_requeued_job_resumes(tmp_path):
     """What submitit does on a SLURM time-out: checkpoint() -> requeue -> call again."""
     grid = tmp_path / "long.toml"
@@ -228,66 +235,3 @@ def test_checkpoint_stops_training_and_the_requeued_job_resumes(tmp_path):
     steps = [row["step"] for row in runs.read_metrics(run_dir)]
     assert steps == list(range(5, 401, 5))  # resumed: every logged step once
 
-
-GRIDS = sorted((ROOT / "recipes" / "paper").glob("*.toml")) + \
-    sorted((ROOT / "recipes" / "quick").glob("*.toml"))
-
-
-@pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.stem)
-def test_package_grids_expand_to_stable_valid_cells(path):
-    first, again = load_grid(path), load_grid(path)
-    names = [c.name for c in first.cells]
-    assert names == [c.name for c in again.cells] and len(set(names)) == len(names)
-    assert all("seed=" in n for n in names)
-    assert {recipe_key(c.recipe) for c in first.cells} == \
-        {recipe_key(c.recipe) for c in again.cells}
-    if path.parent.name == "paper":
-        assert first.description.startswith(("Fig. ", "Table "))
-        assert {c.recipe.train.seed for c in first.cells} == {111, 222, 333, 444, 555}
-        assert all(c.recipe.model.hidden_size == 512 for c in first.cells)
-
-
-def test_paper_grids_share_identical_runs():
-    def keys(name):
-        return {recipe_key(c.recipe) for c in load_grid(ROOT / "recipes" / "paper" /
-                                                         f"{name}.toml").cells}
-    assert keys("fig05_lstm_stability") == keys("fig03_lstm_dual_frequency")
-    assert len(keys("fig12_lstm_double_vanilla") & (keys("fig02_lstm_reverse")
-                                                     | keys("fig08_lstm_sort"))) == 20
-    assert load_grid(ROOT / "recipes" / "paper" / "fig05_s4d_stability.toml").sweep.after \
-        == ["stability"]
-
-
-@pytest.mark.parametrize("text, options, message", [
-    (TINY + '[grid]\n"task.vocabsize" = [8]\n', {},
-     "task.vocabsize: unknown key 'vocabsize' in [task]"),
-    (TINY + '[grid]\n"tsk.vocab_size" = [8]\n', {}, "axes are section.key"),
-    (TINY + '[grid]\n"task.vocab_size" = 8\n', {}, "must be a non-empty list"),
-    (TINY + '[grid]\n"task.vocab_size" = [8, 8]\n', {}, "value 8 appears twice"),
-    (TINY + '[grid]\n"task.vocab_size" = [1]\n', {}, "vocab_size=1: task.vocab_size"),
-    (TINY, {}, "no [grid] table"),
-    (TINY + AXES + '[slurm]\npartion = "gpu"\n', {}, "[slurm] partion: unknown key"),
-    (TINY + AXES, {"overrides": ["task.vocab_size=4"]}, "is an axis of"),
-    (TINY + AXES, {"only": ["seed=999"]}, "999 is not a value of train.seed"),
-    (TINY + AXES, {"only": ["colour=red"]}, "AXIS one of vocab_size, encoding, seed"),
-    ('base = "grid.toml"\n' + AXES, {}, "(a loop)"),
-])
-def test_grid_mistakes_are_one_line(tmp_path, text, options, message):
-    path = tmp_path / "grid.toml"
-    path.write_text(text)
-    with pytest.raises(UserError) as err:
-        load_grid(path, **options)
-    assert message in str(err.value) and "\n" not in str(err.value)
-
-
-def test_base_chain_overrides_key_by_key(tmp_path):
-    (tmp_path / "base.toml").write_text(TINY + AXES)
-    child = tmp_path / "child.toml"
-    child.write_text('base = "base.toml"\n[model]\nhidden_size = 24\n'
-                     '[grid]\n"train.seed" = [7]\n')
-    grid = load_grid(child, only=["vocab_size=16"])
-    assert [c.name for c in grid.cells] == ["vocab_size=16/encoding=none/seed=7",
-                                            "vocab_size=16/encoding=sinusoidal/seed=7"]
-    assert all(c.recipe.model.hidden_size == 24 and c.recipe.model.embed_size == 8
-               for c in grid.cells)
-    assert Path(grid.path) == child

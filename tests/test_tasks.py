@@ -10,15 +10,15 @@ import torch
 from torch import nn
 
 from perencode.errors import UserError
-from perencode.recipe import TaskConfig, validate
-from perencode.tasks import make
-from perencode.tasks.base import duplicated, redraw_duplicates
+from perencode.models import output_logits
+from perencode.recipe import TASK_NAMES, TaskConfig, validate
+from perencode.tasks import TASKS, make
+from perencode.tasks.base import Exclusion, duplicated, redraw_duplicates, sequence_hash
 from perencode.tasks.dual_frequency import DualFrequencyTask, structured_cells
 from perencode.tasks.predecessor import PredecessorTask
 from perencode.tasks.reverse import ReverseTask, VariableLengthReverseTask
 from perencode.tasks.reverse_add import ReverseAddTask
 from perencode.tasks.sort import SortTask
-from perencode.train import output_logits
 
 
 def task(seed: int = 0, **cfg):
@@ -38,8 +38,8 @@ def perfect(batch):
 # -- dispatch ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("cfg, cls", [
     (dict(name="reverse"), ReverseTask),
-    (dict(name="reverse", min_length=4, length=8), VariableLengthReverseTask),
-    (dict(name="reverse", dual_frequency=True, vocab_size=8, length=8, held_out_per_cell=1),
+    (dict(name="variable_length", min_length=4, length=8), VariableLengthReverseTask),
+    (dict(name="dual_frequency", vocab_size=8, length=8, held_out_per_cell=1),
      DualFrequencyTask),
     (dict(name="sort"), SortTask),
     (dict(name="reverse_add", length=4), ReverseAddTask),
@@ -56,6 +56,7 @@ def test_reverse_known_answer():
     assert b.inputs.tolist() == [[1, 2, 3, 5, 5, 5]]
     assert b.output_targets.tolist() == [[3, 2, 1]]
     assert (t.num_embeddings, t.num_classes, t.max_steps) == (6, 5, 6)
+    assert b.output_steps is None and b.output_mask is None and t.pad_id is None
 
 
 def test_sort_known_answer_keeps_ties():
@@ -110,7 +111,7 @@ def test_predecessor_orders_and_queries_are_uniform():
 
 
 def test_variable_length_known_answer():
-    t = task(name="reverse", vocab_size=6, length=4, min_length=2, held_out=2)
+    t = task(name="variable_length", vocab_size=6, length=4, min_length=2, held_out=2)
     b = t.build(torch.tensor([[1, 2, -1, -1], [3, 4, 5, -1]]))  # lengths 2, 3: padded to 6
     assert b.lengths.tolist() == [2, 3]
     assert b.sequences.tolist() == [[1, 2, -1], [3, 4, 5]]
@@ -134,14 +135,14 @@ class StepModel(nn.Module):
 
 
 def test_variable_length_outputs_are_read_at_each_rows_own_steps():
-    t = task(name="reverse", vocab_size=6, length=4, min_length=1, held_out=1)
+    t = task(name="variable_length", vocab_size=6, length=4, min_length=1, held_out=1)
     b = t.build(torch.tensor([[1, -1, -1, -1], [3, 4, 5, 0]]))
     steps = output_logits(StepModel(), b)[..., 0]
     assert steps[b.output_mask].tolist() == [1, 4, 5, 6, 7]
 
 
 def test_variable_length_draws_and_held_out_per_length():
-    t = task(name="reverse", vocab_size=4, length=6, min_length=3, held_out=5)
+    t = task(name="variable_length", vocab_size=4, length=6, min_length=3, held_out=5)
     rows = t.draw(2000, gen())
     lengths = (rows >= 0).sum(1)
     # -1 exactly beyond each length, every length drawn
@@ -155,7 +156,7 @@ def test_variable_length_draws_and_held_out_per_length():
 
 
 def test_variable_length_scores_by_length():
-    t = task(name="reverse", vocab_size=6, length=4, min_length=2, held_out=3)
+    t = task(name="variable_length", vocab_size=6, length=4, min_length=2, held_out=3)
     result = t.evaluate(perfect, batch_size=4)  # batches mix lengths
     assert result["token_accuracy"] == 1.0 and result["sequence_accuracy"] == 1.0
     assert result["n_sequences"] == 9 and result["n_tokens"] == 3 * (2 + 3 + 4)
@@ -165,7 +166,7 @@ def test_variable_length_scores_by_length():
 
 
 def test_variable_length_paper_sizes():
-    t = task(name="reverse", vocab_size=16384, length=64, min_length=32, held_out=1024)
+    t = task(name="variable_length", vocab_size=16384, length=64, min_length=32, held_out=1024)
     assert t.held_out.shape == (33 * 1024, 64)
     b = next(t.held_out_batches(1024))  # held-out batches of one length each
     assert b.lengths.unique().tolist() == [32] and b.inputs.shape == (1024, 64)
@@ -173,7 +174,7 @@ def test_variable_length_paper_sizes():
 
 # -- dual frequency ---------------------------------------------------------------------------
 def test_dual_frequency_rare_fraction():
-    t = task(name="reverse", vocab_size=64, length=64, dual_frequency=True,
+    t = task(name="dual_frequency", vocab_size=64, length=64,
              held_out_per_cell=1)
     tokens = t.sample(2048, gen()).sequences  # 131,072 tokens
     rare = (tokens >= 32).double()
@@ -187,7 +188,7 @@ def test_dual_frequency_rare_fraction():
 @pytest.mark.parametrize("per_cell, size", [(16, 4096), (4, 1024)])
 def test_dual_frequency_structured_set(per_cell, size):
     K, L = 64, 64
-    t = task(name="reverse", vocab_size=K, length=L, dual_frequency=True,
+    t = task(name="dual_frequency", vocab_size=K, length=L,
              held_out_per_cell=per_cell)
     rows, cells = t.held_out, t.cells
     assert rows.shape == (size, L) and cells.shape == (size, 3)
@@ -211,7 +212,7 @@ def test_structured_cells_order():
 
 def test_dual_frequency_scores_the_target_token():
     K, L = 8, 8
-    t = task(name="reverse", vocab_size=K, length=L, dual_frequency=True, held_out_per_cell=2)
+    t = task(name="dual_frequency", vocab_size=K, length=L, held_out_per_cell=2)
     position = t.cells[:, 2]
     seen = 0
 
@@ -244,7 +245,7 @@ def test_dual_frequency_scores_the_target_token():
 
 
 def test_dual_frequency_bands_of_length_64():
-    t = task(name="reverse", vocab_size=64, length=64, dual_frequency=True,
+    t = task(name="dual_frequency", vocab_size=64, length=64,
              held_out_per_cell=1)
     result = t.evaluate(perfect, batch_size=1024)
     assert [r["band"] for r in result["by_band"][:4]] == ["1-16", "17-32", "33-48", "49-64"]
@@ -257,8 +258,8 @@ EXCLUSION_CASES = [  # held-out sets that cover a large part of all rows
     dict(name="sort", vocab_size=2, length=4, held_out=12),
     dict(name="reverse_add", vocab_size=2, length=2, held_out=12),
     dict(name="predecessor", vocab_size=3, length=3, held_out=9),  # 9 of 12 (x, q) pairs
-    dict(name="reverse", vocab_size=2, length=3, min_length=1, held_out=1),
-    dict(name="reverse", vocab_size=4, length=2, dual_frequency=True, held_out_per_cell=1),
+    dict(name="variable_length", vocab_size=2, length=3, min_length=1, held_out=1),
+    dict(name="dual_frequency", vocab_size=4, length=2, held_out_per_cell=1),
 ]
 
 
@@ -324,21 +325,30 @@ def test_evaluate_rejects_language_model_options():
         t.evaluate(perfect, 8, per_position=True)
 
 
+def test_every_task_name_has_a_task():
+    assert set(TASKS) == set(TASK_NAMES)
+
+
 # -- validation -------------------------------------------------------------------------------
 @pytest.mark.parametrize("task_cfg, where, words", [
     (dict(rarity=0.0), "task.rarity", "greater than 0"),
     (dict(rarity=1.0), "task.rarity", "less than 1"),
-    (dict(dual_frequency=True, vocab_size=63), "task.vocab_size", "even K"),
-    (dict(dual_frequency=True, length=1, vocab_size=8), "task.length", "L >= 2"),
-    (dict(dual_frequency=True, vocab_size=4, length=2, held_out_per_cell=3),
+    (dict(name="dual_frequency", vocab_size=63), "task.vocab_size", "even K"),
+    (dict(name="dual_frequency", length=1, vocab_size=8), "task.length", "L >= 2"),
+    (dict(name="dual_frequency", vocab_size=4, length=2, held_out_per_cell=3),
      "task.held_out_per_cell", "only (K/2)^L = 4 exist"),
-    (dict(dual_frequency=True, name="sort"), "task.dual_frequency", "fixed-length"),
-    (dict(min_length=65, length=64), "task.min_length", "65 > task.length = 64"),
-    (dict(min_length=2, name="sort"), "task.min_length", "only for task.name = 'reverse'"),
+    (dict(dual_frequency=True), "task.dual_frequency",
+     'the task is named now: task.name = "dual_frequency"'),
+    (dict(min_length=2), "task.min_length", 'task.name = "variable_length"'),
+    (dict(name="variable_length"), "task.min_length", "needs task.min_length"),
+    (dict(name="variable_length", min_length=65, length=64), "task.min_length",
+     "65 > task.length = 64"),
+    (dict(min_length=2, name="sort"), "task.min_length",
+     "not an option of task.name = 'sort' (only of 'variable_length')"),
     (dict(name="predecessor", vocab_size=8, length=16), "task.vocab_size", "K >= L"),
     (dict(name="reverse", vocab_size=2, length=3, held_out=8), "task.held_out", "only 8"),
-    (dict(name="reverse", vocab_size=2, length=8, min_length=2, held_out=4), "task.held_out",
-     "only 4"),
+    (dict(name="variable_length", vocab_size=2, length=8, min_length=2, held_out=4),
+     "task.held_out", "only 4"),
     (dict(name="reverse_add", vocab_size=2, length=1, held_out=4), "task.held_out", "only 4"),
     (dict(name="predecessor", vocab_size=3, length=2, held_out=6), "task.held_out", "only 6"),
 ])
@@ -353,7 +363,7 @@ def test_validation_errors_are_one_line(task_cfg, where, words):
 @pytest.mark.parametrize("cfg, distinct", [
     (dict(name="reverse", vocab_size=3, length=4), 3 ** 4),
     (dict(name="sort", vocab_size=3, length=4), 3 ** 4),
-    (dict(name="reverse", vocab_size=3, length=4, min_length=2), 3 ** 2),  # per length
+    (dict(name="variable_length", vocab_size=3, length=4, min_length=2), 3 ** 2),  # per length
     (dict(name="reverse_add", vocab_size=3, length=2), 3 ** 4),
     (dict(name="predecessor", vocab_size=5, length=3), 5 * 4 * 3 * 2),  # x and query
 ])
@@ -362,7 +372,48 @@ def test_distinct_sequences(cfg, distinct):
 
 
 def test_paper_sized_configs_validate():
-    TaskConfig(name="reverse", vocab_size=16384, length=64, min_length=32)
-    TaskConfig(name="reverse", vocab_size=64, length=64, dual_frequency=True)
+    TaskConfig(name="variable_length", vocab_size=16384, length=64, min_length=32)
+    TaskConfig(name="dual_frequency", vocab_size=64, length=64)
     TaskConfig(name="predecessor", vocab_size=1024, length=16)
     TaskConfig(name="reverse_add", vocab_size=1088, length=16)
+
+
+# -- reverse, held-out exclusion (formerly test_reverse.py) -----------------------------------
+def test_held_out_is_distinct_and_seeded():
+    cfg = TaskConfig(vocab_size=3, length=3, held_out=20)
+    a, b = make(cfg, seed=7), make(cfg, seed=7)
+    assert a.held_out.shape == (20, 3) and a.held_out.dtype == torch.long
+    assert torch.equal(a.held_out, b.held_out)
+    assert len(torch.unique(a.held_out, dim=0)) == 20
+    assert not torch.equal(a.held_out, make(cfg, seed=8).held_out)
+
+
+def test_training_never_draws_held_out_where_collisions_are_certain():
+    # K = 2, L = 8: 256 distinct sequences, 64 held out, so a quarter of raw draws hit.
+    task = make(TaskConfig(vocab_size=2, length=8, held_out=64), seed=1)
+    gen = torch.Generator().manual_seed(0)
+    raw = task.draw(4096, torch.Generator().manual_seed(0))
+    exclusion = Exclusion(task.held_out)
+    assert exclusion.contains(raw).float().mean() > 0.2  # the test is not vacuous
+    batch = task.sample(4096, gen)
+    assert not exclusion.contains(batch.sequences).any()
+    held = {tuple(r) for r in task.held_out.tolist()}
+    assert not any(tuple(r) in held for r in batch.sequences.tolist())
+    # every non-held-out sequence still appears: exclusion removes only the held-out
+    assert len({tuple(r) for r in batch.sequences.tolist()}) == 256 - 64
+
+
+def test_exclusion_exact_check_on_hash_collisions():
+    keys = torch.tensor([[1, 2], [3, 4]])
+    ex = Exclusion(keys)
+    # force a collision: same hash, different row
+    ex.sorted_hashes = torch.sort(sequence_hash(torch.tensor([[1, 2], [9, 9]]))).values
+    assert ex.contains(torch.tensor([[9, 9], [1, 2]])).tolist() == [False, True]
+
+
+def test_duplicates_are_redrawn_in_place():
+    rows = torch.tensor([[3], [1], [3], [2], [1]])
+    assert duplicated(rows).tolist() == [False, False, True, False, True]
+    fresh = iter([torch.tensor([[7], [1]]), torch.tensor([[8]])])
+    out = redraw_duplicates(rows.clone(), lambda idx: next(fresh)[: len(idx)])
+    assert out.tolist() == [[3], [1], [7], [2], [8]]

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import PYTHON, ROOT, subprocess_env, tiny_overrides
 
 from perencode import runs
 from perencode.recipe import OptimConfig
-from perencode.train import learning_rate, resolve_device
-from tests.conftest import PYTHON, ROOT, subprocess_env, tiny_overrides
+from perencode.train import learning_rate
 
 RECIPE = ROOT / "recipes/gru_vocab256.toml"
 
@@ -36,15 +36,6 @@ def test_cosine_schedule_reaches_zero_at_last_iteration():
     assert learning_rate(n - 1, o, n) == pytest.approx(0.0, abs=1e-15)
     values = [learning_rate(k, o, n) for k in range(10, n)]
     assert all(a >= b for a, b in zip(values, values[1:]))
-
-
-def test_resolve_device():
-    assert resolve_device("cpu") == torch.device("cpu")
-    if not torch.cuda.is_available():
-        from perencode.errors import UserError
-
-        with pytest.raises(UserError, match="no CUDA device"):
-            resolve_device("cuda")
 
 
 def _train_args(out: Path, iterations: int = 30, every: int = 10) -> list[str]:
@@ -106,8 +97,16 @@ def test_run_dir_contents_and_eval(cli, tmp_path):
 
     code, text = cli(*_train_args(out))
     assert code == 0 and "already complete" in text
+    # The description is free text, not part of what makes a run (recipe.identity): the
+    # same command with an edited description is the same, finished run.
+    code, text = cli(*_train_args(out), "--set", 'description="edited text"')
+    assert code == 0 and "already complete" in text, text
+    assert runs.read_recipe(out).description == recipe.description
+    code, text = cli(*_train_args(out), "--set", "optim.lr=0.5")
+    assert code == 2 and "holds a run of a different recipe (optim.lr" in text
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_bit_identical(tmp_path):
     full = tmp_path / "full"
     assert subprocess.run([PYTHON, "-m", "perencode", *_train_args(full, 40)],
@@ -129,6 +128,7 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
         json.loads((cut / "eval.json").read_text())["token_accuracy"]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_resumes_identically(tmp_path):
     full = tmp_path / "full"
     assert subprocess.run([PYTHON, "-m", "perencode", *_train_args(full, 300, 1000)],
@@ -217,9 +217,12 @@ def _tiny_model_and_batch(mask: bool):
     from perencode.recipe import Recipe
     from perencode.tasks.base import Batch
 
+    class Sizes:  # the task attributes a model is sized by
+        num_embeddings, num_classes, max_steps, pad_id = 11, 10, 12, None
+
     recipe = Recipe.model_validate({"model": {"hidden_size": 8, "embed_size": 8}})
     torch.manual_seed(0)
-    model = build_model(recipe, 11, 10, 12)
+    model = build_model(recipe, Sizes())
     inputs = torch.randint(0, 11, (4, 12))
     targets = torch.randint(0, 10, (4, 6))
     out_mask = torch.rand(4, 6) > 0.3 if mask else None
@@ -255,16 +258,17 @@ def test_masked_outputs_never_count():
     torch.testing.assert_close(loss_fn(model, batch)[0], loss)
 
 
-def test_padding_row_of_a_task_is_zero_and_frozen(monkeypatch):
-    from perencode import train as train_module
+@pytest.mark.parametrize("arch", ["gru", "lstm", "s4d"])
+def test_padding_row_of_a_task_is_zero_and_frozen(arch):
+    from perencode.models import build_model
     from perencode.recipe import Recipe
 
     class PaddedTask:
         num_embeddings, num_classes, max_steps, pad_id = 6, 5, 4, 5
 
-    monkeypatch.setattr(train_module, "make", lambda cfg, seed, device: PaddedTask())
-    recipe = Recipe.model_validate({"model": {"hidden_size": 8, "embed_size": 8}})
-    _, model = train_module.build(recipe, torch.device("cpu"))
+    recipe = Recipe.model_validate({"model": {"arch": arch, "hidden_size": 8,
+                                              "embed_size": 8, "d_state": 4}})
+    model = build_model(recipe, PaddedTask())
     assert model.embedding.weight[5].abs().sum() == 0
     model(torch.tensor([[5, 1, 5, 2]])).sum().backward()
     assert model.embedding.weight.grad[5].abs().sum() == 0
@@ -278,13 +282,3 @@ def test_corrupted_env_json_is_one_line(cli, tmp_path):
     (out / "env.json").write_text("{not json")
     code, text = cli(*_train_args(out, 10))
     assert code == 2 and "env.json: not valid JSON" in text and "Traceback" not in text
-
-
-def test_cuda_index_beyond_device_count(monkeypatch):
-    from perencode.errors import UserError
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert resolve_device("cuda:0") == torch.device("cuda:0")
-    with pytest.raises(UserError, match=r"only 1 CUDA device\(s\) \(cuda:0..cuda:0\)"):
-        resolve_device("cuda:3")

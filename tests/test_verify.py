@@ -7,12 +7,13 @@ import json
 
 import pandas as pd
 import pytest
-from test_figures import by_band, fake_run, stability_rows
+from conftest import ROOT
+from fake_runs import by_band, fake_run, stability_rows
 
 from perencode.errors import UserError
 from perencode.verify import load_claims, verify_runs
 
-REVERSE = '{ "task.name" = "reverse", "task.dual_frequency" = false, "model.arch" = "gru" }'
+REVERSE = '{ "task.name" = "reverse", "model.arch" = "gru" }'
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def runs_root(tmp_path_factory):
                                              "dl_distance": (1 - acc) * 64})
         for enc, good, bad, end in (("sinusoidal", 0.99, 0.97, 0.9), ("none", 0.95, 0.3, 0.2)):
             fake_run(root, f"dual/{enc}/{seed}", encoding=enc, vocab=64, seed=seed,
-                     task_extra={"dual_frequency": True},
+                     task="dual_frequency",
                      metrics={"by_band": by_band(good, bad)},
                      stability=stability_rows(0.8, end))
         for enc, ppl in (("none", 37.0), ("sinusoidal", 38.4)):
@@ -111,7 +112,7 @@ where = {{ "task.name" = "lm", "encoding.kind" = "none" }}
 metric = "test_perplexity"
 test = "approx"
 value = 37.4
-tolerance = 0.1
+tolerance = 0.5
 
 [[claim]]
 id = "pe-worse-min"
@@ -152,7 +153,7 @@ def test_verdicts_on_known_numbers(runs_root, tmp_path):
     assert got["pe-worse-min"]["value"] == pytest.approx(38.4 - 37.0)
     assert got["pe-helps-at-smallest"]["value"] == pytest.approx(0.01 - 0.37)
     md = (tmp_path / "out" / "verify.md").read_text()
-    assert "| pe-above-95 |" in md and "8 pass, 0 fail, 1 not run" in md
+    assert "| pe-above-95 |" in md and "0 inconclusive, 0 fail, 1 not run, 8 pass" in md
 
 
 def test_a_false_claim_fails_the_run(runs_root, tmp_path):
@@ -182,9 +183,13 @@ def test_runs_of_different_settings_are_not_mixed(runs_root, tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ('[[claim]]\nid = "x"\nstatement = "s"\nmetric = "m"\ntest = "threshold"\nfoo = 1\n',
-     "claim x: foo: Extra inputs are not permitted"),
+     "claim x: foo: unknown key 'foo' in the claim (allowed: id, statement,"),
+    ('[[claim]]\nid = "x"\nstatement = "s"\nmetric = "m"\ntest = "treshold"\n',
+     "claim x: test: Input should be 'threshold'"),
+    ('[[claim]]\nid = "x"\nstatement = "s"\nmetirc = "m"\ntest = "threshold"\n',
+     "did you mean 'metric'?"),
     ('[[claim]]\nid = "x"\nstatement = "s"\nmetric = "m"\ntest = "difference"\n',
-     "claim x: test = 'difference' needs filters `a` and `b`"),
+     "claim x: a: test = 'difference' needs filters `a` and `b`"),
     ('[[claim]]\nid = "x"\nstatement = "s"\nmetric = "m"\ntest = "difference"\n'
      'a = { "encoding.kind" = "none" }\nb = { "encoding.kind" = "random" }\nthan = "y"\n',
      "than = 'y' is no claim's id"),
@@ -205,8 +210,6 @@ def test_unknown_filter_column_is_a_user_error(runs_root, tmp_path):
 
 @pytest.mark.parametrize("name, count", [("paper_claims.toml", 49), ("quick_claims.toml", 4)])
 def test_package_claims_parse_and_evaluate(runs_root, tmp_path, name, count):
-    from conftest import ROOT
-
     path = ROOT / "data" / name
     assert len(load_claims(path)) == count
     verify_runs([runs_root], claims=path, out=tmp_path)
@@ -216,10 +219,76 @@ def test_package_claims_parse_and_evaluate(runs_root, tmp_path, name, count):
 
 
 def test_claims_on_missing_tables_are_not_run(tmp_path):
-    from conftest import ROOT
-
     fake_run(tmp_path / "runs", "one", metrics={"token_accuracy": 0.5, "dl_distance": 1.0})
     code = verify_runs([tmp_path / "runs"], claims=ROOT / "data" / "paper_claims.toml",
                        out=tmp_path)
     results = json.loads((tmp_path / "verify.json").read_text())["results"]
     assert code == 0 and {r["verdict"] for r in results} == {"not run"}
+
+
+# -- the three-way rule, on constructed results, through the CLI ---------------------------
+THREE_WAY = {  # K -> (PE accuracies, vanilla accuracies), one per seed
+    32: ((0.97, 0.98, 0.99), (0.50, 0.52, 0.54)),   # PE far ahead on every seed
+    64: ((0.30, 0.60, 0.90), (0.40, 0.50, 0.60)),   # overlapping: the CI straddles 0
+    128: ((0.95,), (0.20,)),                        # one seed: no CI
+}
+DIFF = '''
+[[claim]]
+id = "{id}"
+statement = "{id}: PE minus vanilla {op} 0 at K = {k}"
+where = {{ "task.vocab_size" = {k} }}
+metric = "token_accuracy"
+test = "difference"
+a = {{ "encoding.kind" = "sinusoidal" }}
+b = {{ "encoding.kind" = "none" }}
+op = "{op}"
+'''
+
+
+@pytest.fixture(scope="module")
+def three_way_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("three-way")
+    for k, groups in THREE_WAY.items():
+        for enc, accs in zip(("sinusoidal", "none"), groups):
+            for seed, acc in zip((111, 222, 333), accs):
+                fake_run(root, f"{k}/{enc}/{seed}", encoding=enc, vocab=k, seed=seed,
+                         metrics={"token_accuracy": acc, "dl_distance": 1.0})
+    return root
+
+
+def test_three_way_verdicts_through_the_cli(three_way_runs, tmp_path, cli):
+    claims = write(tmp_path, "".join([
+        DIFF.format(id="clear-pass", k=32, op=">"), DIFF.format(id="clear-fail", k=32, op="<"),
+        DIFF.format(id="overlap", k=64, op=">"), DIFF.format(id="one-seed", k=128, op=">")]))
+    code, _ = cli("verify", three_way_runs, "--claims", claims, "--out", tmp_path / "out")
+    assert code == 1  # a fail fails the command
+    results = json.loads((tmp_path / "out" / "verify.json").read_text())["results"]
+    got = {r["id"]: r for r in results}
+    assert {k: r["verdict"] for k, r in got.items()} == {
+        "clear-pass": "pass", "clear-fail": "fail", "overlap": "inconclusive",
+        "one-seed": "inconclusive"}
+    low, high = got["overlap"]["ci95"]
+    assert low < 0 < high and got["overlap"]["value"] == pytest.approx(0.1)
+    assert got["clear-pass"]["ci95"][0] > 0
+    assert "one run per group" in got["one-seed"]["note"]
+    assert got["one-seed"]["value"] == pytest.approx(0.75)
+    # Inconclusive claims come first in the report, in file order after them.
+    md = (tmp_path / "out" / "verify.md").read_text()
+    order = [line.split(" | ")[0][2:] for line in md.splitlines()
+             if line.startswith("| ") and not line.startswith("| claim")]
+    assert order == ["overlap", "one-seed", "clear-pass", "clear-fail"]
+    assert "1 pass" in md and "1 fail" in md and "2 inconclusive" in md
+    # Inconclusive alone does not fail the command.
+    claims = write(tmp_path, DIFF.format(id="overlap", k=64, op=">"))
+    code, _ = cli("verify", three_way_runs, "--claims", claims, "--out", tmp_path / "again")
+    assert code == 0
+
+
+def test_threshold_three_ways():
+    from perencode.verify import three_way
+
+    above = lambda x: x > 0.95  # noqa: E731
+    assert three_way(above, 0.96, 0.99) == "pass"
+    assert three_way(above, 0.90, 0.94) == "fail"
+    assert three_way(above, 0.94, 0.97) == "inconclusive"
+    assert three_way(above, 0.95, 0.97) == "inconclusive"  # the boundary is not above

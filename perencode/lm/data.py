@@ -82,23 +82,8 @@ class Split:
         return np.diff(self.offsets)  # [N]
 
 
-@dataclass
-class PreparedData:
-    root: Path
-    manifest: dict
-    splits: dict[str, Split]
-
-    @property
-    def vocab_size(self) -> int:
-        return self.manifest["vocab_size"]
-
-    @property
-    def max_tokens(self) -> int:
-        return self.manifest["max_tokens"]
-
-
 def load(root: str | Path, vocab_size: int | None = None,
-         max_tokens: int | None = None) -> PreparedData:
+         max_tokens: int | None = None) -> dict[str, Split]:
     """Verify a prepared folder (manifest, hashes, sizes) and memory-map its splits.
 
     `vocab_size` / `max_tokens`, when given, must be what the folder was prepared with
@@ -124,4 +109,4 @@ def load(root: str | Path, vocab_size: int | None = None,
                             f"least 2 tokens)")
         tokens = np.memmap(root / f"{name}.bin", dtype=dtype, mode="r")
         splits[name] = Split(tokens=tokens, offsets=offsets)
-    return PreparedData(root=root, manifest=manifest, splits=splits)
+    return splits

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perencode.console import console
 from perencode.errors import UserError
 from perencode.io import fsync_dir
 from perencode.lm.data import (
@@ -45,7 +46,7 @@ from perencode.lm.data import (
     file_record,
     token_dtype,
 )
-from perencode.progress import Reporter, console
+from perencode.progress import Reporter
 
 RAW_FILES = {split: f"wiki.{split}.raw" for split in SPLITS}
 HUB_DATASET = "wikitext"

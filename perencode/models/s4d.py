@@ -104,10 +104,13 @@ class S4DModel(nn.Module):
     """Tokens [B, T] -> S4D features [B, T, H]; `head` (Linear H -> K) gives the logits.
     Same interface as `RecurrentModel`; the S4D block's input is `in_proj(cell_inputs(.))`."""
 
+    arch = "s4d"
+
     def __init__(self, num_embeddings: int, num_classes: int, embed_size: int,
-                 hidden_size: int, d_state: int, encoding: EncodingConfig, max_positions: int):
+                 hidden_size: int, d_state: int, encoding: EncodingConfig, max_positions: int,
+                 padding_idx: int | None = None):
         super().__init__()
-        self.embedding = nn.Embedding(num_embeddings, embed_size)
+        self.embedding = nn.Embedding(num_embeddings, embed_size, padding_idx=padding_idx)
         self.encoding = PositionalEncoding(encoding, embed_size, max_positions)
         self.in_proj = nn.Linear(self.encoding.out_features, hidden_size)
         self.s4d = S4D(hidden_size, d_state)

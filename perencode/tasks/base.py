@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from perencode.errors import UserError
-from perencode.metrics import dl_distances
+from perencode.metrics import sequence_scores
 
 # Odd 64-bit multiplier of the polynomial hash (wrapping int64 arithmetic).
 _HASH_BASE = 0x100000001B3
@@ -127,6 +127,7 @@ class SyntheticTask:
 
     name = "synthetic"
     has_command_token = True
+    pad_id = None  # every embedding row is a token (the LM task has a padding row)
 
     def __init__(self, cfg, seed: int, device: torch.device | str = "cpu"):
         self.cfg = cfg
@@ -190,41 +191,3 @@ class SyntheticTask:
     def score(self, batches: list[Batch], predictions: list[Tensor]) -> dict:
         """eval.json metrics from held-out batches and argmax predictions [B, T_out]."""
         return sequence_scores(batches, predictions)
-
-
-def row_scores(batches: list[Batch], predictions: list[Tensor]) -> dict[str, Tensor]:
-    """Per held-out row (CPU tensors [N]): correct and scored outputs, exact match, DL distance."""
-    correct, tokens, exact, dl = [], [], [], []
-    for batch, pred in zip(batches, predictions):
-        target = batch.output_targets
-        mask = batch.output_mask if batch.output_mask is not None else torch.ones_like(
-            target, dtype=torch.bool)
-        hits = (pred == target) & mask
-        correct.append(hits.sum(1).cpu())
-        tokens.append(mask.sum(1).cpu())
-        exact.append((hits | ~mask).all(dim=1).cpu())
-        # The mask of a row is a prefix of its outputs, so its sum is the row's length.
-        dl.append(torch.from_numpy(dl_distances(pred.cpu().numpy(), target.cpu().numpy(),
-                                                tokens[-1].numpy())))
-    return {"correct": torch.cat(correct), "tokens": torch.cat(tokens),
-            "exact": torch.cat(exact), "dl": torch.cat(dl)}
-
-
-def summarise(rows: dict[str, Tensor], select: Tensor | None = None) -> dict:
-    """Token accuracy, sequence accuracy and mean Damerau-Levenshtein distance (SPEC §5)
-    of the rows of `row_scores` (all, or those where `select` [N] is True)."""
-    if select is not None:
-        rows = {k: v[select] for k, v in rows.items()}
-    n, tokens = len(rows["exact"]), int(rows["tokens"].sum())
-    return {
-        "token_accuracy": int(rows["correct"].sum()) / max(tokens, 1),
-        "sequence_accuracy": int(rows["exact"].sum()) / max(n, 1),
-        "dl_distance": float(rows["dl"].double().sum()) / max(n, 1),
-        "n_sequences": n,
-        "n_tokens": tokens,
-    }
-
-
-def sequence_scores(batches: list[Batch], predictions: list[Tensor]) -> dict:
-    """eval.json metrics of a sequence-output task over its whole held-out set."""
-    return summarise(row_scores(batches, predictions))

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from perencode.tasks.base import Batch, redraw_duplicates, sequence_scores
+from perencode.metrics import sequence_scores
+from perencode.tasks.base import Batch, redraw_duplicates
 from perencode.tasks.reverse import ReverseTask
 
 TYPES = ("frequent", "rare")

@@ -51,7 +51,7 @@ class LanguageModelTask:
         # the valid and test splits are fixed.
         self.cfg = cfg
         self.device = torch.device(device)
-        self.data = load(cfg.data, vocab_size=cfg.vocab_size, max_tokens=cfg.length)
+        self.splits = load(cfg.data, vocab_size=cfg.vocab_size, max_tokens=cfg.length)
         self.num_embeddings = cfg.vocab_size  # rows 0..K-1 and <unk>/padding at row K
         self.num_classes = cfg.vocab_size - 1  # K
         self.pad_id = cfg.vocab_size - 1
@@ -75,7 +75,7 @@ class LanguageModelTask:
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         """A training batch on the generator's device: paragraphs drawn with replacement."""
-        train = self.data.splits["train"]
+        train = self.splits["train"]
         index = torch.randint(len(train), (batch_size,), generator=generator,
                               device=generator.device)
         return self.rows(train, index.cpu().numpy(), generator.device)
@@ -102,7 +102,7 @@ class LanguageModelTask:
         """
         result = {}
         for name in ("valid", "test"):
-            split = self.data.splits[name]
+            split = self.splits[name]
             loss = torch.zeros(self.max_steps, dtype=torch.float64, device=self.device)
             count = torch.zeros(self.max_steps, dtype=torch.long, device=self.device)
             for index in self.eval_batches(split, batch_size):

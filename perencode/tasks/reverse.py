@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from perencode.tasks.base import Batch, SyntheticTask, redraw_duplicates, row_scores, summarise
+from perencode.metrics import row_scores, summarise
+from perencode.tasks.base import Batch, SyntheticTask, redraw_duplicates
 
 
 class ReverseTask(SyntheticTask):

@@ -1,0 +1,216 @@
+"""Grid files: a recipe plus axes, expanded into validated cells (`perencode sweep`).
+
+A grid file (`recipes/paper/*.toml`) is a recipe plus axes:
+
+    base = "../gru_vocab256.toml"      # optional: a recipe or another grid, relative to this
+                                       # file; the tables below override it key by key
+    description = "Fig. 2 (GRU) ..."
+
+    [grid]                             # dotted recipe keys -> lists; the cells are the product
+    "task.vocab_size" = [32, 64, 128, 256]
+    "encoding.kind" = ["none", "sinusoidal"]
+    "train.seed" = [111, 222, 333, 444, 555]
+
+    [slurm]                            # optional: SlurmConfig (partition, time_min, ...)
+    [sweep]                            # optional: after = ["stability"]
+
+Every cell is validated as a Recipe and runs in `OUT/<grid file stem>/<axis>=<value>/...`,
+axes in file order with short keys (`vocab_size=256/encoding=none/seed=111`), so the same
+grid always maps to the same directories: finished runs are skipped, interrupted ones
+resume (`perencode train` does both), and a cell whose exact recipe already finished in
+another grid under OUT is linked to that run instead of trained twice.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from perencode.errors import UserError
+from perencode.recipe import (
+    SECTIONS,
+    Recipe,
+    apply_overrides,
+    parse_value,
+    read_toml,
+    validate,
+    validate_table,
+)
+
+
+class SlurmConfig(BaseModel):
+    """The grid's `[slurm]` table (or the CLI's --partition/--time-min/... options)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cluster: Literal["slurm", "local", "debug"] = Field(
+        "slurm", description="submitit executor: slurm, or local/debug to try the path on "
+        "this machine.")
+    partition: str | None = Field(None, description="SLURM partition (cluster default if unset).")
+    time_min: int = Field(1440, ge=1, description="Time limit of one job; a run that needs "
+                          "longer is requeued and resumes from its checkpoint.")
+    gpus_per_job: int = Field(1, ge=0, description="GPUs per job (one run per job).")
+    cpus_per_job: int = Field(4, ge=1, description="CPU cores per job (also its torch threads).")
+    mem_gb: float | None = Field(None, gt=0, description="Memory per job (cluster default).")
+    array_parallelism: int = Field(64, ge=1, description="Jobs of the array running at once.")
+    max_requeues: int = Field(30, ge=0, description="Time-outs after which a job is not "
+                              "requeued again (preemptions do not count).")
+
+
+class SweepConfig(BaseModel):
+    """The grid's `[sweep]` table."""
+
+    model_config = ConfigDict(extra="forbid")
+    after: list[Literal["stability"]] = Field(
+        [], description="Analyses run on each finished run (`perencode stability RUN`).")
+
+
+@dataclass
+class Cell:
+    name: str                 # the run directory below OUT/<grid>: "vocab_size=32/seed=111"
+    coords: dict[str, Any]    # axis (dotted key) -> value
+    recipe: Recipe
+
+
+@dataclass
+class Grid:
+    path: Path
+    name: str
+    description: str
+    cells: list[Cell]
+    slurm: SlurmConfig
+    sweep: SweepConfig
+
+
+def short_key(key: str) -> str:
+    """`task.vocab_size` -> `vocab_size`; `encoding.kind` -> `encoding`; `task.name` -> `task`."""
+    section, _, name = key.rpartition(".")
+    return section if name in ("kind", "name") and section else name
+
+
+def short_names(keys) -> dict[str, str]:
+    """Short names for dotted keys; keys whose short names collide keep their dotted form."""
+    short = {k: short_key(k) for k in keys}
+    counts = Counter(short.values())
+    return {k: s if counts[s] == 1 else k for k, s in short.items()}
+
+
+def format_value(value: Any) -> str:
+    """An axis value as it appears in a directory name (stable, no path separators)."""
+    if isinstance(value, bool):
+        text = str(value).lower()
+    elif isinstance(value, (list, tuple)):
+        text = ",".join(format_value(v) for v in value)
+    else:
+        text = str(value)  # floats: shortest repr, 1e-3 -> 0.001
+    return text.replace(os.sep, "-").replace(" ", "_")
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_layers(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """The file's TOML merged over its `base` chain."""
+    path = path.resolve()
+    if path in chain:
+        raise UserError(f"{chain[-1]}: `base` leads back to {path} (a loop)")
+    data = read_toml(path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise UserError(f"{path}: base: expected a path string, got {base!r}")
+    return _merge(_read_layers(path.parent / base, (*chain, path)), data)
+
+
+def _check_axis(key: str, values: Any, source: str) -> None:
+    section, _, name = key.partition(".")
+    if section not in SECTIONS or not name or "." in name:
+        raise UserError(f"{source}: [grid] '{key}': axes are section.key with section one of "
+                        f"{', '.join(SECTIONS)}")
+    if not isinstance(values, list) or not values:
+        raise UserError(f"{source}: [grid] '{key}': must be a non-empty list of values, got "
+                        f"{values!r}")
+    shown = [format_value(v) for v in values]
+    repeated = [v for v, n in Counter(shown).items() if n > 1]
+    if repeated:
+        raise UserError(f"{source}: [grid] '{key}': value {repeated[0]} appears twice")
+
+
+def _set(data: dict, key: str, value: Any) -> None:
+    section, _, name = key.partition(".")
+    table = data.setdefault(section, {})
+    if not isinstance(table, dict):
+        raise UserError(f"[{section}] is not a table")
+    table[name] = copy.deepcopy(value)
+
+
+def _select(cells: list[Cell], axes: dict[str, list], only: list[str], source: str) -> list[Cell]:
+    """Keep the cells matching every `--only KEY=V1,V2` (KEY: dotted or short axis name)."""
+    names = short_names(axes)
+    by_name = {**{v: k for k, v in names.items()}, **{k: k for k in axes}}
+    for item in only:
+        key, sep, values = item.partition("=")
+        axis = by_name.get(key.strip())
+        if not sep or axis is None:
+            raise UserError(f"--only '{item}': expected AXIS=V1,V2 with AXIS one of "
+                            f"{', '.join(names.values())} (axes of {source})")
+        wanted = {format_value(parse_value(v.strip())) for v in values.split(",")}
+        known = {format_value(v) for v in axes[axis]}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise UserError(f"--only '{item}': {unknown[0]} is not a value of {axis} "
+                            f"(values: {', '.join(sorted(known))})")
+        cells = [c for c in cells if format_value(c.coords[axis]) in wanted]
+    return cells
+
+
+def load_grid(path: str | Path, overrides: list[str] | None = None,
+              only: list[str] | None = None) -> Grid:
+    """Read, expand and validate a grid file; UserError (one line) on any mistake."""
+    path = Path(path)
+    source = str(path)
+    data = _read_layers(path)
+    axes = data.pop("grid", None)
+    if not isinstance(axes, dict) or not axes:
+        raise UserError(f"{source}: no [grid] table of axes (dotted keys -> lists); a single "
+                        "recipe runs with `perencode train`")
+    slurm = validate_table(SlurmConfig, data.pop("slurm", {}), source, "slurm")
+    sweep = validate_table(SweepConfig, data.pop("sweep", {}), source, "sweep")
+    description = data.pop("description", "")
+    for key, values in axes.items():
+        _check_axis(key, values, source)
+    if overrides:
+        for item in overrides:
+            key = item.partition("=")[0].strip()
+            if key in axes:
+                raise UserError(f"--set {item}: {key} is an axis of {source}; pick its values "
+                                "with --only")
+        data = apply_overrides(data, overrides)
+    names = short_names(axes)
+    cells = []
+    for combo in itertools.product(*axes.values()):
+        coords = dict(zip(axes, combo))
+        name = "/".join(f"{names[k]}={format_value(v)}" for k, v in coords.items())
+        cell_data = copy.deepcopy(data)
+        for key, value in coords.items():
+            _set(cell_data, key, value)
+        # Stable and independent of the free-text description: editing that text must not
+        # turn finished runs into "a different recipe".
+        cell_data["description"] = f"{path.stem}: {name}"
+        cells.append(Cell(name, coords, validate(cell_data, f"{source} [grid] {name}")))
+    return Grid(path, path.stem, description, _select(cells, axes, only or [], source), slurm,
+                sweep)

@@ -1,0 +1,77 @@
+"""Grid files (perencode.grid): every grid of the package expands to valid recipes in
+stable directories; mistakes are one line; `base` chains override key by key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from test_sweep import AXES, TINY
+
+from perencode.errors import UserError
+from perencode.grid import load_grid
+from perencode.recipe import run_key
+
+GRIDS = sorted((ROOT / "recipes" / "paper").glob("*.toml")) + \
+    sorted((ROOT / "recipes" / "quick").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.stem)
+def test_package_grids_expand_to_stable_valid_cells(path):
+    first, again = load_grid(path), load_grid(path)
+    names = [c.name for c in first.cells]
+    assert names == [c.name for c in again.cells] and len(set(names)) == len(names)
+    assert all("seed=" in n for n in names)
+    assert {run_key(c.recipe) for c in first.cells} == \
+        {run_key(c.recipe) for c in again.cells}
+    if path.parent.name == "paper":
+        assert first.description.startswith(("Fig. ", "Table "))
+        assert {c.recipe.train.seed for c in first.cells} == {111, 222, 333, 444, 555}
+        assert all(c.recipe.model.hidden_size == 512 for c in first.cells)
+
+
+def test_paper_grids_share_identical_runs():
+    def keys(name):
+        return {run_key(c.recipe) for c in load_grid(ROOT / "recipes" / "paper" /
+                                                         f"{name}.toml").cells}
+    assert keys("fig05_lstm_stability") == keys("fig03_lstm_dual_frequency")
+    assert len(keys("fig12_lstm_double_vanilla") & (keys("fig02_lstm_reverse")
+                                                     | keys("fig08_lstm_sort"))) == 20
+    assert load_grid(ROOT / "recipes" / "paper" / "fig05_s4d_stability.toml").sweep.after \
+        == ["stability"]
+
+
+@pytest.mark.parametrize("text, options, message", [
+    (TINY + '[grid]\n"task.vocabsize" = [8]\n', {},
+     "task.vocabsize: unknown key 'vocabsize' in [task]"),
+    (TINY + '[grid]\n"tsk.vocab_size" = [8]\n', {}, "axes are section.key"),
+    (TINY + '[grid]\n"task.vocab_size" = 8\n', {}, "must be a non-empty list"),
+    (TINY + '[grid]\n"task.vocab_size" = [8, 8]\n', {}, "value 8 appears twice"),
+    (TINY + '[grid]\n"task.vocab_size" = [1]\n', {}, "vocab_size=1: task.vocab_size"),
+    (TINY, {}, "no [grid] table"),
+    (TINY + AXES + '[slurm]\npartion = "gpu"\n', {}, "[slurm] partion: unknown key"),
+    (TINY + AXES, {"overrides": ["task.vocab_size=4"]}, "is an axis of"),
+    (TINY + AXES, {"only": ["seed=999"]}, "999 is not a value of train.seed"),
+    (TINY + AXES, {"only": ["colour=red"]}, "AXIS one of vocab_size, encoding, seed"),
+    ('base = "grid.toml"\n' + AXES, {}, "(a loop)"),
+])
+def test_grid_mistakes_are_one_line(tmp_path, text, options, message):
+    path = tmp_path / "grid.toml"
+    path.write_text(text)
+    with pytest.raises(UserError) as err:
+        load_grid(path, **options)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_base_chain_overrides_key_by_key(tmp_path):
+    (tmp_path / "base.toml").write_text(TINY + AXES)
+    child = tmp_path / "child.toml"
+    child.write_text('base = "base.toml"\n[model]\nhidden_size = 24\n'
+                     '[grid]\n"train.seed" = [7]\n')
+    grid = load_grid(child, only=["vocab_size=16"])
+    assert [c.name for c in grid.cells] == ["vocab_size=16/encoding=none/seed=7",
+                                            "vocab_size=16/encoding=sinusoidal/seed=7"]
+    assert all(c.recipe.model.hidden_size == 24 and c.recipe.model.embed_size == 8
+               for c in grid.cells)
+    assert Path(grid.path) == child
