@@ -1,4 +1,4 @@
-# perencode: `make quickstart` (CPU demo of the paper's effect) and `make test`.
+# perencode: `make quickstart` (demo of the paper's effect) and `make test`.
 # Every target installs what it needs into .venv first.
 
 PYTHON ?= python3
@@ -15,7 +15,7 @@ PERENCODE_DEPS ?= install
 .DEFAULT_GOAL := help
 
 help:
-	@echo "make quickstart   CPU demo of the paper's headline effect (installs first)"
+	@echo "make quickstart   the paper's headline effect: GPU demo where CUDA is present, else CPU"
 	@echo "make test         the test suite (everything; CI runs it)"
 	@echo "make test-fast    the tests not marked slow (under a minute)"
 	@echo "make lint         ruff"

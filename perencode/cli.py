@@ -21,6 +21,7 @@ from perencode.errors import UserError
 from perencode.evaluate import evaluate_run
 from perencode.figures import make_figures
 from perencode.lm.prepare import prepare
+from perencode.quickstart import run_quickstart
 from perencode.recipe import load_recipe, schema_rows
 from perencode.stability import analyse_run
 from perencode.sweep import run_sweep
@@ -223,6 +224,24 @@ def sweep(
               dry_run=dry_run, only=only, overrides=overrides, device=device, slurm=slurm,
               progress=progress)
     raise typer.Exit(code)
+
+
+@app.command()
+@user_errors
+def quickstart(
+    device: str = typer.Option("auto", help="auto: the GPU demo at the paper's shapes where a "
+                               "CUDA device is present, else the CPU demo; cpu or cuda to "
+                               "choose."),
+    out: Path = typer.Option(Path("runs"), help="Root of the run directories."),
+    figures_dir: Path = typer.Option(Path("figures"), "--figures",
+                                     help="Where the figures and the claims report go."),
+    jobs: int | None = typer.Option(None, min=1, help="Runs at once [default: 2 on the "
+                                    "CPU, 6 sharing the GPU]."),
+    progress: bool = typer.Option(True, help="Show the live run table."),
+) -> None:
+    """The paper's headline effect in about 15 minutes: sweep, figures, claims."""
+    raise typer.Exit(run_quickstart(device, out=out, figures=figures_dir, jobs=jobs,
+                                    progress=progress))
 
 
 @app.command()

@@ -208,7 +208,8 @@ def test_unknown_filter_column_is_a_user_error(runs_root, tmp_path):
         verify_runs([runs_root], claims=write(tmp_path, text), out=tmp_path)
 
 
-@pytest.mark.parametrize("name, count", [("paper_claims.toml", 49), ("quick_claims.toml", 4)])
+@pytest.mark.parametrize("name, count", [("paper_claims.toml", 49), ("quick_claims.toml", 4),
+                                         ("quick_claims_gpu.toml", 3)])
 def test_package_claims_parse_and_evaluate(runs_root, tmp_path, name, count):
     path = ROOT / "data" / name
     assert len(load_claims(path)) == count
