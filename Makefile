@@ -19,6 +19,7 @@ help:
 	@echo "make test         the test suite (everything; CI runs it)"
 	@echo "make test-fast    the tests not marked slow (under a minute)"
 	@echo "make lint         ruff"
+	@echo "make test-slurm   the sweep tests on a real single-node SLURM cluster (root; apt-get)"
 	@echo "make install      create $(VENV) and install perencode into it"
 	@echo "make reproduce-all  every paper grid, then figures and verify (GPU; EXECUTOR=slurm)"
 	@echo "make test-compat  the tests under Python 3.10 + torch 2.1.1 (the container's stack)"

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perencode.errors import UserError
 from perencode.recipe import (
@@ -53,6 +53,7 @@ class SlurmConfig(BaseModel):
         "slurm", description="submitit executor: slurm, or local/debug to try the path on "
         "this machine.")
     partition: str | None = Field(None, description="SLURM partition (cluster default if unset).")
+    account: str | None = Field(None, description="SLURM account to charge (--account).")
     time_min: int = Field(1440, ge=1, description="Time limit of one job; a run that needs "
                           "longer is requeued and resumes from its checkpoint.")
     gpus_per_job: int = Field(1, ge=0, description="GPUs per job (one run per job).")
@@ -61,6 +62,23 @@ class SlurmConfig(BaseModel):
     array_parallelism: int = Field(64, ge=1, description="Jobs of the array running at once.")
     max_requeues: int = Field(30, ge=0, description="Time-outs after which a job is not "
                               "requeued again (preemptions do not count).")
+    signal_delay_s: int = Field(90, ge=1, description="Seconds before the time limit at which "
+                                "SLURM signals a job to checkpoint and requeue (--signal); "
+                                "SLURM may send it up to 60 s earlier, so keep 60 * time_min "
+                                "- signal_delay_s above 60.")
+    poll_s: float = Field(30.0, gt=0, description="Seconds between two looks at the jobs' "
+                          "states (sacct): keep it long on a shared cluster.")
+
+    @model_validator(mode="after")
+    def _signal_after_start(self) -> SlurmConfig:
+        # SLURM may signal up to 60 s early: a signal before the job's Python has started
+        # would kill it instead of requeuing it.
+        if self.cluster == "slurm" and 60 * self.time_min - self.signal_delay_s < 60:
+            raise ValueError(f"field 'signal_delay_s': {self.signal_delay_s} s before a "
+                             f"{self.time_min}-minute limit may signal the job before it has "
+                             "started (SLURM signals up to 60 s early); keep 60 * time_min - "
+                             "signal_delay_s >= 60")
+        return self
 
 
 class SweepConfig(BaseModel):

@@ -202,7 +202,7 @@ class TrainJob(submitit.helpers.Checkpointable):
             self.proc, log = launch([*command, "--device", device], Path(run_dir),
                                     thread_env(threads))
             try:
-                code = self.proc.wait()
+                code = self._wait()
             finally:
                 log.close()
             if code != 0:
@@ -210,10 +210,18 @@ class TrainJob(submitit.helpers.Checkpointable):
                                    f"{Path(run_dir) / 'train.log'}")
         return run_dir
 
+    def _wait(self) -> int:
+        # Polling, not Popen.wait(): SLURM's signal runs `checkpoint` in this thread, inside
+        # this loop, and a Popen.wait() interrupted there would still hold the Popen's lock
+        # that `checkpoint` needs (a deadlock a real scheduler exposed).
+        while (code := self.proc.poll()) is None:
+            time.sleep(0.2)
+        return code
+
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait()
+            self._wait()
         # A fresh callable: the Popen of this attempt cannot be pickled.
         return submitit.helpers.DelayedSubmission(TrainJob(), *args, **kwargs)
 
@@ -367,8 +375,12 @@ def run_slurm(ready: list[Run], board: Board, grid: Grid, out: Path, options: Sl
                                   gpus_per_node=options.gpus_per_job,
                                   cpus_per_task=options.cpus_per_job,
                                   slurm_array_parallelism=options.array_parallelism)
+    if options.cluster == "slurm":
+        params["slurm_signal_delay_s"] = options.signal_delay_s
     if options.partition:
         params["slurm_partition"] = options.partition
+    if options.account:
+        params["slurm_account"] = options.account
     if options.mem_gb:
         params["mem_gb"] = options.mem_gb
     executor.update_parameters(**params)
@@ -377,7 +389,7 @@ def run_slurm(ready: list[Run], board: Board, grid: Grid, out: Path, options: Sl
                                    [options.cpus_per_job] * len(ready))
     for run, job in zip(ready, submitted):
         run.state, run.message = "submitted", f"job {job.job_id}"
-    poll = 1.0 if options.cluster != "slurm" else 30.0  # sacct is not to be hammered
+    poll = 1.0 if options.cluster != "slurm" else options.poll_s  # sacct: not to be hammered
     pending = list(zip(ready, submitted))
     try:
         while pending:

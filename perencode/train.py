@@ -109,15 +109,21 @@ def training_generator(recipe: Recipe, device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(recipe.train.seed + 1_000_003)
 
 
+# SIGUSR2 is SLURM's warning before a time limit (submitit's `--signal=USR2@...`): it
+# reaches every process of the job, and by default it would kill training unsaved.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+
+
 class _Stop:
-    """SIGINT/SIGTERM ask the loop to checkpoint and exit after the current iteration."""
+    """SIGINT/SIGTERM/SIGUSR2 ask the loop to checkpoint and exit after the current
+    iteration."""
 
     def __init__(self):
         self.signum: int | None = None
         self._old = {}
 
     def __enter__(self):
-        for s in (signal.SIGINT, signal.SIGTERM):
+        for s in STOP_SIGNALS:
             try:
                 self._old[s] = signal.signal(s, self._handle)
             except ValueError:  # not the main thread: no handler, a kill loses < 1 interval

@@ -51,6 +51,8 @@ def test_paper_grids_share_identical_runs():
     (TINY + '[grid]\n"task.vocab_size" = [1]\n', {}, "vocab_size=1: task.vocab_size"),
     (TINY, {}, "no [grid] table"),
     (TINY + AXES + '[slurm]\npartion = "gpu"\n', {}, "[slurm] partion: unknown key"),
+    (TINY + AXES + '[slurm]\ntime_min = 1\n', {},
+     "[slurm] signal_delay_s: 90 s before a 1-minute limit may signal the job before"),
     (TINY + AXES, {"overrides": ["task.vocab_size=4"]}, "is an axis of"),
     (TINY + AXES, {"only": ["seed=999"]}, "999 is not a value of train.seed"),
     (TINY + AXES, {"only": ["colour=red"]}, "AXIS one of vocab_size, encoding, seed"),

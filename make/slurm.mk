@@ -1,0 +1,28 @@
+# A real single-node SLURM cluster for the `slurm` tests (issue 14); included by the main
+# Makefile. tools/slurm-cluster installs the packages if missing (Debian/Ubuntu, root) and
+# starts munged, MariaDB, slurmdbd, slurmctld and slurmd in $(SLURM_DIR).
+#
+#   make test-slurm     start the cluster, run the tests marked `slurm`, stop it (also when a
+#                       test fails); the tests fail rather than skip if no cluster answers
+
+SLURM_DIR ?= /tmp/perencode-slurm
+
+.PHONY: test-slurm slurm-start slurm-stop
+
+slurm-start:
+	PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster start
+
+slurm-stop:
+	PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster stop
+
+test-slurm: install
+	@started=0; status=0; \
+	if ! PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster status >/dev/null 2>&1; then \
+		started=1; PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster start || status=$$?; \
+	fi; \
+	if [ $$status -eq 0 ]; then \
+		SLURM_CONF=$(SLURM_DIR)/etc/slurm.conf PERENCODE_REQUIRE_SLURM=1 \
+			$(PY) -m pytest -m slurm -p no:cacheprovider --durations=0 || status=$$?; \
+	fi; \
+	if [ $$started -eq 1 ]; then PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster stop; fi; \
+	exit $$status
