@@ -372,11 +372,14 @@ def run_slurm(ready: list[Run], board: Board, grid: Grid, out: Path, options: Sl
                                      cluster=options.cluster,
                                      slurm_max_num_timeout=options.max_requeues)
     params: dict[str, Any] = dict(name=f"perencode-{grid.name}", timeout_min=options.time_min,
-                                  gpus_per_node=options.gpus_per_job,
                                   cpus_per_task=options.cpus_per_job,
                                   slurm_array_parallelism=options.array_parallelism)
+    if options.gpus_per_job:  # --gpus-per-node=0 is refused where no GPU GRES is set up
+        params["gpus_per_node"] = options.gpus_per_job
     if options.cluster == "slurm":
         params["slurm_signal_delay_s"] = options.signal_delay_s
+        # Requeuing a job that checkpointed is refused where the cluster has JobRequeue=0.
+        params["slurm_additional_parameters"] = {"requeue": True}
     if options.partition:
         params["slurm_partition"] = options.partition
     if options.account:
