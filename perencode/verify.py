@@ -442,13 +442,18 @@ def _reproduced(o: Outcome) -> str:
     return (o.shown or "-") + (f" ({extra})" if extra else "")
 
 
+def _counts(outcomes: list[Outcome]) -> str:
+    """'1 inconclusive, 0 fail, 0 not run, 3 pass'."""
+    return ", ".join(f"{sum(o.verdict == v for o in outcomes)} {v}" for v in VERDICT_STYLE)
+
+
 def in_report_order(outcomes: list[Outcome]) -> list[Outcome]:
     """Inconclusive claims first (they need more seeds), then the rest in file order."""
     return sorted(outcomes, key=lambda o: o.verdict != INCONCLUSIVE)
 
 
 def report_markdown(outcomes: list[Outcome], claims_path: Path, run_paths: list[Path]) -> str:
-    counts = ", ".join(f"{sum(o.verdict == v for o in outcomes)} {v}" for v in VERDICT_STYLE)
+    counts = _counts(outcomes)
     lines = [f"# Claims of {claims_path} checked against {', '.join(map(str, run_paths))}", "",
              f"{counts}.", "", RULE, "",
              "| claim | statement | paper | reproduced | verdict |", "|---|---|---|---|---|"]
@@ -482,7 +487,7 @@ def verify_runs(runs: list[Path], claims: Path = Path("data/paper_claims.toml"),
         table.add_row(f"{o.claim.id}: {o.claim.statement}", o.claim.paper, _reproduced(o),
                       f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}")
     console.print(table)
-    counts = ", ".join(f"{sum(o.verdict == v for o in outcomes)} {v}" for v in VERDICT_STYLE)
+    counts = _counts(outcomes)
     console.print(f"{counts}; wrote {out / 'verify.md'} and {out / 'verify.json'}",
                   highlight=False)
     return 1 if any(o.verdict == FAIL for o in outcomes) else 0
