@@ -10,6 +10,10 @@ A grid file (`recipes/paper/*.toml`) is a recipe plus axes:
     "task.vocab_size" = [32, 64, 128, 256]
     "encoding.kind" = ["none", "sinusoidal"]
     "train.seed" = [111, 222, 333, 444, 555]
+    # keys joined by "+" form one tied axis whose values are lists, one value per key, set
+    # together (e.g. a shorter training for the small vocabulary); its directories are named
+    # by the first key, and `--only` accepts any of its keys
+    # "task.vocab_size+train.iterations" = [[32, 4000], [1024, 12000]]
 
     [slurm]                            # optional: SlurmConfig (partition, time_min, ...)
     [sweep]                            # optional: after = ["stability"]
@@ -154,18 +158,42 @@ def _read_layers(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     return _merge(_read_layers(path.parent / base, (*chain, path)), data)
 
 
-def _check_axis(key: str, values: Any, source: str) -> None:
+def _check_key(key: str, source: str) -> None:
     section, _, name = key.partition(".")
     if section not in SECTIONS or not name or "." in name:
         raise UserError(f"{source}: [grid] '{key}': axes are section.key with section one of "
                         f"{', '.join(SECTIONS)}")
-    if not isinstance(values, list) or not values:
-        raise UserError(f"{source}: [grid] '{key}': must be a non-empty list of values, got "
-                        f"{values!r}")
-    shown = [format_value(v) for v in values]
-    repeated = [v for v, n in Counter(shown).items() if n > 1]
-    if repeated:
-        raise UserError(f"{source}: [grid] '{key}': value {repeated[0]} appears twice")
+
+
+def _axis_groups(axes: dict[str, Any], source: str) -> list[tuple[tuple[str, ...], list]]:
+    """The [grid] table as (keys, rows) per axis, a row holding one value per key: a plain
+    axis has one key; a tied axis "a.b+c.d" several, each of its values a list of as many."""
+    groups, seen = [], set()
+    for axis, values in axes.items():
+        keys = tuple(k.strip() for k in axis.split("+"))
+        for key in keys:
+            _check_key(key, source)
+            if key in seen:
+                raise UserError(f"{source}: [grid] '{axis}': {key} is already an axis")
+            seen.add(key)
+        if not isinstance(values, list) or not values:
+            raise UserError(f"{source}: [grid] '{axis}': must be a non-empty list of values, "
+                            f"got {values!r}")
+        if len(keys) == 1:
+            rows = [(v,) for v in values]
+        else:
+            bad = [v for v in values if not isinstance(v, list) or len(v) != len(keys)]
+            if bad:
+                raise UserError(f"{source}: [grid] '{axis}': each value must be a list of "
+                                f"{len(keys)} values, one for each of {', '.join(keys)}; got "
+                                f"{bad[0]!r}")
+            rows = [tuple(v) for v in values]
+        shown = [format_value(row[0]) for row in rows]
+        repeated = [v for v, n in Counter(shown).items() if n > 1]
+        if repeated:
+            raise UserError(f"{source}: [grid] '{axis}': value {repeated[0]} appears twice")
+        groups.append((keys, rows))
+    return groups
 
 
 def _set(data: dict, key: str, value: Any) -> None:
@@ -209,20 +237,23 @@ def load_grid(path: str | Path, overrides: list[str] | None = None,
     slurm = validate_table(SlurmConfig, data.pop("slurm", {}), source, "slurm")
     sweep = validate_table(SweepConfig, data.pop("sweep", {}), source, "sweep")
     description = data.pop("description", "")
-    for key, values in axes.items():
-        _check_axis(key, values, source)
+    groups = _axis_groups(axes, source)
+    values = {key: [row[i] for row in rows] for keys, rows in groups
+              for i, key in enumerate(keys)}
     if overrides:
         for item in overrides:
             key = item.partition("=")[0].strip()
-            if key in axes:
+            if key in values:
                 raise UserError(f"--set {item}: {key} is an axis of {source}; pick its values "
                                 "with --only")
         data = apply_overrides(data, overrides)
-    names = short_names(axes)
+    names = short_names(values)
     cells = []
-    for combo in itertools.product(*axes.values()):
-        coords = dict(zip(axes, combo))
-        name = "/".join(f"{names[k]}={format_value(v)}" for k, v in coords.items())
+    for combo in itertools.product(*(rows for _, rows in groups)):
+        coords = {key: value for (keys, _), row in zip(groups, combo)
+                  for key, value in zip(keys, row)}
+        name = "/".join(f"{names[keys[0]]}={format_value(row[0])}"
+                        for (keys, _), row in zip(groups, combo))
         cell_data = copy.deepcopy(data)
         for key, value in coords.items():
             _set(cell_data, key, value)
@@ -230,5 +261,5 @@ def load_grid(path: str | Path, overrides: list[str] | None = None,
         # turn finished runs into "a different recipe".
         cell_data["description"] = f"{path.stem}: {name}"
         cells.append(Cell(name, coords, validate(cell_data, f"{source} [grid] {name}")))
-    return Grid(path, path.stem, description, _select(cells, axes, only or [], source), slurm,
+    return Grid(path, path.stem, description, _select(cells, values, only or [], source), slurm,
                 sweep)

@@ -13,6 +13,12 @@ from perencode.errors import UserError
 from perencode.grid import load_grid
 from perencode.recipe import run_key
 
+TIED = """
+[grid]
+"task.vocab_size+train.iterations" = [[16, 6], [8, 3]]
+"train.seed" = [111, 222]
+"""
+
 GRIDS = sorted((ROOT / "recipes" / "paper").glob("*.toml")) + \
     sorted((ROOT / "recipes" / "quick").glob("*.toml"))
 
@@ -54,6 +60,13 @@ def test_paper_grids_share_identical_runs():
     (TINY + AXES + '[slurm]\ntime_min = 1\n', {},
      "[slurm] signal_delay_s: 90 s before a 1-minute limit may signal the job before"),
     (TINY + AXES, {"overrides": ["task.vocab_size=4"]}, "is an axis of"),
+    (TINY + TIED, {"overrides": ["train.iterations=4"]}, "train.iterations is an axis of"),
+    (TINY + '[grid]\n"task.vocab_size+train.iterations" = [[8, 4], [16]]\n', {},
+     "each value must be a list of 2 values, one for each of task.vocab_size, "
+     "train.iterations; got [16]"),
+    (TINY + '[grid]\n"task.vocab_size+train.seed" = [[8, 1]]\n"train.seed" = [2]\n', {},
+     "'train.seed': train.seed is already an axis"),
+    (TINY + '[grid]\n"task.vocab_size+trian.seed" = [[8, 1]]\n', {}, "axes are section.key"),
     (TINY + AXES, {"only": ["seed=999"]}, "999 is not a value of train.seed"),
     (TINY + AXES, {"only": ["colour=red"]}, "AXIS one of vocab_size, encoding, seed"),
     ('base = "grid.toml"\n' + AXES, {}, "(a loop)"),
@@ -64,6 +77,23 @@ def test_grid_mistakes_are_one_line(tmp_path, text, options, message):
     with pytest.raises(UserError) as err:
         load_grid(path, **options)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_tied_axis_sets_its_keys_together(tmp_path):
+    """A tied axis "a+b" sets a and b from one value list: its cells are named by the first
+    key, record both, and `--only` selects by either."""
+    path = tmp_path / "grid.toml"
+    path.write_text(TINY + TIED)
+    grid = load_grid(path)
+    assert [c.name for c in grid.cells] == [f"vocab_size={k}/seed={s}"
+                                            for k in (16, 8) for s in (111, 222)]
+    assert [(c.recipe.task.vocab_size, c.recipe.train.iterations) for c in grid.cells] == \
+        [(16, 6), (16, 6), (8, 3), (8, 3)]
+    assert grid.cells[0].coords == {"task.vocab_size": 16, "train.iterations": 6,
+                                    "train.seed": 111}
+    assert [c.name for c in load_grid(path, only=["iterations=3"]).cells] == \
+        ["vocab_size=8/seed=111", "vocab_size=8/seed=222"]
+    assert len(load_grid(path, only=["vocab_size=16", "seed=222"]).cells) == 1
 
 
 def test_base_chain_overrides_key_by_key(tmp_path):
