@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from perencode.recipe import validate
+from perencode.recipe import Recipe, validate
 
 SEEDS = (111, 222, 333)
 
@@ -16,16 +16,20 @@ def fake_run(root: Path, name: str, *, task: str = "reverse", arch: str = "gru",
              encoding: str = "none", vocab: int = 32, seed: int = 111, hidden: int = 512,
              task_extra: dict | None = None, metrics: dict | None = None,
              stability: pd.DataFrame | None = None, curve: list[float] | None = None,
-             finished: bool = True) -> Path:
+             finished: bool = True, recipe: Recipe | None = None) -> Path:
     """A run directory as `perencode train` leaves it: recipe.toml, metrics.jsonl, the
-    final checkpoint (its name is what makes a run complete) and eval.json."""
-    task_cfg = {"name": task, "vocab_size": vocab, "length": 16 if task in (
-        "reverse_add", "predecessor") else 64, **(task_extra or {})}
-    if task == "lm":
-        task_cfg["data"] = "data/none"
-    recipe = validate({"task": task_cfg, "model": {"arch": arch, "hidden_size": hidden},
-                       "encoding": {"kind": encoding},
-                       "train": {"iterations": 200, "seed": seed, "log_every": 100}}, name)
+    final checkpoint (its name is what makes a run complete) and eval.json. `recipe`, when
+    given (a grid's cell), replaces the one built from the keyword arguments."""
+    if recipe is None:
+        task_cfg = {"name": task, "vocab_size": vocab, "length": 16 if task in (
+            "reverse_add", "predecessor") else 64, **(task_extra or {})}
+        if task == "lm":
+            task_cfg["data"] = "data/none"
+        recipe = validate({"task": task_cfg, "model": {"arch": arch, "hidden_size": hidden},
+                           "encoding": {"kind": encoding},
+                           "train": {"iterations": 200, "seed": seed, "log_every": 100}}, name)
+    task, arch, encoding = recipe.task.name, recipe.model.arch, recipe.encoding.kind
+    vocab, seed = recipe.task.vocab_size, recipe.train.seed
     run = root / name
     (run / "checkpoints").mkdir(parents=True)
     (run / "recipe.toml").write_text(recipe.to_toml())
@@ -34,7 +38,7 @@ def fake_run(root: Path, name: str, *, task: str = "reverse", arch: str = "gru",
              "seconds": 10.0 * (i + 1)} for i, loss in enumerate(losses)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if finished:
-        (run / "checkpoints" / "step-200.pt").write_bytes(b"")
+        (run / "checkpoints" / f"step-{recipe.train.iterations}.pt").write_bytes(b"")
         (run / "eval.json").write_text(json.dumps(
             {"task": task, "arch": arch, "encoding": encoding, "vocab_size": vocab,
              "seed": seed, **(metrics or {})}))
