@@ -5,7 +5,9 @@
 the paper the results cover, as PNG and PDF. Figures select runs by their recipes, not by
 the grid that made them, so a run shared by several figures is drawn in each. Runs whose
 settings differ beyond a figure's own axes (a quick demo next to the paper's grids) go to
-separate files, suffixed with the differing settings. Error bars: 95% percentile-bootstrap
+separate files, suffixed with the differing settings, except a setting that takes one value
+in every cell of the figure's axes (the quick demo's iterations, set per vocabulary size):
+those runs stay one figure and a note names the setting. Error bars: 95% percentile-bootstrap
 CI of the mean over seeds, 10,000 resamples (perencode.stats).
 """
 
@@ -303,12 +305,27 @@ FIGURES = [
 ]
 
 
-def settings(df: pd.DataFrame, columns: list[str],
-             axes: list[str]) -> list[tuple[str, pd.DataFrame]]:
-    """Split runs by the recipe fields (other than the figure's axes) that differ: one
-    (file suffix, rows) per setting; no suffix when they all agree."""
+def _differing(df: pd.DataFrame, columns: list[str],
+               axes: list[str]) -> tuple[list[str], list[str]]:
+    """Recipe fields (other than the figure's axes) that differ among the runs: (those that
+    split the runs into separate figures, those tied to the axes). A field is tied when it
+    is one value in every cell of the axes (the quick demo trains K = 32 for fewer
+    iterations than K = 1,024): the runs are then still one figure, and a note says so."""
     differing = [c for c in columns if c not in axes and c not in BOOKKEEPING
                  and df[c].nunique(dropna=False) > 1]
+    keys = [a for a in axes if a in df.columns]
+    if not keys or not differing:
+        return differing, []
+    cells = df.groupby(keys, dropna=False)
+    tied = [c for c in differing if cells[c].nunique(dropna=False).max() <= 1]
+    return [c for c in differing if c not in tied], tied
+
+
+def settings(df: pd.DataFrame, columns: list[str],
+             axes: list[str]) -> list[tuple[str, pd.DataFrame]]:
+    """Split runs by the recipe fields (other than the figure's axes, and not tied to them)
+    that differ: one (file suffix, rows) per setting; no suffix when they all agree."""
+    differing, _ = _differing(df, columns, axes)
     if not differing:
         return [("", df)]
     names = short_names(differing)
@@ -318,6 +335,23 @@ def settings(df: pd.DataFrame, columns: list[str],
         out.append(("__" + "_".join(f"{names[c]}={format_value(v)}"
                                     for c, v in zip(differing, keys)), part))
     return out
+
+
+def tied_note(df: pd.DataFrame, columns: list[str], axes: list[str]) -> str:
+    """'train.iterations follows vocab_size (32: 2000; 1024: 4000)' for the fields tied to
+    the figure's axes, '' when none is."""
+    _, tied = _differing(df, columns, axes)
+    notes = []
+    for column in tied:
+        varying = [a for a in axes if a in df.columns and df[a].nunique(dropna=False) > 1]
+        alone = [a for a in varying if df.groupby(a, dropna=False)[column]
+                 .nunique(dropna=False).max() <= 1]
+        along = alone[:1] or varying  # the one axis that decides it, where there is one
+        pairs = df[along + [column]].drop_duplicates().sort_values(along)
+        shown = "; ".join(", ".join(format_value(v) for v in row[:-1]) + ": "
+                          + format_value(row[-1]) for row in pairs.itertuples(index=False))
+        notes.append(f"{column} follows {', '.join(short_key(a) for a in along)} ({shown})")
+    return "; ".join(notes)
 
 
 def missing_runs(df: pd.DataFrame, axes: list[str]) -> list[str]:
@@ -364,6 +398,10 @@ def make_figures(runs: list[Path], out: Path = Path("figures")) -> list[Path]:
             rows = rows[rows["run"].isin(part["run"])]
             if rows.empty:
                 continue
+            note = tied_note(part, results.recipe_columns, figure.axes)
+            if note:
+                console.print(f"{figure.name}{suffix}: one figure although {note}",
+                              highlight=False, soft_wrap=True)
             lacking = missing_runs(part[part["run"].isin(rows["run"])], figure.axes)
             if lacking:
                 shown = "; ".join(lacking[:8]) + (f"; and {len(lacking) - 8} more"
