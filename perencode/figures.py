@@ -305,45 +305,37 @@ FIGURES = [
 ]
 
 
-def _differing(df: pd.DataFrame, columns: list[str],
-               axes: list[str]) -> tuple[list[str], list[str]]:
-    """Recipe fields (other than the figure's axes) that differ among the runs: (those that
-    split the runs into separate figures, those tied to the axes). A field is tied when it
-    is one value in every cell of the axes (the quick demo trains K = 32 for fewer
-    iterations than K = 1,024): the runs are then still one figure, and a note says so."""
+def settings(df: pd.DataFrame, columns: list[str],
+             axes: list[str]) -> tuple[list[tuple[str, pd.DataFrame]], list[str]]:
+    """Split runs by the recipe fields (other than the figure's axes) that differ: one
+    (file suffix, rows) per setting, no suffix when they all agree; and the differing fields
+    that did not split because they are tied to the axes (one value in every cell of the
+    axes: the quick demo trains K = 32 for fewer iterations than K = 1,024)."""
     differing = [c for c in columns if c not in axes and c not in BOOKKEEPING
                  and df[c].nunique(dropna=False) > 1]
     keys = [a for a in axes if a in df.columns]
-    if not keys or not differing:
-        return differing, []
-    cells = df.groupby(keys, dropna=False)
-    tied = [c for c in differing if cells[c].nunique(dropna=False).max() <= 1]
-    return [c for c in differing if c not in tied], tied
-
-
-def settings(df: pd.DataFrame, columns: list[str],
-             axes: list[str]) -> list[tuple[str, pd.DataFrame]]:
-    """Split runs by the recipe fields (other than the figure's axes, and not tied to them)
-    that differ: one (file suffix, rows) per setting; no suffix when they all agree."""
-    differing, _ = _differing(df, columns, axes)
+    tied = []
+    if keys and differing:
+        cells = df.groupby(keys, dropna=False)
+        tied = [c for c in differing if cells[c].nunique(dropna=False).max() <= 1]
+        differing = [c for c in differing if c not in tied]
     if not differing:
-        return [("", df)]
+        return [("", df)], tied
     names = short_names(differing)
     out = []
-    for keys, part in df.groupby(differing, dropna=False, sort=True):
-        keys = keys if isinstance(keys, tuple) else (keys,)
+    for values, part in df.groupby(differing, dropna=False, sort=True):
+        values = values if isinstance(values, tuple) else (values,)
         out.append(("__" + "_".join(f"{names[c]}={format_value(v)}"
-                                    for c, v in zip(differing, keys)), part))
-    return out
+                                    for c, v in zip(differing, values)), part))
+    return out, tied
 
 
-def tied_note(df: pd.DataFrame, columns: list[str], axes: list[str]) -> str:
+def tied_note(df: pd.DataFrame, tied: list[str], axes: list[str]) -> str:
     """'train.iterations follows vocab_size (32: 2000; 1024: 4000)' for the fields tied to
-    the figure's axes, '' when none is."""
-    _, tied = _differing(df, columns, axes)
+    the figure's axes that vary among these runs, '' when none does."""
+    varying = [a for a in axes if a in df.columns and df[a].nunique(dropna=False) > 1]
     notes = []
-    for column in tied:
-        varying = [a for a in axes if a in df.columns and df[a].nunique(dropna=False) > 1]
+    for column in (c for c in tied if df[c].nunique(dropna=False) > 1):
         alone = [a for a in varying if df.groupby(a, dropna=False)[column]
                  .nunique(dropna=False).max() <= 1]
         along = alone[:1] or varying  # the one axis that decides it, where there is one
@@ -391,14 +383,15 @@ def make_figures(runs: list[Path], out: Path = Path("figures")) -> list[Path]:
             chosen = chosen[chosen["complete"]]
         if figure.requires:  # only settings with such a run; a suffix only if several do
             chosen = pd.concat([chosen.iloc[:0]] + [
-                part for _, part in settings(chosen, results.recipe_columns, figure.axes)
+                part for _, part in settings(chosen, results.recipe_columns, figure.axes)[0]
                 if part["encoding.kind"].isin(figure.requires).any()])
-        for suffix, part in settings(chosen, results.recipe_columns, figure.axes):
+        parts, tied = settings(chosen, results.recipe_columns, figure.axes)
+        for suffix, part in parts:
             rows = results.table(figure.table)
             rows = rows[rows["run"].isin(part["run"])]
             if rows.empty:
                 continue
-            note = tied_note(part, results.recipe_columns, figure.axes)
+            note = tied_note(part, tied, figure.axes)
             if note:
                 console.print(f"{figure.name}{suffix}: one figure although {note}",
                               highlight=False, soft_wrap=True)
