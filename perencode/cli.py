@@ -261,7 +261,8 @@ def figures(
 @user_errors
 def verify(
     runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
-    claims: Path = typer.Option(Path("data/paper_claims.toml"), help="Claims file."),
+    claims: str = typer.Option("paper", help="Claims file: a path, or a bundled one (paper, "
+                               "quick, quick_gpu)."),
     out: Path = typer.Option(Path("figures"), help="Where verify.md and verify.json go."),
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
