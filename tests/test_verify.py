@@ -286,7 +286,7 @@ def test_three_way_verdicts_through_the_cli(three_way_runs, tmp_path, cli):
 
 
 def test_threshold_three_ways():
-    from perencode.verify import claims_file, three_way
+    from perencode.verify import three_way
 
     above = lambda x: x > 0.95  # noqa: E731
     assert three_way(above, 0.96, 0.99) == "pass"
