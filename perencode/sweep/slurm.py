@@ -15,6 +15,7 @@ import submitit
 
 from perencode import runs
 from perencode.console import console
+from perencode.errors import UserError
 from perencode.grid import Grid, SlurmConfig
 from perencode.sweep.board import Board
 from perencode.sweep.local import launch, thread_env
@@ -67,7 +68,12 @@ def executor(folder: Path, name: str, options: SlurmConfig,
     init: dict[str, Any] = {"slurm_max_num_timeout": options.max_requeues}
     if options.python:
         init["slurm_python"] = options.python  # e.g. the container's python (issue 20)
-    ex = submitit.AutoExecutor(folder=folder, cluster=options.cluster, **init)
+    try:
+        ex = submitit.AutoExecutor(folder=folder, cluster=options.cluster, **init)
+    except RuntimeError as exc:  # submitit finds no srun
+        raise UserError(f"--executor slurm: no SLURM here ({exc}); run the sweep on the "
+                        "cluster's login node, or [slurm] cluster = \"local\" to try the path "
+                        "on this machine") from None
     params: dict[str, Any] = dict(name=f"perencode-{name}", timeout_min=options.time_min,
                                   cpus_per_task=options.cpus_per_job,
                                   slurm_array_parallelism=options.array_parallelism)
