@@ -175,7 +175,7 @@ def show(
     from perencode.recipe import load_recipe
 
     r = load_recipe(recipe, overrides)
-    print(json.dumps(r.to_dict(), indent=2) if as_json else r.to_toml(), end="\n")
+    print(json.dumps(r.to_dict(), indent=2) if as_json else r.to_toml().rstrip("\n"))
 
 
 @app.command("recipe-schema")
