@@ -280,8 +280,14 @@ def sweep(
     executor: str = typer.Option("local", help="local (subprocesses) or slurm (submitit)."),
     jobs: int = typer.Option(1, min=1, help="Runs at once (local)."),
     runs_per_gpu: int = typer.Option(1, min=1, help="Runs sharing one GPU (local)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the run table and the "
-                                 "estimated compute cost, run nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (runs, states), "
+                                 "disk and device-hours at once; run nothing."),
+    estimate: bool = typer.Option(False, "--estimate", help="Time 3 iterations of each "
+                                  "shape not yet measured on this device (cached in "
+                                  ".estimates.json under the runs' root), then print the "
+                                  "plan; train nothing."),
+    wait: bool = typer.Option(True, help="--no-wait (SLURM): submit and return; running the "
+                              "same command again collects the jobs, never submits twice."),
     only: list[str] = typer.Option([], "--only", metavar="KEY=V1,V2", help="Keep the cells "
                                    "whose axis KEY takes one of these values. Repeatable."),
     overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
@@ -291,18 +297,24 @@ def sweep(
     time_min: int | None = typer.Option(None, help="SLURM time limit in minutes."),
     gpus_per_job: int | None = typer.Option(None, help="SLURM GPUs per job."),
     cpus_per_job: int | None = typer.Option(None, help="SLURM CPUs per job."),
+    slurm_options: list[str] = typer.Option(
+        [], "--slurm", metavar="KEY=VALUE", help="Any field of the grid's \\[slurm] table "
+        "(value as a TOML literal), e.g. --slurm 'python=\"apptainer exec --nv perencode.sif "
+        "python\"' --slurm 'qos=\"high\"'. Repeatable; docs/slurm.md lists the fields."),
     progress: bool = typer.Option(True, help="Show the live run table."),
 ) -> None:
     """Run every cell of a grid (skipping finished runs, resuming interrupted ones)."""
+    from perencode.grid import slurm_overrides
     from perencode.sweep import run_sweep
 
     slurm = {k: v for k, v in (("partition", partition), ("time_min", time_min),
                                ("gpus_per_job", gpus_per_job),
                                ("cpus_per_job", cpus_per_job)) if v is not None}
+    slurm.update(slurm_overrides(slurm_options))
     runs = renamed(runs, old_out, "--runs", "--out") or Path("runs")
-    code = run_sweep(grid, out=runs, executor=executor,
-                     jobs=jobs, runs_per_gpu=runs_per_gpu, dry_run=dry_run, only=only,
-                     overrides=overrides, device=device, slurm=slurm, progress=progress)
+    code = run_sweep(grid, out=runs, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
+                     dry_run=dry_run, only=only, overrides=overrides, device=device,
+                     slurm=slurm, progress=progress, wait=wait, estimate=estimate)
     raise typer.Exit(code)
 
 
@@ -351,7 +363,8 @@ def figures(
 @user_errors
 def verify(
     runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
-    claims: Path = typer.Option(Path("data/paper_claims.toml"), help="Claims file."),
+    claims: str = typer.Option("paper", help="Claims file: a path, or a bundled one (paper, "
+                               "quick, quick_gpu)."),
     out: Path = typer.Option(Path("figures"), help="Output folder: verify.md and "
                              "verify.json."),
 ) -> None:
