@@ -13,7 +13,9 @@ from conftest import ROOT, subprocess_env
 PACKAGE = ROOT / "perencode"
 # Third-party modules that some commands need and others do not: imported where used.
 DEFERRED = {"matplotlib", "seaborn", "sentencepiece", "datasets", "tensorboard",
-            "torch.utils.tensorboard"}
+            "torch.utils.tensorboard",
+            # and the standard modules of one platform only: imported on that platform
+            "fcntl", "msvcrt"}
 # What `perencode --help` (and shell completion) may load: nothing that needs torch.
 CLI_START = {"perencode", "perencode.cli", "perencode.console", "perencode.errors"}
 HEAVY = ("torch", "numpy", "pandas", "matplotlib", "seaborn", "submitit", "sentencepiece",
