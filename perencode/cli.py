@@ -70,7 +70,7 @@ def main(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
-    pass
+    """Options of `perencode` itself (the commands have their own)."""
 
 
 @app.command()
