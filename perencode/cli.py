@@ -1,6 +1,6 @@
 """The `perencode` command line: parse, load the recipe, call one library function.
 
-Every `UserError` becomes one red line on stderr and exit code 2 (STYLE rule 4). Each
+Every `UserError` becomes one red line on stderr and exit code 2. Each
 command imports what it runs inside its function, so `perencode --help`, `--version` and
 shell completion start without loading torch, pandas, matplotlib or submitit (and on any
 platform: the POSIX-only modules are reached only by the commands that use them).
@@ -234,7 +234,8 @@ def stability(
                               "grows linearly with it (docs/stability.md)."),
     progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
 ) -> None:
-    """Gradient stability at every checkpoint of a dual-frequency run (Fig. 4-5; SPEC §6).
+    """Gradient stability at every checkpoint of a dual-frequency run (Fig. 4-5;
+    docs/paper-facts.md#gradient-stability).
 
     Writes RUN_DIR/stability.csv: one row per checkpoint, triplet and comparison.
     "target" = (x,s) vs (x,s'), as drawn in Fig. 5; "suffix" = (x,s) vs (x',s).

@@ -1,7 +1,7 @@
 """Recipes: the only configuration of a run, Pydantic-validated and loaded from TOML.
 
-Defaults are what the authors' code did (SPEC section 3); the paper-text values are one
-option away (e.g. `optim.betas = [0.9, 0.999]`, `optim.schedule = "cosine"`).
+Defaults are what the authors' code did (docs/paper-facts.md#training-settings); the paper-text
+values are one option away (e.g. `optim.betas = [0.9, 0.999]`, `optim.schedule = "cosine"`).
 """
 
 from __future__ import annotations
@@ -38,12 +38,14 @@ class TaskConfig(Section):
         "reverse",
         description="Task: reverse ordering, sort, reverse + delayed addition, predecessor "
         "query, reverse with a dual-frequency vocabulary, variable-length reverse, or "
-        "WikiText-103 language modelling (SPEC §4, §7).",
+        "WikiText-103 language modelling (docs/paper-facts.md#tasks and "
+        "#language-modelling).",
     )
     vocab_size: int = Field(
         256, ge=2, le=1 << 20,
         description="K, the number of distinct input/output tokens (lm: the SentencePiece "
-        "vocabulary V; the head then has V - 1 classes, SPEC §7).",
+        "vocabulary V; the head then has V - 1 classes, "
+        "docs/paper-facts.md#language-modelling).",
     )
     length: int = Field(
         64, ge=1, le=4096,
@@ -53,7 +55,7 @@ class TaskConfig(Section):
     min_length: int | None = Field(
         None, ge=1,
         description="variable_length only: the shortest input length (lengths uniform in "
-        "min_length..length, SPEC §4).",
+        "min_length..length, docs/paper-facts.md#variable-length-task).",
     )
     held_out: int = Field(
         1024, ge=1,
@@ -63,7 +65,8 @@ class TaskConfig(Section):
     rarity: float = Field(
         0.125, gt=0.0, lt=1.0,
         description="dual_frequency only: probability that a training token is RARE "
-        "(FREQUENT = first K/2 ids, RARE = the rest; SPEC §4).",
+        "(FREQUENT = first K/2 ids, RARE = the rest; "
+        "docs/paper-facts.md#dual-frequency-task).",
     )
     held_out_per_cell: int = Field(
         16, ge=1,
@@ -146,7 +149,8 @@ class TaskConfig(Section):
 
 class ModelConfig(Section):
     arch: Literal["gru", "lstm", "s4d"] = Field(
-        "gru", description="Sequence model: GRU, LSTM or S4D (single layer, SPEC §1-2)."
+        "gru", description="Sequence model: GRU, LSTM or S4D (single layer; "
+        "docs/paper-facts.md#common-model and #s4d-model)."
     )
     hidden_size: int = Field(
         512, ge=1, le=65536, description="Hidden size of the RNN, d_model of the S4D layer."
@@ -198,8 +202,8 @@ class OptimConfig(Section):
     schedule: Literal["timm", "cosine"] = Field(
         "timm",
         description="timm = the authors' timm CosineLRScheduler stepped after each "
-        "iteration (last lr about 2.7e-8, SPEC §3); cosine = warm-up then cosine reaching 0 "
-        "at the last iteration.",
+        "iteration (last lr about 2.7e-8, docs/paper-facts.md#learning-rate-schedule); "
+        "cosine = warm-up then cosine reaching 0 at the last iteration.",
     )
     clip_norm: float = Field(
         1.0, ge=0.0, description="Global gradient-norm clip (0 disables; code: 1.0)."

@@ -49,7 +49,8 @@ class Claim(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str = Field(description="Short unique name, e.g. 'fig2-gru-pe-95'.")
     statement: str = Field(description="The claim in words, no stronger than the paper's.")
-    source: str = Field("", description="Where the paper says it (section, figure, SPEC §8).")
+    source: str = Field("", description="Where the paper says it (section, figure, "
+                        "docs/paper-facts.md#paper-claims).")
     paper: str = Field("", description="The paper's value or wording.")
     table: Literal[TABLES] = Field("runs", description="Rows: runs (eval.json), by_band, "
                                    "by_condition, by_length, stability or curves.")
