@@ -234,9 +234,9 @@ def stability(
                               "grows linearly with it (docs/stability.md)."),
     progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
 ) -> None:
-    """Gradient stability at every checkpoint of a dual-frequency run (Fig. 4-5;
-    docs/paper-facts.md#gradient-stability).
+    """Gradient stability at every checkpoint of a dual-frequency run (Fig. 4-5).
 
+    The metric: docs/paper-facts.md#gradient-stability.
     Writes RUN_DIR/stability.csv: one row per checkpoint, triplet and comparison.
     "target" = (x,s) vs (x,s'), as drawn in Fig. 5; "suffix" = (x,s) vs (x',s).
     Checkpoints already in the file are skipped: an interrupted analysis resumes,
