@@ -34,7 +34,9 @@ app = typer.Typer(
     help="Reproduce 'Positional Encoding Helps Recurrent Neural Networks Handle a Large "
          "Vocabulary' (Morita, TMLR).")
 
-SET_HELP = "Override a recipe field: section.key=value (value as a TOML literal). Repeatable."
+SET_HELP = ("Override a recipe field: section.key=value. The value is read as a TOML literal "
+            "(64, 1e-3, true, [0.9, 0.999], \"x\"); a bare word that is not TOML (lstm) is "
+            "a string. Repeatable.")
 DEVICE_HELP = "auto (cuda if available, else cpu), cpu, cuda or cuda:N."
 
 
@@ -63,6 +65,8 @@ def train(
                                        "[default: runs/<recipe-stem>/seed-<seed>]."),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
+    force: bool = typer.Option(False, "--force", help="Skip the memory check (a recipe "
+                               "estimated not to fit in the device's memory is refused)."),
 ) -> None:
     """Train a recipe (or resume its interrupted run, or report it complete)."""
 
@@ -70,7 +74,7 @@ def train(
     run_dir = out if out is not None else runs.default_run_dir(recipe, r.train.seed)
     already = run_dir.is_dir() and runs.is_complete(run_dir)
     try:
-        result = run_training(r, run_dir, device, progress=progress)
+        result = run_training(r, run_dir, device, progress=progress, force=force)
     except Interrupted as stop:
         console.print(f"interrupted at iteration {stop.iteration}; checkpoint saved to "
                       f"{stop.path}. Run the same command again to resume.")

@@ -43,7 +43,13 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
+from perencode.console import console
 from perencode.errors import UserError
+
+if sys.platform == "win32":
+    import msvcrt
+else:
+    import fcntl
 
 LOCK_NAME = ".perencode.lock"
 # Windows locks a byte range and forbids reading it meanwhile: lock one byte far past the
@@ -60,16 +66,12 @@ class Locked(UserError):
 def _try_lock(fd: int) -> bool:
     """Take the exclusive lock on `fd` without waiting; False if someone holds it."""
     if sys.platform == "win32":
-        import msvcrt
-
         os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
         try:
             msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
         except OSError:
             return False
         return True
-    import fcntl
-
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -81,13 +83,9 @@ def _try_lock(fd: int) -> bool:
 
 def _unlock(fd: int) -> None:
     if sys.platform == "win32":
-        import msvcrt
-
         os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
         msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
     else:
-        import fcntl
-
         fcntl.lockf(fd, fcntl.LOCK_UN)
 
 
@@ -161,8 +159,6 @@ def _earlier_incarnation(record: dict) -> bool:
 
 
 def _note(message: str) -> None:
-    from perencode.console import console
-
     console.print(f"[yellow]note:[/] {message}", highlight=False, soft_wrap=True)
 
 

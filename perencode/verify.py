@@ -84,6 +84,9 @@ class Claim(BaseModel):
 
 
 def load_claims(path: str | Path) -> list[Claim]:
+    if not Path(path).is_file():
+        raise UserError(f"{path}: claims file not found (--claims; the paper's are in "
+                        f"data/paper_claims.toml)")
     data = read_toml(path)
     items = data.get("claim")
     if not isinstance(items, list) or not items:

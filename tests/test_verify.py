@@ -201,6 +201,12 @@ def test_claims_file_mistakes_are_one_line(tmp_path, text, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_missing_claims_file_is_called_a_claims_file(tmp_path, cli):
+    code, text = cli("verify", tmp_path, "--claims", tmp_path / "missing.toml")
+    assert code == 2 and f"{tmp_path / 'missing.toml'}: claims file not found" in text
+    assert "recipe" not in text
+
+
 def test_unknown_filter_column_is_a_user_error(runs_root, tmp_path):
     text = CLAIMS.replace('"encoding.kind" = "none", "disturbants"', '"encoding.kid" = "none", '
                           '"disturbants"')
