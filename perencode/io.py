@@ -34,6 +34,11 @@ DISK_ERRORS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quot
 # mkstemp(prefix=".NAME.", suffix=".tmp"): eight characters of [a-z0-9_] in between.
 TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# The mode open() would give a new file: mkstemp's 0600 would hide results and checkpoints
+# from the other users of a shared filesystem.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
 
 
 class WriteError(UserError):
@@ -77,6 +82,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, FILE_MODE)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()

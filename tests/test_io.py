@@ -102,3 +102,12 @@ def test_checkpoint_errors_carry_no_terminal_codes(tmp_path):
     assert message.startswith(f"{path}: not a readable perencode checkpoint")
     assert "GLOBAL" in message and "print" in message  # what torch refused, not its advice
     assert io.plain("\x1b[1mbold\x1b[0m text") == "bold text"
+
+
+def test_written_files_get_the_usual_mode_not_mkstemp_s(tmp_path):
+    """Results on a shared filesystem stay readable by the group, as open() would make them."""
+    path = tmp_path / "eval.json"
+    atomic_write_text(path, "{}")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask
