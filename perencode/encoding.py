@@ -1,4 +1,5 @@
-"""Positional encodings (SPEC §1, Appendix C/D) and how they join the token embedding.
+"""Positional encodings (docs/paper-facts.md#positional-encodings, Appendix C/D) and how they join
+the token embedding.
 
 `sinusoidal` is the public formula; `PositionalEncoding` is the module the models use:
 it maps embeddings [B, T, E] to cell inputs [B, T, out_features].
@@ -19,7 +20,8 @@ def sinusoidal(num_positions: int, dim: int) -> Tensor:
     """Sinusoidal PE as the authors' code lays it out: [sin(angle) | cos(angle)] / sqrt(dim/2).
 
     angle[t, i] = t * 10000^(-2i/dim), t = 0..num_positions-1, i = 0..dim/2-1, so every row
-    has L2 norm exactly 1 (SPEC §1). Returns float32 [num_positions, dim].
+    has L2 norm exactly 1 (docs/paper-facts.md#positional-encodings). Returns float32
+    [num_positions, dim].
     """
     if dim % 2:
         raise ValueError(f"dim must be even, got {dim}")

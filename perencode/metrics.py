@@ -1,5 +1,5 @@
-"""Sequence metrics (SPEC §5): Damerau-Levenshtein distance and the held-out scores of
-the sequence tasks (token accuracy, sequence accuracy, mean DL distance)."""
+"""Sequence metrics (docs/paper-facts.md#metrics): Damerau-Levenshtein distance and the held-out
+scores of the sequence tasks (token accuracy, sequence accuracy, mean DL distance)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def row_scores(batches: list, predictions: list[Tensor]) -> dict[str, Tensor]:
 
 
 def summarise(rows: dict[str, Tensor], select: Tensor | None = None) -> dict:
-    """Token accuracy, sequence accuracy and mean Damerau-Levenshtein distance (SPEC §5)
-    of the rows of `row_scores` (all, or those where `select` [N] is True)."""
+    """Token accuracy, sequence accuracy and mean Damerau-Levenshtein distance
+    (docs/paper-facts.md#metrics) of the rows of `row_scores` (all, or those where `select` [N] is
+    True)."""
     if select is not None:
         rows = {k: v[select] for k, v in rows.items()}
     n, tokens = len(rows["exact"]), int(rows["tokens"].sum())

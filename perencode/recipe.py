@@ -1,7 +1,7 @@
 """Recipes: the only configuration of a run, Pydantic-validated and loaded from TOML.
 
-Defaults are what the authors' code did (SPEC section 3); the paper-text values are one
-option away (e.g. `optim.betas = [0.9, 0.999]`, `optim.schedule = "cosine"`).
+Defaults are what the authors' code did (docs/paper-facts.md#training-settings); the paper-text
+values are one option away (e.g. `optim.betas = [0.9, 0.999]`, `optim.schedule = "cosine"`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from rapidfuzz import process
 
 from perencode.errors import UserError
@@ -52,12 +52,14 @@ class TaskConfig(Section):
         "reverse",
         description="Task: reverse ordering, sort, reverse + delayed addition, predecessor "
         "query, reverse with a dual-frequency vocabulary, variable-length reverse, or "
-        "WikiText-103 language modelling (SPEC §4, §7).",
+        "WikiText-103 language modelling (docs/paper-facts.md#tasks and "
+        "#language-modelling).",
     )
     vocab_size: int = Field(
         256, ge=2, le=1 << 20,
         description="K, the number of distinct input/output tokens (lm: the SentencePiece "
-        "vocabulary V; the head then has V - 1 classes, SPEC §7).",
+        "vocabulary V; the head then has V - 1 classes, "
+        "docs/paper-facts.md#language-modelling).",
     )
     length: int = Field(
         64, ge=1, le=4096,
@@ -67,7 +69,7 @@ class TaskConfig(Section):
     min_length: int | None = Field(
         None, ge=1,
         description="variable_length only: the shortest input length (lengths uniform in "
-        "min_length..length, SPEC §4).",
+        "min_length..length, docs/paper-facts.md#variable-length-task).",
     )
     held_out: int = Field(
         1024, ge=1,
@@ -77,7 +79,8 @@ class TaskConfig(Section):
     rarity: float = Field(
         0.125, gt=0.0, lt=1.0,
         description="dual_frequency only: probability that a training token is RARE "
-        "(FREQUENT = first K/2 ids, RARE = the rest; SPEC §4).",
+        "(FREQUENT = first K/2 ids, RARE = the rest; "
+        "docs/paper-facts.md#dual-frequency-task).",
     )
     held_out_per_cell: int = Field(
         16, ge=1,
@@ -160,7 +163,8 @@ class TaskConfig(Section):
 
 class ModelConfig(Section):
     arch: Literal["gru", "lstm", "s4d"] = Field(
-        "gru", description="Sequence model: GRU, LSTM or S4D (single layer, SPEC §1-2)."
+        "gru", description="Sequence model: GRU, LSTM or S4D (single layer; "
+        "docs/paper-facts.md#common-model and #s4d-model)."
     )
     hidden_size: int = Field(
         512, ge=1, le=65536, description="Hidden size of the RNN, d_model of the S4D layer."
@@ -212,8 +216,8 @@ class OptimConfig(Section):
     schedule: Literal["timm", "cosine"] = Field(
         "timm",
         description="timm = the authors' timm CosineLRScheduler stepped after each "
-        "iteration (last lr about 2.7e-8, SPEC §3); cosine = warm-up then cosine reaching 0 "
-        "at the last iteration.",
+        "iteration (last lr about 2.7e-8, docs/paper-facts.md#learning-rate-schedule); "
+        "cosine = warm-up then cosine reaching 0 at the last iteration.",
     )
     clip_norm: float = Field(
         1.0, ge=0.0, description="Global gradient-norm clip (0 disables; code: 1.0)."
@@ -235,6 +239,19 @@ class TrainConfig(Section):
     seed: int = Field(111, ge=0, description="Seed of initialisation, held-out set and batches.")
     log_every: int = Field(100, ge=1, description="Write a metrics.jsonl row every N steps.")
     eval_batch_size: int = Field(1024, ge=1, description="Batch size when scoring held-out.")
+    keep_checkpoints: int | Literal["all"] | None = Field(
+        None, description="Periodic checkpoints kept on disk: \"all\" or the newest N >= 1 "
+        "(older ones are deleted once a newer one is written). Unset: all for dual_frequency "
+        "(the gradient-stability analysis of Fig. 4-5 reads every one), 1 otherwise (an "
+        "LSTM at K = 16,384 takes about 240 MB a checkpoint). Not part of the run's identity.")
+
+    @field_validator("keep_checkpoints")
+    @classmethod
+    def _at_least_one(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"field 'keep_checkpoints': \"all\" or an integer >= 1, got "
+                             f"{value!r}")
+        return value
 
 
 class Recipe(Section):
@@ -255,12 +272,23 @@ class Recipe(Section):
         """What makes two runs the same run (see `identity`)."""
         return identity(self.to_dict())
 
+    def checkpoints_kept(self) -> int | None:
+        """How many periodic checkpoints a run keeps; None: all (train.keep_checkpoints)."""
+        keep = self.train.keep_checkpoints
+        if keep is None:
+            keep = "all" if self.task.name == "dual_frequency" else 1
+        return None if keep == "all" else keep
+
 
 def identity(data: dict[str, Any]) -> dict[str, Any]:
     """What makes two runs the same run: the resolved recipe dict without its free-text
-    description, so editing that text never turns a finished run into "a different
-    recipe". The one definition used by run directories, checkpoints, sweeps and results."""
-    return {k: v for k, v in data.items() if k != "description"}
+    description and its checkpoint retention, so editing those never turns a finished run
+    into "a different recipe". The one definition used by run directories, checkpoints,
+    sweeps and results."""
+    out = {k: v for k, v in data.items() if k != "description"}
+    if "keep_checkpoints" in out.get("train", {}):
+        out["train"] = {k: v for k, v in out["train"].items() if k != "keep_checkpoints"}
+    return out
 
 
 def run_key(recipe: Recipe) -> str:

@@ -1,4 +1,5 @@
-"""Gradient stability of models trained on the dual-frequency task (Fig. 4-5; SPEC §6).
+"""Gradient stability of models trained on the dual-frequency task (Fig. 4-5;
+docs/paper-facts.md#gradient-stability).
 
 For triplets of inputs (x, s), (x, s'), (x', s), the Jacobian J of a late output with
 respect to an early latent state (GRU/LSTM: d h_{2L} / d z_1; S4D: d y_106 / d z_23) is
@@ -100,7 +101,8 @@ METRICS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
 
 
 def gradient_stability(jac_a: Tensor, jac_b: Tensor) -> Tensor:
-    """Norm-weighted mean row cosine, as the authors' code computed it (SPEC §6).
+    """Norm-weighted mean row cosine, as the authors' code computed it
+    (docs/paper-facts.md#gradient-stability).
 
     jac_a, jac_b [..., D_out, D_in] -> [...]: sum_i w_i cos_i with
     w_i = n_i^A n_i^B / sum_k n_k^A n_k^B. 1 for identical Jacobians, in [-1, 1]; zero rows
@@ -149,13 +151,14 @@ def stability_metrics(jac_a: Tensor, jac_b: Tensor) -> dict[str, Tensor]:
 
 
 # --------------------------------------------------------------------------------------
-# Triplets (SPEC §6).
+# Triplets (docs/paper-facts.md#stability-triplets).
 # --------------------------------------------------------------------------------------
 
 # The analysis draws its own stream: the held-out set uses the plain seed and training
 # batches seed + 1,000,003 (perencode.train).
 _SEED_OFFSET = 2_000_003
-# S4D: target at t = 23 (1-based), after a 22-token prefix (SPEC §6, Fig. 5 caption).
+# S4D: target at t = 23 (1-based), after a 22-token prefix (Fig. 5 caption;
+# docs/paper-facts.md#s4d-stability).
 S4D_PREFIX = 22
 
 
@@ -178,7 +181,8 @@ class Triplets:
 
     def inputs(self, command: int) -> Tensor:
         """Model inputs [n, 3, 2L - prefix]: the prefix need not be reconstructed, so only
-        L - prefix command tokens follow (SPEC §6); for the RNNs that is the full 2L."""
+        L - prefix command tokens follow (docs/paper-facts.md#s4d-stability); for the RNNs that is
+        the full 2L."""
         n, _, L = self.tokens.shape
         tail = self.tokens.new_full((n, 3, L - self.prefix_length), command)
         return torch.cat([self.tokens, tail], dim=-1)
@@ -186,7 +190,8 @@ class Triplets:
 
 def make_triplets(vocab_size: int, length: int, count: int, seed: int,
                   prefix_length: int = 0) -> Triplets:
-    """Triplets for a dual-frequency model of vocabulary K and input length L (SPEC §6)."""
+    """Triplets for a dual-frequency model of vocabulary K and input length L
+    (docs/paper-facts.md#stability-triplets)."""
     if count % 4 or count <= 0:
         raise UserError(f"--triplets {count}: must be a positive multiple of 4 (a quarter "
                         "per target x disturbant condition)")
@@ -209,7 +214,8 @@ def make_triplets(vocab_size: int, length: int, count: int, seed: int,
 
 
 # --------------------------------------------------------------------------------------
-# Jacobians of a late output w.r.t. an early state, under torch.func (SPEC §6).
+# Jacobians of a late output w.r.t. an early state, under torch.func
+# (docs/paper-facts.md#gradient-stability).
 # --------------------------------------------------------------------------------------
 
 
@@ -242,8 +248,8 @@ def s4d_jacobians(model, tokens: Tensor, target_step: int,
     """tokens [B, T] -> (J [B, H, 2HN], y_T [B, H]), J = d y_T / d z for an S4DModel.
 
     z = the complex state right after `target_step` (0-based), [H, N] complex, as a real
-    vector in `view_as_real` layout (re/im interleaved per mode; SPEC §6). y_T = the S4D
-    block's output at the last step (after GELU and Linear + GLU, before the head).
+    vector in `view_as_real` layout (re/im interleaved per mode; docs/paper-facts.md#s4d-stability).
+    y_T = the S4D block's output at the last step (after GELU and Linear + GLU, before the head).
     """
     layer = model.s4d
     u = model.in_proj(model.cell_inputs(tokens))  # [B, T, H]
@@ -385,7 +391,8 @@ def analyse_run(run_dir: str | Path, triplets: int = 1024, metric: str = "weight
     task = recipe.task
     if task.name != "dual_frequency":
         raise UserError(f"{run_dir}: gradient stability needs a run of task.name = "
-                        f"'dual_frequency' (SPEC §6), this one is '{task.name}'")
+                        "'dual_frequency' (docs/paper-facts.md#gradient-stability), this one "
+                        f"is '{task.name}'")
     prefix = S4D_PREFIX if recipe.model.arch == "s4d" else 0
     if prefix and task.length <= prefix + 1:
         raise UserError(f"{run_dir}: the S4D analysis puts the target at t = {prefix + 1}; "

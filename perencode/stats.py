@@ -1,4 +1,4 @@
-"""Confidence intervals of the figures and the verify report (SPEC §5).
+"""Confidence intervals of the figures and the verify report (docs/paper-facts.md#error-bars).
 
 The paper's error bars are "the 95% confidence interval estimated from 10,000 bootstrapped
 samples of five training-test trials". The repository has no plotting code, so the

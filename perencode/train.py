@@ -1,4 +1,5 @@
-"""The training loop: one function taking a recipe and a run directory (STYLE rule 7)."""
+"""The training loop: one function taking a recipe and a run directory (composition: tasks differ by
+data, not by subclassing the loop)."""
 
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ from perencode.tasks import Batch
 def learning_rate(step: int, optim: OptimConfig, iterations: int) -> float:
     """Learning rate of the iteration that follows `step` completed optimizer steps.
 
-    timm (default, SPEC §3): the authors' CosineLRScheduler(t_initial=iterations,
-    warmup_t=warmup, warmup_prefix=True, lr_min=0, warmup_lr_init=0), stepped with the
-    1-based step count after each optimizer step, so iteration 1 runs at 0, the peak is
-    first used at iteration warmup+1, and the last iteration runs just above 0.
-    cosine: the same warm-up, then a cosine that reaches 0 exactly at the last iteration.
+    timm (default, docs/paper-facts.md#learning-rate-schedule): the authors'
+    CosineLRScheduler(t_initial=iterations, warmup_t=warmup, warmup_prefix=True, lr_min=0,
+    warmup_lr_init=0), stepped with the 1-based step count after each optimizer step, so iteration 1
+    runs at 0, the peak is first used at iteration warmup+1, and the last iteration runs just above
+    0. cosine: the same warm-up, then a cosine that reaches 0 exactly at the last iteration.
     """
     peak, warm = optim.lr, optim.warmup
     if step < warm:
@@ -44,15 +45,15 @@ def learning_rate(step: int, optim: OptimConfig, iterations: int) -> float:
 # Above this many logits (scored outputs x classes; 4 GiB in fp32) the head and the loss run
 # a chunk of rows at a time and are recomputed in the backward pass, so the full [N, K]
 # logits never exist at once (WikiText-103: 512 paragraphs x up to 1,024 steps x 32,767
-# classes, SPEC §7).
+# classes, docs/paper-facts.md#language-modelling).
 CHUNK_LOGITS = 1 << 30
 
 
 def loss_fn(model: nn.Module, batch: Batch, count_hits: bool = False,
             chunk_logits: int = CHUNK_LOGITS) -> tuple[Tensor, Tensor | None]:
-    """Mean cross-entropy over the scored outputs (SPEC §1: output phase only; padding and
-    other masked outputs never count), and the number of correct argmax predictions when
-    `count_hits`. Returns (loss, hits)."""
+    """Mean cross-entropy over the scored outputs (docs/paper-facts.md#common-model: output phase
+    only; padding and other masked outputs never count), and the number of correct argmax
+    predictions when `count_hits`. Returns (loss, hits)."""
     h = output_features(model, batch)  # [B, T_out, H]
     target, mask = batch.output_targets, batch.output_mask
     K = model.head.out_features
@@ -243,6 +244,7 @@ def _train(recipe: Recipe, run_dir: Path, device: torch.device, progress: bool,
                 saved = ckpt_dir / f"step-{k}.pt"
                 save(saved, k)
                 (ckpt_dir / "resume.pt").unlink(missing_ok=True)
+                runs.prune_checkpoints(run_dir, recipe.checkpoints_kept())
             elif stop.signum is not None:
                 saved = ckpt_dir / "resume.pt"
                 save(saved, k)

@@ -14,9 +14,12 @@ from perencode.cli import app
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 
-# Small enough to train in a second or two on one CPU core.
-TINY = ["model.hidden_size=16", "model.embed_size=16", "train.batch_size=8",
-        "task.held_out=32", "train.log_every=5"]
+# The one tiny configuration of the tests: small enough to train in a second or two on one
+# CPU core. TINY_MODEL is the [model] table of a tiny recipe dict (every arch), TINY the
+# `--set` overrides of a tiny run through the CLI (a test adds what its own case needs).
+TINY_MODEL = {"hidden_size": 16, "embed_size": 16, "d_state": 8}
+TINY = [*(f"model.{key}={value}" for key, value in TINY_MODEL.items()),
+        "train.batch_size=8", "task.held_out=32", "train.log_every=5"]
 
 
 def tiny_overrides(*extra: str) -> list[str]:
@@ -24,6 +27,24 @@ def tiny_overrides(*extra: str) -> list[str]:
     for item in [*TINY, *extra]:
         out += ["--set", item]
     return out
+
+
+def assert_scores_consistent(result: dict) -> None:
+    """Invariants of an eval.json whatever the model learnt: accuracies are counts over
+    n_tokens / n_sequences, and the mean DL distance lies between the share of sequences
+    with a mistake (each costs at least one edit) and the mean number of wrong tokens (one
+    substitution each is enough)."""
+    n = result["n_sequences"]
+    tokens = result.get("n_tokens", n)
+    for key, count in (("token_accuracy", tokens), ("sequence_accuracy", n),
+                       ("accuracy", n), ("target_accuracy", n)):
+        if key in result:
+            hits = result[key] * count
+            assert abs(hits - round(hits)) < 1e-6, (key, result[key], count)
+    if "dl_distance" in result:
+        wrong_sequences = 1 - result["sequence_accuracy"]
+        wrong_tokens_per_sequence = (1 - result["token_accuracy"]) * tokens / n
+        assert wrong_sequences - 1e-9 <= result["dl_distance"] <= wrong_tokens_per_sequence + 1e-9
 
 
 def run_cli(*args) -> tuple[int, str]:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, tiny_overrides
 
 RECIPE = str(ROOT / "recipes/gru_vocab256.toml")
 
@@ -38,9 +38,7 @@ def test_recipe_schema_lists_fields(cli):
 
 def test_bench_prints_json_line(cli):
     code, text = cli("bench", RECIPE, "--iterations", "2", "--warmup", "1", "--device", "cpu",
-                     "--baseline", "--set", "model.hidden_size=16", "--set",
-                     "model.embed_size=16", "--set", "train.batch_size=4", "--set",
-                     "task.length=8")
+                     "--baseline", *tiny_overrides("train.batch_size=4", "task.length=8"))
     assert code == 0, text
     result = json.loads(text.strip().splitlines()[-1])
     assert result["seconds_per_iteration"] > 0 and result["device"] == "cpu"

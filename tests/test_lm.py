@@ -1,6 +1,7 @@
-"""Language modelling (SPEC §7): lm-prepare on a small WikiText-shaped corpus (cleaning,
-truncation, manifest, rebuild rules), the data checks, the task's batches and perplexity,
-and a few training iterations of the LM recipe end to end through the CLI."""
+"""Language modelling (docs/paper-facts.md#language-modelling): lm-prepare on a small
+WikiText-shaped corpus (cleaning, truncation, manifest, rebuild rules), the data checks, the task's
+batches and perplexity, and a few training iterations of the LM recipe end to end through the
+CLI."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""S4D block and model (SPEC §2): kernel, convolution vs step mode, init, causality, and the
-step function under torch.func as the gradient-stability analysis uses it (SPEC §6)."""
+"""S4D block and model (docs/paper-facts.md#s4d-model): kernel, convolution vs step mode, init,
+causality, and the step function under torch.func as the gradient-stability analysis uses it
+(docs/paper-facts.md#s4d-stability)."""
 
 from __future__ import annotations
 
@@ -147,7 +148,8 @@ def test_model_forward_shape_and_gradients_reach_every_parameter(kind):
 
 
 def test_step_under_vmap_jacrev_matches_autograd():
-    """d y_T / d z (z = real view of the state after step 0), as SPEC §6 computes it."""
+    """d y_T / d z (z = real view of the state after step 0), as docs/paper-facts.md#s4d-stability
+    computes it."""
     layer = make_layer(d_model=3, d_state=4)
     B, T, H, N = 2, 5, 3, 2
     u = torch.randn(B, T, H, dtype=torch.float64)

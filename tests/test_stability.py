@@ -1,5 +1,5 @@
-"""Gradient stability (SPEC §6): the metric and its alternatives, the triplets, the
-Jacobians of GRU/LSTM/S4D against autograd and finite differences, and `perencode
+"""Gradient stability (docs/paper-facts.md#gradient-stability): the metric and its alternatives, the
+triplets, the Jacobians of GRU/LSTM/S4D against autograd and finite differences, and `perencode
 stability` end to end on tiny dual-frequency runs."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import ROOT, run_cli
+from conftest import ROOT, TINY, run_cli
 
 from perencode import stability as st
 from perencode.errors import UserError
@@ -29,7 +29,8 @@ WEIGHTED_LIKE = ("weighted", "mean", "frobenius")  # the normalised metrics, in 
 
 
 def slow_metrics(A: torch.Tensor, B: torch.Tensor) -> dict[str, float]:
-    """SPEC §6 and Eq. 3-4 written out row by row in plain Python floats."""
+    """docs/paper-facts.md#gradient-stability and Eq. 3-4 written out row by row in plain Python
+    floats."""
     rows_a, rows_b = A.tolist(), B.tolist()
     n_a = [math.sqrt(sum(v * v for v in r)) for r in rows_a]
     n_b = [math.sqrt(sum(v * v for v in r)) for r in rows_b]
@@ -311,8 +312,7 @@ def test_s4d_state_layout_is_view_as_real():
 # End to end: tiny dual-frequency runs, `perencode stability`.
 # --------------------------------------------------------------------------------------
 
-TINY_DUAL = ['task.name="dual_frequency"', "task.vocab_size=16", "model.hidden_size=16",
-             "model.embed_size=16", "train.batch_size=8", "train.iterations=6",
+TINY_DUAL = [*TINY, 'task.name="dual_frequency"', "task.vocab_size=16", "train.iterations=6",
              "train.checkpoint_every=2", "task.held_out_per_cell=1"]
 
 

@@ -1,4 +1,5 @@
-"""The bootstrap behind every error bar and verify CI (perencode.stats; SPEC §5)."""
+"""The bootstrap behind every error bar and verify CI (perencode.stats;
+docs/paper-facts.md#error-bars)."""
 
 from __future__ import annotations
 

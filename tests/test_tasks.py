@@ -1,4 +1,4 @@
-"""Task generators (SPEC §3-4): known answers for inputs and targets, the held-out
+"""Task generators (docs/paper-facts.md#tasks): known answers for inputs and targets, the held-out
 structures, exclusion of held-out rows from training, scoring, and recipe validation."""
 
 from __future__ import annotations

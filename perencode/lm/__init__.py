@@ -1,1 +1,2 @@
-"""WikiText-103 language modelling data (SPEC §7): `prepare` builds a folder, `data` reads it."""
+"""WikiText-103 language modelling data (docs/paper-facts.md#language-modelling): `prepare` builds a
+folder, `data` reads it."""

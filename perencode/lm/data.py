@@ -1,4 +1,4 @@
-"""Read a folder made by `perencode lm-prepare` (STYLE rule 9: flat, memory-mapped).
+"""Read a folder made by `perencode lm-prepare` (flat and memory-mapped, as nanoGPT's prepare.py).
 
 Layout: `<split>.bin` holds the SentencePiece ids of every kept paragraph back to back
 (uint16 when the vocabulary fits, else int32); `<split>.idx` holds int64 offsets, so

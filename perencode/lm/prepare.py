@@ -1,4 +1,5 @@
-"""`perencode lm-prepare`: WikiText-103 raw -> SentencePiece -> flat token files (SPEC §7).
+"""`perencode lm-prepare`: WikiText-103 raw -> SentencePiece -> flat token files
+(docs/paper-facts.md#language-modelling).
 
 The steps of the authors' preprocess_wikitext.py, build_tokenizer.py and train_lm.py:
 1. drop blank lines and headings (lines starting with " ="); every remaining line is one
@@ -252,7 +253,8 @@ def _encode(sp, split: str, folder: Path, paragraphs: int, max_tokens: int, thre
             counts["pieces"] += pieces
             counts["tokens"] += len(flat)
             counts["unk_tokens"] += int(is_unk.sum())
-            # Targets are tokens[1:] that are not <unk> (SPEC §7: <unk> is masked out).
+            # Targets are tokens[1:] that are not <unk> (<unk> is masked out;
+            # docs/paper-facts.md#language-modelling).
             counts["scored_tokens"] += len(flat) - len(kept) - (int(is_unk.sum()) - first_unk)
             lengths.append(n)
             reporter.advance(len(chunk), tokens=counts["tokens"])

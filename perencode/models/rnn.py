@@ -1,5 +1,5 @@
-"""GRU/LSTM sequence model (SPEC §1): embedding (row K = learnable command token) ->
-positional encoding -> single-layer nn.GRU/nn.LSTM (cuDNN on GPU) -> Linear head."""
+"""GRU/LSTM sequence model (docs/paper-facts.md#common-model): embedding (row K = learnable command
+token) -> positional encoding -> single-layer nn.GRU/nn.LSTM (cuDNN on GPU) -> Linear head."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ class RecurrentModel(nn.Module):
                  padding_idx: int | None = None):
         super().__init__()
         self.arch = arch
-        # padding_idx: a zero row that is never trained (the authors' LM embedding, SPEC §7).
+        # padding_idx: a zero row that is never trained (the authors' LM embedding,
+        # docs/paper-facts.md#language-modelling).
         self.embedding = nn.Embedding(num_embeddings, embed_size, padding_idx=padding_idx)
         self.encoding = PositionalEncoding(encoding, embed_size, max_positions)
         cell = {"gru": nn.GRU, "lstm": nn.LSTM}[arch]

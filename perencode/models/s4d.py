@@ -1,9 +1,11 @@
-"""S4D sequence model (SPEC §2): embedding (+ encoding) -> Linear -> one S4D block -> head.
+"""S4D sequence model (docs/paper-facts.md#s4d-model): embedding (+ encoding) -> Linear -> one S4D
+block -> head.
 
 The S4D block (Gu et al., 2022a, "S4D-Lin", ZOH) runs in convolution mode for training and
-step by step from an explicit complex state for the gradient-stability analysis (SPEC §6).
-Per channel h there are N/2 complex modes n; their conjugate partners are implicit in the
-factor 2*Re(.) of the readout, so a state is a complex tensor [..., H, N/2].
+step by step from an explicit complex state for the gradient-stability analysis
+(docs/paper-facts.md#s4d-stability). Per channel h there are N/2 complex modes n; their
+conjugate partners are implicit in the factor 2*Re(.) of the readout, so a state is a complex
+tensor [..., H, N/2].
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Reverse ordering with a dual-frequency vocabulary (Fig. 3 and 5; SPEC §4).
+"""Reverse ordering with a dual-frequency vocabulary (Fig. 3 and 5;
+docs/paper-facts.md#dual-frequency-task).
 
 FREQUENT = ids [0, K/2), RARE = ids [K/2, K). A training token is RARE with probability
 `rarity` (1/8: seven times rarer per id than a FREQUENT one, as the code had it), then
@@ -10,8 +11,8 @@ The held-out set is the structured test set of the Fig. 3 caption: for each targ
 and L-1 disturbants of the disturbant type, every token uniform within its half. All
 4 x L x held_out_per_cell sequences are distinct. Each cell is drawn independently: the
 mixed conditions do NOT reuse the tokens of the pure ones (the authors' code built them
-by splicing the all-FREQUENT and all-RARE sets; SPEC §4). Scoring is on the target token
-alone, at its output step in the reversed output.
+by splicing the all-FREQUENT and all-RARE sets; docs/paper-facts.md#dual-frequency-task). Scoring is
+on the target token alone, at its output step in the reversed output.
 """
 
 from __future__ import annotations

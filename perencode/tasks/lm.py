@@ -1,4 +1,4 @@
-"""WikiText-103 next-token prediction (Appendix E, Table 1; SPEC §7).
+"""WikiText-103 next-token prediction (Appendix E, Table 1; docs/paper-facts.md#language-modelling).
 
 Vocabulary layout, as the authors' torchtext vocab built it (`vocab(..., specials=['<s>',
 '</s>', '<unk>'], special_first=False)` over the SentencePiece .vocab file): the
@@ -68,7 +68,8 @@ class LanguageModelTask:
         tokens = np.where(inside, self._model_ids[pieces], self.pad_id)
         sequences = torch.from_numpy(tokens).to(device)  # [B, T+1]
         inputs, targets = sequences[:, :-1], sequences[:, 1:]  # [B, T] each
-        # Padding and <unk> inside a paragraph are both id K: neither is scored (SPEC §7).
+        # Padding and <unk> inside a paragraph are both id K: neither is scored
+        # (docs/paper-facts.md#language-modelling).
         return Batch(sequences=sequences, inputs=inputs, targets=targets,
                      output_targets=targets, output_mask=targets != self.pad_id,
                      lengths=torch.from_numpy(lengths).to(device))
@@ -95,7 +96,8 @@ class LanguageModelTask:
     def evaluate(self, logits_fn: Callable[[Batch], Tensor], batch_size: int,
                  per_position: bool = False) -> dict:
         """Perplexity = exp(mean cross-entropy over the non-<unk> targets) on the valid and
-        test splits (the authors' script scored valid; Table 1 says test; SPEC §7).
+        test splits (the authors' script scored valid; Table 1 says test;
+        docs/paper-facts.md#language-modelling).
 
         per_position: also the perplexity at each target position (1 = the paragraph's
         second token, as the authors' test_lm.py CSV) and its token count.

@@ -1,4 +1,4 @@
-"""Predecessor query (Appendix A.3, Fig. 10; SPEC §4).
+"""Predecessor query (Appendix A.3, Fig. 10; docs/paper-facts.md#tasks).
 
 x = L distinct tokens of [0, K) (a random L-permutation, the code's `randperm`), then one
 query step that re-reads x_q for a q uniform in 2..L (1-based); the single output, at that
@@ -6,8 +6,8 @@ last step, is the predecessor x_{q-1}. No command token: the embedding has K row
 
 A row is [L + 1]: x, then the 0-based index of the queried element (1..L-1). The query is
 part of the row, so the held-out set fixes its queries from the seed (the code re-drew
-them at test time; SPEC §3) and the exclusion of held-out rows from training is of
-(x, query) pairs.
+them at test time; docs/paper-facts.md#held-out-test-sets) and the exclusion of held-out rows from
+training is of (x, query) pairs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Reverse ordering (the paper's main task, "palindrome" in the authors' code; SPEC §4).
+"""Reverse ordering (the paper's main task, "palindrome" in the authors' code;
+docs/paper-facts.md#tasks).
 
 L tokens uniform in [0, K), then L command tokens; during the command steps the model
 emits the input reversed. `VariableLengthReverseTask` is the variable-length version of
@@ -33,14 +34,16 @@ class ReverseTask(SyntheticTask):
 
 
 class VariableLengthReverseTask(ReverseTask):
-    """Reverse ordering with a length l ~ U{min_length..length} per sequence (SPEC §4).
+    """Reverse ordering with a length l ~ U{min_length..length} per sequence
+    (docs/paper-facts.md#variable-length-task).
 
     A row is [L] with -1 beyond its own length l. The model reads the l tokens, then l
     command tokens, and emits the reversal at its own steps l..2l-1. A batch is padded to
-    2 x (its longest l) with the command token, as the authors' code did (SPEC §4); the
-    models are causal, so the padding after step 2l-1 does not change a row's outputs and
-    scoring held-out batches padded this way equals the code's test with exactly l command
-    tokens. The held-out set holds `held_out` distinct sequences of each length.
+    2 x (its longest l) with the command token, as the authors' code did
+    (docs/paper-facts.md#variable-length-task); the models are causal, so the padding after step
+    2l-1 does not change a row's outputs and scoring held-out batches padded this way equals the
+    code's test with exactly l command tokens. The held-out set holds `held_out` distinct sequences
+    of each length.
     """
 
     name = "variable-length reverse"
@@ -59,7 +62,8 @@ class VariableLengthReverseTask(ReverseTask):
         return self._rows(lengths, generator)
 
     def make_held_out(self, generator: torch.Generator) -> Tensor:
-        """`held_out` distinct rows per length, ordered by length (SPEC §3)."""
+        """`held_out` distinct rows per length, ordered by length
+        (docs/paper-facts.md#held-out-test-sets)."""
         lengths = torch.arange(self.cfg.min_length, self.L + 1).repeat_interleave(
             self.cfg.held_out)  # [n_lengths * held_out]
         rows = self._rows(lengths, generator)

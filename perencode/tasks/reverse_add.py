@@ -1,4 +1,4 @@
-"""Reverse ordering + delayed addition (Appendix A.1, Fig. 7; SPEC §4).
+"""Reverse ordering + delayed addition (Appendix A.1, Fig. 7; docs/paper-facts.md#tasks).
 
 A row is 2L tokens uniform in [0, K): x (the first L) then y (the next L). The model reads
 x, then y as the inputs of the output phase (there is no command token, so the embedding

@@ -1,4 +1,4 @@
-"""Sorting (Appendix A.2, Fig. 8 and 12; SPEC §4).
+"""Sorting (Appendix A.2, Fig. 8 and 12; docs/paper-facts.md#tasks).
 
 L tokens uniform in [0, K) drawn with replacement, then L command tokens; during the
 command steps the model emits the input in ascending order, ties kept (8, 2, 8 -> 2, 8, 8).
