@@ -186,7 +186,10 @@ def _acquire(directory: Path, purpose: str) -> int:
                 break
             _note(f"{directory}: taking the run back from {_describe(holder)}, an earlier "
                   f"run of this requeued SLURM job")
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                break
             continue
         if not _still_at(fd, path):  # its previous holder released it and removed the file
             os.close(fd)
