@@ -104,3 +104,24 @@ def test_no_slurm_on_this_machine_is_one_line(tmp_path, monkeypatch):
     grid.write_text(TINY + AXES + "[slurm]\ngpus_per_job = 0\n")
     code, output = sweep(grid, "--runs", tmp_path / "runs", "--executor", "slurm")
     assert code == 2 and "no SLURM here" in output and len(output.strip().splitlines()) == 1
+
+
+def test_a_grid_reusing_runs_still_training_waits_for_their_jobs(fake_slurm, tmp_path):
+    """Submitted together (reproduce-all on SLURM): a grid whose cells are another grid's
+    runs (Fig. 5 and Fig. 3) links them and submits after their jobs, never trains twice."""
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES + "[slurm]\ngpus_per_job = 0\n")
+    twin = tmp_path / "twin.toml"
+    twin.write_text('base = "tiny.toml"\n')
+    out = tmp_path / "runs"
+    for path in (grid, twin):
+        code, output = sweep(path, "--runs", out, "--executor", "slurm", "--no-wait",
+                             "--only", "seed=111")
+        assert code == 0, output
+    first, second = sorted(fake_slurm.iterdir())
+    assert "--dependency" not in first.read_text()
+    # The twin grid's cells are links to the first grid's runs, and its jobs wait for theirs.
+    linked = out / "twin" / "vocab_size=8" / "encoding=none" / "seed=111"
+    assert linked.is_symlink()
+    assert linked.resolve() == (out / "tiny" / "vocab_size=8/encoding=none/seed=111").resolve()
+    assert "#SBATCH --dependency=afterany:4242_0:4242_1:4242_2:4242_3" in second.read_text()

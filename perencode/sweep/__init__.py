@@ -26,7 +26,7 @@ from perencode.sweep import slurm as slurm_executor
 from perencode.sweep.board import Board
 from perencode.sweep.cost import measure, print_plan
 from perencode.sweep.local import run_local
-from perencode.sweep.plan import FINISHED, Run, RunState, mark_queued, plan, prepare
+from perencode.sweep.plan import FINISHED, Run, RunState, live_jobs, mark_queued, plan, prepare
 from perencode.sweep.slurm import TrainJob
 
 __all__ = ["Run", "RunState", "TrainJob", "plan", "run_sweep"]
@@ -105,7 +105,7 @@ def _slurm(ready: list[Run], planned: list[Run], board: Board, grid, out: Path,
     if ready:
         dependency = sorted({r.job for r in ready if r.twin is not None and r.job})
         if dependency:
-            live = slurm_executor.live_jobs(dependency) if options.cluster == "slurm" else {}
+            live = live_jobs(dependency) if options.cluster == "slurm" else {}
             dependency = [j for j in dependency if j in live]
         jobs = slurm_executor.submit(ready, grid, out, options, device, dependency)
         pairs += list(zip(ready, jobs))

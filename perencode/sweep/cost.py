@@ -206,7 +206,11 @@ def print_plan(grid, planned: list[Run], out: Path, device: str, jobs: int) -> d
             console.print(f"{run.cell.name}: {run.message}", highlight=False, soft_wrap=True)
     states = ", ".join(f"{sum(r.state == s for r in planned)} {s}" for s in RunState
                        if any(r.state == s for r in planned))
-    console.print(f"{len(planned)} runs ({states}); {totals['to_train']} to train", highlight=False)
+    pflop = sum(flops_per_iteration(r.cell.recipe) * r.iterations for r in planned
+                if r.state != RunState.REUSE) / 1e15
+    totals["pflop"] = pflop
+    console.print(f"{len(planned)} runs ({states}); {totals['to_train']} to train; "
+                  f"{pflop:,.0f} PFLOP of training (forward and backward)", highlight=False)
     console.print(f"disk: {_gb(totals['disk_bytes'])} of checkpoints once finished "
                   f"({len(sizes)} shape(s); checkpoints kept per run: train.keep_checkpoints)",
                   highlight=False)
