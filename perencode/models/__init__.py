@@ -11,22 +11,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from perencode.models.rnn import RecurrentModel
-from perencode.models.s4d import S4DModel
+from perencode import kinds
+from perencode.models import rnn, s4d
 from perencode.recipe import Recipe
 from perencode.tasks import Batch, make
+
+# Imported for their registrations (perencode.kinds): gru, lstm, s4d.
+MODULES = (rnn, s4d)
 
 
 def build_model(recipe: Recipe, task) -> nn.Module:
     """A freshly initialised model of `recipe` sized for `task` (its vocabulary, classes,
-    longest input and padding row)."""
-    m = recipe.model
+    longest input and padding row), built by the registered `model.arch`."""
     sizes = dict(num_embeddings=task.num_embeddings, num_classes=task.num_classes,
-                 embed_size=m.embed_size, hidden_size=m.hidden_size, encoding=recipe.encoding,
                  max_positions=task.max_steps, padding_idx=task.pad_id)
-    if m.arch == "s4d":
-        return S4DModel(d_state=m.d_state, **sizes)
-    return RecurrentModel(m.arch, **sizes)
+    return kinds.get("model", recipe.model.arch).build(recipe.model, recipe.encoding, sizes)
 
 
 def build(recipe: Recipe, device: torch.device) -> tuple:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import jacrev, vmap
 
 from perencode.encoding import PositionalEncoding
-from perencode.recipe import EncodingConfig
+from perencode.kinds import ModelKind, register_model
+from perencode.recipe import EncodingConfig, ModelConfig
 
 
 class RecurrentModel(nn.Module):
@@ -60,3 +62,39 @@ class RecurrentModel(nn.Module):
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
         return h, torch.cat([h, c], dim=-1)
+
+
+@torch.no_grad()  # torch.func transforms still differentiate; no graph on the parameters
+def rnn_jacobians(model: RecurrentModel, tokens: Tensor, target_step: int = 0,
+                  chunk_size: int = 128) -> tuple[Tensor, Tensor]:
+    """tokens [B, T] -> (J [B, H, D_z], h_T [B, H]), J = d h_T / d z.
+
+    z is the state right after the (0-based) `target_step` (`RecurrentModel.step`'s state:
+    h for the GRU, D_z = H; [h; c] for the LSTM, D_z = 2H).
+    """
+    x = model.cell_inputs(tokens)  # [B, T, D_in]
+    z = model.initial_state(x.shape[0])  # [B, D_z]
+    for t in range(target_step + 1):
+        _, z = model.step(x[:, t], z)
+
+    def last_hidden(suffix: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """One sequence: suffix [T', D_in], state [D_z] -> h_T [H] (twice: J and aux)."""
+        for x_t in suffix.unbind(0):
+            h, state = model.step(x_t, state)
+        return h, h
+
+    jac = jacrev(last_hidden, argnums=1, has_aux=True, chunk_size=chunk_size)
+    return vmap(jac)(x[:, target_step + 1:], z)
+
+
+def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: dict) -> RecurrentModel:
+    """The model of a recipe's [model] and [encoding] tables, sized by the task (`sizes`:
+    num_embeddings, num_classes, max_positions, padding_idx)."""
+    return RecurrentModel(cfg.arch, embed_size=cfg.embed_size, hidden_size=cfg.hidden_size,
+                          encoding=encoding, **sizes)
+
+
+register_model(ModelKind("gru", build, label="GRU", summary="single-layer nn.GRU",
+                         jacobians=rnn_jacobians))
+register_model(ModelKind("lstm", build, label="LSTM", summary="single-layer nn.LSTM",
+                         jacobians=rnn_jacobians))

@@ -15,9 +15,11 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import jacrev, vmap
 
 from perencode.encoding import PositionalEncoding
-from perencode.recipe import EncodingConfig
+from perencode.kinds import ModelKind, register_model
+from perencode.recipe import EncodingConfig, ModelConfig
 
 
 class S4D(nn.Module):
@@ -125,3 +127,60 @@ class S4DModel(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> S4D block outputs [B, T, H] (apply `self.head` for logits)."""
         return self.s4d(self.in_proj(self.cell_inputs(tokens)))  # [B, T, H]
+
+
+@torch.no_grad()  # torch.func transforms still differentiate; no graph on the parameters
+def s4d_jacobians(model, tokens: Tensor, target_step: int,
+                  chunk_size: int = 128) -> tuple[Tensor, Tensor]:
+    """tokens [B, T] -> (J [B, H, 2HN], y_T [B, H]), J = d y_T / d z for an S4DModel.
+
+    z = the complex state right after `target_step` (0-based), [H, N] complex, as a real
+    vector in `view_as_real` layout (re/im interleaved per mode; docs/paper-facts.md#s4d-stability).
+    y_T = the S4D block's output at the last step (after GELU and Linear + GLU, before the head).
+    """
+    layer = model.s4d
+    u = model.in_proj(model.cell_inputs(tokens))  # [B, T, H]
+    B, T, H = u.shape
+    z = layer.initial_state(B)  # [B, H, N] complex
+    for t in range(target_step + 1):
+        z = layer.step_state(u[:, t], z)
+    # After the target the state is linear in z: state_T = dA^k z + w, with w the state the
+    # later inputs reach from zero and dA^k = k zero-input steps from an all-ones state.
+    # This equals stepping from z (the authors' `AL * state + v`) but differentiates
+    # one product instead of k steps.
+    w = layer.initial_state(B)
+    decay = torch.ones_like(w[0])  # [H, N]
+    no_input = u.new_zeros(H)
+    for t in range(target_step + 1, T):
+        w = layer.step_state(u[:, t], w)
+        decay = layer.step_state(no_input, decay)
+    z_real = torch.view_as_real(z).flatten(1)  # [B, H*N*2]
+
+    def last_output(u_T: Tensor, w_real: Tensor, z_real: Tensor) -> tuple[Tensor, Tensor]:
+        """One sequence: u_T [H], w_real [H, N, 2], z_real [2HN] -> y_T [H] (twice)."""
+        z = torch.view_as_complex(z_real.view(*decay.shape, 2))  # [H, N]
+        y = layer.readout(u_T, decay * z + torch.view_as_complex(w_real))
+        return y, y
+
+    # jacrev takes real inputs only (even those it does not differentiate): w goes real too.
+    jac = jacrev(last_output, argnums=2, has_aux=True, chunk_size=chunk_size)
+    return vmap(jac)(u[:, -1], torch.view_as_real(w), z_real)
+
+
+def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: dict) -> S4DModel:
+    """The S4D model of a recipe's [model] and [encoding] tables, sized by the task."""
+    return S4DModel(embed_size=cfg.embed_size, hidden_size=cfg.hidden_size,
+                    d_state=cfg.d_state, encoding=encoding, **sizes)
+
+
+def _check(cfg: ModelConfig) -> None:
+    if cfg.d_state % 2:
+        raise ValueError(f"field 'd_state': must be even, got {cfg.d_state}")
+
+
+register_model(ModelKind(
+    "s4d", build, label="S4D", summary="one S4D layer (state size model.d_state)",
+    options=("d_state",), check=_check, jacobians=s4d_jacobians,
+    # Stability pairs share 22 steps before the target at t = 23 (Fig. 5 caption;
+    # docs/paper-facts.md#s4d-stability).
+    stability_prefix=22))
