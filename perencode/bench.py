@@ -1,20 +1,16 @@
-"""Time the real training step, a bare PyTorch loop of the same shapes for comparison, and
-the compute cost of a grid from those timings (`sweep --dry-run`)."""
+"""Time the real training step, and a bare PyTorch loop of the same shapes for comparison.
+A grid's cost from these timings is `perencode.sweep.cost` (`sweep --estimate`)."""
 
 from __future__ import annotations
 
-import json
 import resource
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
-from rich.table import Table
 from torch import nn
 
-from perencode.console import console
-from perencode.device import available_cores, resolve_device
 from perencode.encoding import sinusoidal
 from perencode.errors import UserError
 from perencode.models import build
@@ -130,69 +126,3 @@ def bare_loop(recipe: Recipe, device: torch.device):
         opt.step()
 
     return step
-
-
-COSTLESS_TRAIN_FIELDS = {"seed", "iterations", "checkpoint_every", "log_every", "eval_batch_size"}
-
-
-def shape_key(recipe: Recipe) -> str:
-    """What sets the cost of an iteration: the recipe less seed, length of training, logging."""
-    data = recipe.identity()
-    data["train"] = {k: v for k, v in data["train"].items() if k not in COSTLESS_TRAIN_FIELDS}
-    return json.dumps(data, sort_keys=True)
-
-
-def estimate_cost(grid, planned: list, device: str, jobs: int) -> None:
-    """`sweep --dry-run`: print the run table of a grid's planned runs (perencode.sweep.Run)
-    and the compute cost, from a 3-iteration bench of each shape."""
-    dev = resolve_device(device)
-    threads = max(1, available_cores() // jobs) if dev.type == "cpu" else torch.get_num_threads()
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    seconds: dict[str, float | str] = {}
-    try:
-        for run in planned:
-            key = shape_key(run.cell.recipe)
-            if key in seconds:
-                continue
-            console.print(f"bench {len(seconds) + 1}: {run.cell.name} on {dev}", highlight=False)
-            try:
-                seconds[key] = bench(run.cell.recipe, dev, iterations=3, warmup=1)[
-                    "seconds_per_iteration"]
-            except (UserError, NotImplementedError, OSError, RuntimeError) as exc:
-                seconds[key] = str(exc).strip().splitlines()[0][:60] or type(exc).__name__
-    finally:
-        torch.set_num_threads(previous)
-
-    table = Table(title=f"{grid.path}: {len(planned)} runs, device {dev}"
-                  + (f", {threads} thread(s) a run" if dev.type == "cpu" else ""))
-    for col in ("run", "state", "to run", "s/it", "device-h"):
-        table.add_column(col, justify="left" if col in ("run", "state") else "right")
-    total = remaining = 0.0
-    unknown = 0
-    for run in planned:
-        s = seconds[shape_key(run.cell.recipe)]
-        todo = 0 if run.state in ("done", "reuse") else run.iterations - run.step
-        if isinstance(s, float):
-            hours = run.iterations * s / 3600
-            total += hours
-            remaining += todo * s / 3600
-            cost = f"{s:.4g}", _hours(hours)
-        else:
-            unknown += 1
-            cost = "n/a", s
-        table.add_row(run.cell.name, run.state, f"{todo}/{run.iterations}", *cost)
-    console.print(table)
-    for run in planned:
-        if run.message:
-            console.print(f"{run.cell.name}: {run.message}", highlight=False, soft_wrap=True)
-    note = f"; {unknown} run(s) could not be benched" if unknown else ""
-    console.print(f"estimated cost on {dev}: {_hours(total)} device-hours in all, "
-                  f"{_hours(remaining)} still to run (about {_hours(remaining / jobs)} h "
-                  f"wall-clock with --jobs {jobs}){note}. Analyses "
-                  f"({', '.join(grid.sweep.after) or 'none'}) are not included.",
-                  highlight=False)
-
-
-def _hours(hours: float) -> str:
-    return f"{hours:,.0f}" if hours >= 100 else f"{hours:.3g}"

@@ -20,6 +20,7 @@ from perencode.device import resolve_device
 from perencode.errors import UserError
 from perencode.evaluate import evaluate_run
 from perencode.figures import make_figures
+from perencode.grid import slurm_overrides
 from perencode.lm.prepare import prepare
 from perencode.quickstart import run_quickstart
 from perencode.recipe import load_recipe, schema_rows
@@ -203,8 +204,13 @@ def sweep(
     executor: str = typer.Option("local", help="local (subprocesses) or slurm (submitit)."),
     jobs: int = typer.Option(1, min=1, help="Runs at once (local)."),
     runs_per_gpu: int = typer.Option(1, min=1, help="Runs sharing one GPU (local)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the run table and the "
-                                 "estimated compute cost, run nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (runs, states), "
+                                 "disk and device-hours at once; run nothing."),
+    estimate: bool = typer.Option(False, "--estimate", help="Time 3 iterations of each "
+                                  "shape not yet measured on this device (cached in "
+                                  "OUT/.estimates.json), then print the plan; train nothing."),
+    wait: bool = typer.Option(True, help="--no-wait (SLURM): submit and return; running the "
+                              "same command again collects the jobs, never submits twice."),
     only: list[str] = typer.Option([], "--only", help="KEY=V1,V2: keep the cells whose axis "
                                    "KEY takes one of these values. Repeatable."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -214,6 +220,10 @@ def sweep(
     time_min: int | None = typer.Option(None, help="SLURM time limit in minutes."),
     gpus_per_job: int | None = typer.Option(None, help="SLURM GPUs per job."),
     cpus_per_job: int | None = typer.Option(None, help="SLURM CPUs per job."),
+    slurm_options: list[str] = typer.Option(
+        [], "--slurm", help="KEY=VALUE: any field of the grid's \\[slurm] table (value as a "
+        "TOML literal), e.g. --slurm 'python=\"apptainer exec --nv perencode.sif python\"' "
+        "--slurm 'qos=\"high\"'. Repeatable; docs/slurm.md lists the fields."),
     progress: bool = typer.Option(True, help="Show the live run table."),
 ) -> None:
     """Run every cell of a grid (skipping finished runs, resuming interrupted ones)."""
@@ -221,9 +231,10 @@ def sweep(
     slurm = {k: v for k, v in (("partition", partition), ("time_min", time_min),
                                ("gpus_per_job", gpus_per_job),
                                ("cpus_per_job", cpus_per_job)) if v is not None}
+    slurm.update(slurm_overrides(slurm_options))
     code = run_sweep(grid, out=out, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
-              dry_run=dry_run, only=only, overrides=overrides, device=device, slurm=slurm,
-              progress=progress)
+                     dry_run=dry_run, only=only, overrides=overrides, device=device,
+                     slurm=slurm, progress=progress, wait=wait, estimate=estimate)
     raise typer.Exit(code)
 
 
@@ -262,7 +273,8 @@ def figures(
 @user_errors
 def verify(
     runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
-    claims: Path = typer.Option(Path("data/paper_claims.toml"), help="Claims file."),
+    claims: str = typer.Option("paper", help="Claims file: a path, or a bundled one (paper, "
+                               "quick, quick_gpu)."),
     out: Path = typer.Option(Path("figures"), help="Where verify.md and verify.json go."),
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""

@@ -72,6 +72,19 @@ class SlurmConfig(BaseModel):
                                 "- signal_delay_s above 60.")
     poll_s: float = Field(30.0, gt=0, description="Seconds between two looks at the jobs' "
                           "states (sacct): keep it long on a shared cluster.")
+    python: str | None = Field(
+        None, description="Command that starts Python in a job (submitit's `python`): e.g. "
+        "\"apptainer exec --nv --bind /scratch perencode.sif python\" runs every job inside "
+        "the container. Unset: the Python running the sweep.")
+    qos: str | None = Field(None, description="SLURM quality of service (--qos).")
+    constraint: str | None = Field(None, description="SLURM node features (--constraint), "
+                                   "e.g. \"a100\".")
+    exclude: str | None = Field(None, description="Nodes not to use (--exclude).")
+    setup: list[str] = Field([], description="Shell lines run in each job before Python "
+                             "starts, e.g. [\"module load apptainer\"].")
+    additional: dict[str, str | int | bool] = Field(
+        {}, description="Other sbatch options, name (without --) -> value, e.g. "
+        "{ reservation = \"paper\", mail_type = \"FAIL\" }.")
 
     @model_validator(mode="after")
     def _signal_after_start(self) -> SlurmConfig:
@@ -83,6 +96,19 @@ class SlurmConfig(BaseModel):
                              "started (SLURM signals up to 60 s early); keep 60 * time_min - "
                              "signal_delay_s >= 60")
         return self
+
+
+def slurm_overrides(items: list[str]) -> dict[str, Any]:
+    """`--slurm KEY=VALUE` options (VALUE a TOML literal, a bare word a string) as a dict
+    over the grid's [slurm] table; validated with it by the sweep."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in SlurmConfig.model_fields:
+            raise UserError(f"--slurm '{item}': expected KEY=VALUE with KEY one of "
+                            f"{', '.join(SlurmConfig.model_fields)}")
+        out[key.strip()] = parse_value(value.strip())
+    return out
 
 
 class SweepConfig(BaseModel):

@@ -1,8 +1,8 @@
 """`perencode quickstart` (`make quickstart`): the paper's headline effect in about 15
 minutes. On the CPU, a small GRU at a CPU-sized vocabulary; where a CUDA device is present,
 Fig. 2's GRU at the paper's own shapes on one GPU. Each demo is a grid in recipes/quick/
-and a claims file in data/; the command sweeps the grid, draws the figures, checks the
-claims and prints the wall time."""
+and a claims file bundled in perencode/claims/; the command sweeps the grid, draws the
+figures, checks the claims and prints the wall time."""
 
 from __future__ import annotations
 
@@ -23,17 +23,17 @@ from perencode.verify import verify_runs
 class Demo:
     name: str
     grid: Path        # relative to the repository root (the working directory)
-    claims: Path
+    claims: str       # a bundled claims file (perencode/claims/<name>.toml)
     device: str       # what the sweep's runs use
     jobs: int         # runs at once
     runs_per_gpu: int = 1
 
 
 DEMOS = {
-    "cpu": Demo("cpu", Path("recipes/quick/quickstart.toml"), Path("data/quick_claims.toml"),
+    "cpu": Demo("cpu", Path("recipes/quick/quickstart.toml"), "quick",
                 "cpu", jobs=2),
     "cuda": Demo("cuda", Path("recipes/quick/quickstart_gpu.toml"),
-                 Path("data/quick_claims_gpu.toml"), "cuda", jobs=6, runs_per_gpu=6),
+                 "quick_gpu", "cuda", jobs=6, runs_per_gpu=6),
 }
 
 
@@ -58,9 +58,9 @@ def run_quickstart(device: str = "auto", out: Path = Path("runs"),
     """Sweep the chosen demo's grid, draw its figures, check its claims. Returns the exit
     code: that of the sweep if a run failed, else that of `verify` (1 if a claim fails)."""
     demo = choose_demo(device, torch.cuda.is_available())
-    for path in (demo.grid, demo.claims):
-        if not path.is_file():
-            raise UserError(f"{path}: not found; run the quick demo from the repository root")
+    if not demo.grid.is_file():
+        raise UserError(f"{demo.grid}: not found; run the quick demo from the repository root "
+                        "(or /work in the container)")
     runs_dir, figures_dir = Path(out) / demo.grid.stem, Path(figures) / demo.grid.stem
     console.print(f"quick demo ({demo.name}): {demo.grid} -> {runs_dir}", highlight=False)
     start = time.monotonic()

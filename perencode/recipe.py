@@ -229,6 +229,19 @@ class TrainConfig(Section):
     seed: int = Field(111, ge=0, description="Seed of initialisation, held-out set and batches.")
     log_every: int = Field(100, ge=1, description="Write a metrics.jsonl row every N steps.")
     eval_batch_size: int = Field(1024, ge=1, description="Batch size when scoring held-out.")
+    keep_checkpoints: int | Literal["all"] | None = Field(
+        None, description="Periodic checkpoints kept on disk: \"all\" or the newest N >= 1 "
+        "(older ones are deleted once a newer one is written). Unset: all for dual_frequency "
+        "(the gradient-stability analysis of Fig. 4-5 reads every one), 1 otherwise (an "
+        "LSTM at K = 16,384 takes about 240 MB a checkpoint). Not part of the run's identity.")
+
+    @field_validator("keep_checkpoints")
+    @classmethod
+    def _at_least_one(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"field 'keep_checkpoints': \"all\" or an integer >= 1, got "
+                             f"{value!r}")
+        return value
 
 
 class Recipe(Section):
@@ -249,12 +262,23 @@ class Recipe(Section):
         """What makes two runs the same run (see `identity`)."""
         return identity(self.to_dict())
 
+    def checkpoints_kept(self) -> int | None:
+        """How many periodic checkpoints a run keeps; None: all (train.keep_checkpoints)."""
+        keep = self.train.keep_checkpoints
+        if keep is None:
+            keep = "all" if self.task.name == "dual_frequency" else 1
+        return None if keep == "all" else keep
+
 
 def identity(data: dict[str, Any]) -> dict[str, Any]:
     """What makes two runs the same run: the resolved recipe dict without its free-text
-    description, so editing that text never turns a finished run into "a different
-    recipe". The one definition used by run directories, checkpoints, sweeps and results."""
-    return {k: v for k, v in data.items() if k != "description"}
+    description and its checkpoint retention, so editing those never turns a finished run
+    into "a different recipe". The one definition used by run directories, checkpoints,
+    sweeps and results."""
+    out = {k: v for k, v in data.items() if k != "description"}
+    if "keep_checkpoints" in out.get("train", {}):
+        out["train"] = {k: v for k, v in out["train"].items() if k != "keep_checkpoints"}
+    return out
 
 
 def run_key(recipe: Recipe) -> str:

@@ -3,7 +3,8 @@
     RUN_DIR/recipe.toml            the resolved recipe (overrides applied)
     RUN_DIR/env.json               package/git/python/torch/CUDA versions, device, seed, times
     RUN_DIR/metrics.jsonl          one row per log step: step, loss, accuracy, lr, seconds
-    RUN_DIR/checkpoints/step-K.pt  every train.checkpoint_every iterations and the last one
+    RUN_DIR/checkpoints/step-K.pt  every train.checkpoint_every iterations and the last one;
+                                   the newest train.keep_checkpoints of them are kept
     RUN_DIR/checkpoints/resume.pt  written when a run is interrupted (SIGINT/SIGTERM)
     RUN_DIR/eval.json              held-out metrics of the final model
 """
@@ -151,6 +152,17 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
         return []
     found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_RE.match(p.name))]
     return sorted(found)
+
+
+def prune_checkpoints(run_dir: Path, keep: int | None) -> list[Path]:
+    """Delete all but the newest `keep` periodic checkpoints (None: keep all); the deleted
+    paths. Called after a new one is written, so the newest always survives."""
+    if keep is None:
+        return []
+    old = [path for _, path in list_checkpoints(run_dir)[:-keep]]
+    for path in old:
+        path.unlink(missing_ok=True)
+    return old
 
 
 def resume_point(run_dir: Path) -> Path | None:

@@ -210,6 +210,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
                 saved = ckpt_dir / f"step-{k}.pt"
                 save(saved, k)
                 (ckpt_dir / "resume.pt").unlink(missing_ok=True)
+                runs.prune_checkpoints(run_dir, recipe.checkpoints_kept())
             elif stop.signum is not None:
                 saved = ckpt_dir / "resume.pt"
                 save(saved, k)

@@ -1,6 +1,7 @@
 """Check the paper's claims against finished runs (`perencode verify`).
 
-A claims file (data/paper_claims.toml, data/quick_claims.toml) is a list of `[[claim]]`
+A claims file (the bundled perencode/claims/paper.toml, quick.toml, quick_gpu.toml, or any
+file of the same grammar) is a list of `[[claim]]`
 tables. Each names the rows it is about (`table` and `where`: filters on recipe fields
 and table columns), the metric, the cells it holds in (`by`, `cells`) and a test:
 
@@ -84,7 +85,27 @@ class Claim(BaseModel):
         return self
 
 
+# Package data: installed with the wheel, so `verify` and `quickstart` find the claims in a
+# container or any install without a checkout.
+BUNDLED_CLAIMS = Path(__file__).parent / "claims"
+
+
+def claims_file(spec: str | Path) -> Path:
+    """A claims file: an existing path, or the name of a bundled one (paper, quick,
+    quick_gpu)."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    bundled = BUNDLED_CLAIMS / f"{spec}.toml"
+    if path.name == str(spec) and bundled.is_file():
+        return bundled
+    names = ", ".join(sorted(p.stem for p in BUNDLED_CLAIMS.glob("*.toml")))
+    raise UserError(f"{spec}: claims file not found; give a path or a bundled claims file: "
+                    f"{names}")
+
+
 def load_claims(path: str | Path) -> list[Claim]:
+    path = claims_file(path)
     data = read_toml(path)
     items = data.get("claim")
     if not isinstance(items, list) or not items:
@@ -464,11 +485,11 @@ def report_markdown(outcomes: list[Outcome], claims_path: Path, run_paths: list[
     return "\n".join(lines) + "\n"
 
 
-def verify_runs(runs: list[Path], claims: Path = Path("data/paper_claims.toml"),
+def verify_runs(runs: list[Path], claims: str | Path = "paper",
                 out: Path = Path("figures")) -> int:
     """Evaluate every claim; print a table, write verify.md and verify.json into `out`.
     Returns 1 if a claim fails (inconclusive and not run do not fail), else 0."""
-    claims_path = Path(claims)
+    claims_path = claims_file(claims)
     parsed = load_claims(claims_path)
     results = collect([Path(p) for p in runs])
     done: dict[str, Outcome] = {}

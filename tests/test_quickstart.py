@@ -44,7 +44,7 @@ def test_demos_are_valid_grids_with_claims(name):
     assert len(grid.cells) == 12  # 2 K x 2 encodings x 3 seeds
     assert {c.recipe.train.seed for c in grid.cells} == {111, 222, 333}
     assert {c.recipe.encoding.kind for c in grid.cells} == {"none", "sinusoidal"}
-    assert load_claims(ROOT / demo.claims)
+    assert load_claims(demo.claims)
     if name == "cuda":  # the paper's shapes (Fig. 2, GRU)
         r = grid.cells[0].recipe
         assert (r.model.embed_size, r.model.hidden_size, r.task.length,
@@ -83,10 +83,10 @@ def test_every_claim_of_a_demo_reads_its_own_grid(name, tmp_path):
     differ in a setting the claim does not name, and with these numbers all pass."""
     demo = DEMOS[name]
     demo_runs(name, tmp_path / "runs")
-    assert verify_runs([tmp_path / "runs"], claims=ROOT / demo.claims, out=tmp_path) == 0
+    assert verify_runs([tmp_path / "runs"], claims=demo.claims, out=tmp_path) == 0
     report = json.loads((tmp_path / "verify.json").read_text())
     verdicts = [c["verdict"] for c in report["results"]]
-    assert verdicts == ["pass"] * len(load_claims(ROOT / demo.claims))
+    assert verdicts == ["pass"] * len(load_claims(demo.claims))
 
 
 def test_the_cpu_demo_is_one_figure(tmp_path, capsys):

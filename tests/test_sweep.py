@@ -11,9 +11,13 @@ import time
 
 import pandas as pd
 import pytest
+import torch
+from conftest import ROOT
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
+import perencode.sweep.cost as cost_module
+import perencode.train as train_module
 from perencode import runs
 from perencode.cli import app
 from perencode.grid import load_grid
@@ -153,13 +157,56 @@ def test_analyses_run_after_training_until_their_output_is_complete(swept):
     assert again[0].commands == [] and all(r.commands for r in again[1:])
 
 
-@pytest.mark.slow
-def test_dry_run_prints_cost_and_writes_nothing(swept, tmp_path):
-    grid, _, _, _ = swept
+def test_dry_run_is_instant_trains_nothing_and_writes_nothing(tmp_path, monkeypatch):
+    """No training step, no bench, no file: the plan, disk and (unmeasured) device-hours."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("--dry-run ran a training step")
+
+    monkeypatch.setattr(train_module, "train_step", forbidden)
+    monkeypatch.setattr(cost_module, "bench", forbidden)
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES)
     code, output = sweep(grid, "--out", tmp_path / "fresh", "--dry-run")
-    assert code == 0
-    assert "device-hours" in output and "s/it" in output
+    assert code == 0, output
+    assert "8 runs (8 new); 8 to train" in output
+    assert "device-hours on cpu" in output and "not measured yet" in output
     assert not (tmp_path / "fresh").exists()
+
+
+def test_disk_estimate_is_the_size_of_the_kept_checkpoints(tmp_path):
+    """Exact for the parameters: 12 bytes each (weights, Adam's two moments) plus the
+    bookkeeping, times the checkpoints kept; and the LSTM of Fig. 2 at K = 16,384."""
+    from perencode.models import build
+
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES)
+    recipe = load_grid(grid).cells[0].recipe
+    _, model = build(recipe, torch.device("cpu"))
+    assert cost_module.parameter_count(recipe) == sum(p.numel() for p in model.parameters())
+    big = load_grid(ROOT / "recipes/paper/fig02_lstm_reverse.toml",
+                    only=["vocab_size=16384", "encoding=sinusoidal", "seed=111"]).cells[0]
+    assert cost_module.checkpoint_bytes(big.recipe) == pytest.approx(239e6, rel=0.01)
+    assert cost_module.checkpoints_on_disk(big.recipe) == 1
+    stability = load_grid(ROOT / "recipes/paper/fig03_lstm_dual_frequency.toml").cells[0]
+    assert cost_module.checkpoints_on_disk(stability.recipe) == 60  # 300,000 / 5,000
+
+
+@pytest.mark.slow
+def test_estimate_measures_each_shape_once_and_the_dry_run_reuses_it(tmp_path):
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES)
+    out = tmp_path / "runs"
+    code, output = sweep(grid, "--out", out, "--estimate", "--only", "vocab_size=8",
+                         "--only", "encoding=none")
+    assert code == 0, output
+    cache = json.loads((out / ".estimates.json").read_text())
+    (entries,) = cache.values()
+    assert len(entries) == 1 and list(entries.values())[0]["seconds_per_iteration"] > 0
+    assert not (out / "tiny").exists()  # timed, not trained
+    code, output = sweep(grid, "--out", out, "--dry-run")
+    assert code == 0, output
+    # One shape measured; the other GRU shapes are extrapolated by their FLOPs (~).
+    assert "~" in output and "extrapolated by FLOPs" in output and "?" not in output
 
 
 @pytest.mark.slow

@@ -77,13 +77,41 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.parametrize("task, keep, kept", [
+    ("reverse", None, [28]), ("reverse", 2, [24, 28]),
+    ("reverse", "all", [4, 8, 12, 16, 20, 24, 28]),
+    ("dual_frequency", None, [4, 8, 12, 16, 20, 24, 28]), ("dual_frequency", 1, [28])])
+def test_checkpoint_retention_keeps_exactly_the_newest(cli, tmp_path, task, keep, kept):
+    """Unset: every checkpoint of a dual-frequency run (the stability analysis reads them all),
+    the last one otherwise; an explicit count keeps the newest N (28 = the final step)."""
+    out = tmp_path / "run"
+    args = _train_args(out, iterations=28, every=4)
+    args += ["--set", f"task.name={task!r}".replace("'", '"')]
+    if keep is not None:
+        args += ["--set", f"train.keep_checkpoints={keep!r}".replace("'", '"')]
+    code, text = cli(*args)
+    assert code == 0, text
+    assert [i for i, _ in runs.list_checkpoints(out)] == kept
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == sorted(
+        f"step-{i}.pt" for i in kept)
+    # Retention is not part of the run: the same command with another count is the same run.
+    args += ["--set", "train.keep_checkpoints=3"]
+    code, text = cli(*args)
+    assert code == 0 and "already complete" in text, text
+
+
+def test_keep_checkpoints_must_be_positive_or_all(cli, tmp_path):
+    code, text = cli(*_train_args(tmp_path / "r"), "--set", "train.keep_checkpoints=0")
+    assert code == 2 and "keep_checkpoints" in text and len(text.strip().splitlines()) == 1
+
+
 def test_run_dir_contents_and_eval(cli, tmp_path):
     out = tmp_path / "run"
     code, text = cli(*_train_args(out))
     assert code == 0, text
     for name in ("recipe.toml", "env.json", "metrics.jsonl", "eval.json"):
         assert (out / name).exists(), name
-    assert [i for i, _ in runs.list_checkpoints(out)] == [10, 20, 30]
+    assert [i for i, _ in runs.list_checkpoints(out)] == [30]  # reverse keeps the last one
     env = json.loads((out / "env.json").read_text())
     for key in ("perencode_version", "git_commit", "python", "torch", "cuda", "cudnn",
                 "device", "device_name", "seed", "start_time", "end_time"):

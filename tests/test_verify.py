@@ -11,7 +11,7 @@ from conftest import ROOT
 from fake_runs import by_band, fake_run, stability_rows
 
 from perencode.errors import UserError
-from perencode.verify import load_claims, verify_runs
+from perencode.verify import claims_file, load_claims, verify_runs
 
 REVERSE = '{ "task.name" = "reverse", "model.arch" = "gru" }'
 
@@ -208,11 +208,11 @@ def test_unknown_filter_column_is_a_user_error(runs_root, tmp_path):
         verify_runs([runs_root], claims=write(tmp_path, text), out=tmp_path)
 
 
-@pytest.mark.parametrize("name, count", [("paper_claims.toml", 49), ("quick_claims.toml", 4),
-                                         ("quick_claims_gpu.toml", 3)])
+@pytest.mark.parametrize("name, count", [("paper", 49), ("quick", 4), ("quick_gpu", 3)])
 def test_package_claims_parse_and_evaluate(runs_root, tmp_path, name, count):
-    path = ROOT / "data" / name
-    assert len(load_claims(path)) == count
+    path = claims_file(name)
+    assert path == ROOT / "perencode" / "claims" / f"{name}.toml"
+    assert len(load_claims(name)) == count
     verify_runs([runs_root], claims=path, out=tmp_path)
     results = pd.DataFrame(json.loads((tmp_path / "verify.json").read_text())["results"])
     assert set(results["verdict"]) <= {"pass", "fail", "not run"}
@@ -221,7 +221,7 @@ def test_package_claims_parse_and_evaluate(runs_root, tmp_path, name, count):
 
 def test_claims_on_missing_tables_are_not_run(tmp_path):
     fake_run(tmp_path / "runs", "one", metrics={"token_accuracy": 0.5, "dl_distance": 1.0})
-    code = verify_runs([tmp_path / "runs"], claims=ROOT / "data" / "paper_claims.toml",
+    code = verify_runs([tmp_path / "runs"], claims="paper",
                        out=tmp_path)
     results = json.loads((tmp_path / "verify.json").read_text())["results"]
     assert code == 0 and {r["verdict"] for r in results} == {"not run"}
@@ -293,3 +293,13 @@ def test_threshold_three_ways():
     assert three_way(above, 0.90, 0.94) == "fail"
     assert three_way(above, 0.94, 0.97) == "inconclusive"
     assert three_way(above, 0.95, 0.97) == "inconclusive"  # the boundary is not above
+
+
+def test_claims_file_is_a_path_or_a_bundled_name(tmp_path):
+    own = write(tmp_path, CLAIMS)
+    assert claims_file(own) == own
+    with pytest.raises(UserError, match=r"^nope: claims file not found; .*: paper, quick, "
+                                        r"quick_gpu$"):
+        claims_file("nope")
+    with pytest.raises(UserError, match="claims file not found"):
+        claims_file(tmp_path / "paper")  # a path is never taken for a bundled name

@@ -1,0 +1,3 @@
+from perencode.cli import app
+
+app(prog_name="perencode")

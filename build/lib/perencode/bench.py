@@ -1,0 +1,121 @@
+"""Time the real training step, and a bare PyTorch loop of the same shapes for comparison.
+A grid's cost from these timings is `perencode.sweep.cost` (`sweep --estimate`)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from perencode.encoding import sinusoidal
+from perencode.errors import UserError
+from perencode.models import build
+from perencode.recipe import Recipe
+from perencode.train import make_optimizer, train_step, training_generator
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB
+
+
+def _time(step, iterations: int, warmup: int, device: torch.device) -> float:
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        step()
+    _sync(device)
+    return (time.perf_counter() - t0) / iterations
+
+
+def bench(recipe: Recipe, device: torch.device, iterations: int = 20, warmup: int = 3,
+          baseline: bool = False) -> dict:
+    """Seconds per training iteration of `recipe` (batch sampling included)."""
+    if baseline and (recipe.model.arch == "s4d" or recipe.task.name not in ("reverse", "sort")):
+        raise UserError("--baseline: the bare reference loop exists for gru and lstm on the "
+                        "fixed-length reverse and sort tasks only")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    task, model = build(recipe, device)
+    optimizer = make_optimizer(model, recipe.optim)
+    generator = training_generator(recipe, device)
+    B, clip = recipe.train.batch_size, recipe.optim.clip_norm
+
+    def step():
+        train_step(model, optimizer, task.sample(B, generator), clip)
+
+    seconds = _time(step, iterations, warmup, device)
+    result = {
+        "seconds_per_iteration": seconds,
+        "sequences_per_second": B / seconds,
+        "peak_memory_bytes": _peak_memory(device),
+        "device": str(device),
+        "arch": recipe.model.arch,
+        "encoding": recipe.encoding.kind,
+        "vocab_size": recipe.task.vocab_size,
+        "length": recipe.task.length,
+        "batch_size": B,
+        "hidden_size": recipe.model.hidden_size,
+        "threads": torch.get_num_threads(),
+    }
+    if baseline:
+        # Interleaved pairs of steps, so that a change in the machine's load (other jobs on
+        # a shared CPU) weighs on both sides alike.
+        bare_step = bare_loop(recipe, device)
+        for _ in range(warmup):
+            bare_step()
+        ours = bare = 0.0
+        for _ in range(iterations):
+            ours += _time(step, 1, 0, device)
+            bare += _time(bare_step, 1, 0, device)
+        result["bare_seconds_per_iteration"] = bare / iterations
+        result["ratio_to_bare"] = ours / bare
+    return result
+
+
+def bare_loop(recipe: Recipe, device: torch.device):
+    """The reference: a hand-written step of the same shapes with nothing but PyTorch.
+
+    randint batch + command tokens -> embedding -> concat sinusoidal PE -> nn.GRU/LSTM ->
+    head on the output half -> CE -> backward -> clip -> Adam. Reverse-task shapes.
+    """
+    K, L, B = recipe.task.vocab_size, recipe.task.length, recipe.train.batch_size
+    E, H = recipe.model.embed_size, recipe.model.hidden_size
+    torch.manual_seed(0)
+    emb = nn.Embedding(K + 1, E).to(device)
+    pe = sinusoidal(2 * L, E).to(device)
+    concat = recipe.encoding.kind != "none"
+    rnn = {"gru": nn.GRU, "lstm": nn.LSTM}[recipe.model.arch](
+        2 * E if concat else E, H, batch_first=True).to(device)
+    head = nn.Linear(H, K).to(device)
+    params = [*emb.parameters(), *rnn.parameters(), *head.parameters()]
+    opt = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
+    command = torch.full((B, L), K, device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def step():
+        x = torch.randint(0, K, (B, L), generator=gen, device=device)
+        inp = emb(torch.cat([x, command], 1))
+        if concat:
+            inp = torch.cat([inp, pe.expand(B, -1, -1)], -1)
+        out, _ = rnn(inp)
+        loss = F.cross_entropy(head(out[:, L:]).reshape(-1, K), x.flip(1).reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+
+    return step

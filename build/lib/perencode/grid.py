@@ -1,0 +1,291 @@
+"""Grid files: a recipe plus axes, expanded into validated cells (`perencode sweep`).
+
+A grid file (`recipes/paper/*.toml`) is a recipe plus axes:
+
+    base = "../gru_vocab256.toml"      # optional: a recipe or another grid, relative to this
+                                       # file; the tables below override it key by key
+    description = "Fig. 2 (GRU) ..."
+
+    [grid]                             # dotted recipe keys -> lists; the cells are the product
+    "task.vocab_size" = [32, 64, 128, 256]
+    "encoding.kind" = ["none", "sinusoidal"]
+    "train.seed" = [111, 222, 333, 444, 555]
+    # keys joined by "+" form one tied axis whose values are lists, one value per key, set
+    # together (e.g. a shorter training for the small vocabulary); its directories are named
+    # by the first key, and `--only` accepts any of its keys
+    # "task.vocab_size+train.iterations" = [[32, 4000], [1024, 12000]]
+
+    [slurm]                            # optional: SlurmConfig (partition, time_min, ...)
+    [sweep]                            # optional: after = ["stability"]
+
+Every cell is validated as a Recipe and runs in `OUT/<grid file stem>/<axis>=<value>/...`,
+axes in file order with short keys (`vocab_size=256/encoding=none/seed=111`), so the same
+grid always maps to the same directories: finished runs are skipped, interrupted ones
+resume (`perencode train` does both), and a cell whose exact recipe already finished in
+another grid under OUT is linked to that run instead of trained twice.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from perencode.errors import UserError
+from perencode.recipe import (
+    SECTIONS,
+    Recipe,
+    apply_overrides,
+    parse_value,
+    read_toml,
+    validate,
+    validate_table,
+)
+
+
+class SlurmConfig(BaseModel):
+    """The grid's `[slurm]` table (or the CLI's --partition/--time-min/... options)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cluster: Literal["slurm", "local", "debug"] = Field(
+        "slurm", description="submitit executor: slurm, or local/debug to try the path on "
+        "this machine.")
+    partition: str | None = Field(None, description="SLURM partition (cluster default if unset).")
+    account: str | None = Field(None, description="SLURM account to charge (--account).")
+    time_min: int = Field(1440, ge=1, description="Time limit of one job; a run that needs "
+                          "longer is requeued and resumes from its checkpoint.")
+    gpus_per_job: int = Field(1, ge=0, description="GPUs per job (one run per job).")
+    cpus_per_job: int = Field(4, ge=1, description="CPU cores per job (also its torch threads).")
+    mem_gb: float | None = Field(None, gt=0, description="Memory per job (cluster default).")
+    array_parallelism: int = Field(64, ge=1, description="Jobs of the array running at once.")
+    max_requeues: int = Field(30, ge=0, description="Time-outs after which a job is not "
+                              "requeued again (preemptions do not count).")
+    signal_delay_s: int = Field(90, ge=1, description="Seconds before the time limit at which "
+                                "SLURM signals a job to checkpoint and requeue (--signal); "
+                                "SLURM may send it up to 60 s earlier, so keep 60 * time_min "
+                                "- signal_delay_s above 60.")
+    poll_s: float = Field(30.0, gt=0, description="Seconds between two looks at the jobs' "
+                          "states (sacct): keep it long on a shared cluster.")
+    python: str | None = Field(
+        None, description="Command that starts Python in a job (submitit's `python`): e.g. "
+        "\"apptainer exec --nv --bind /scratch perencode.sif python\" runs every job inside "
+        "the container. Unset: the Python running the sweep.")
+    qos: str | None = Field(None, description="SLURM quality of service (--qos).")
+    constraint: str | None = Field(None, description="SLURM node features (--constraint), "
+                                   "e.g. \"a100\".")
+    exclude: str | None = Field(None, description="Nodes not to use (--exclude).")
+    setup: list[str] = Field([], description="Shell lines run in each job before Python "
+                             "starts, e.g. [\"module load apptainer\"].")
+    additional: dict[str, str | int | bool] = Field(
+        {}, description="Other sbatch options, name (without --) -> value, e.g. "
+        "{ reservation = \"paper\", mail_type = \"FAIL\" }.")
+
+    @model_validator(mode="after")
+    def _signal_after_start(self) -> SlurmConfig:
+        # SLURM may signal up to 60 s early: a signal before the job's Python has started
+        # would kill it instead of requeuing it.
+        if self.cluster == "slurm" and 60 * self.time_min - self.signal_delay_s < 60:
+            raise ValueError(f"field 'signal_delay_s': {self.signal_delay_s} s before a "
+                             f"{self.time_min}-minute limit may signal the job before it has "
+                             "started (SLURM signals up to 60 s early); keep 60 * time_min - "
+                             "signal_delay_s >= 60")
+        return self
+
+
+def slurm_overrides(items: list[str]) -> dict[str, Any]:
+    """`--slurm KEY=VALUE` options (VALUE a TOML literal, a bare word a string) as a dict
+    over the grid's [slurm] table; validated with it by the sweep."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in SlurmConfig.model_fields:
+            raise UserError(f"--slurm '{item}': expected KEY=VALUE with KEY one of "
+                            f"{', '.join(SlurmConfig.model_fields)}")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+class SweepConfig(BaseModel):
+    """The grid's `[sweep]` table."""
+
+    model_config = ConfigDict(extra="forbid")
+    after: list[Literal["stability"]] = Field(
+        [], description="Analyses run on each finished run (`perencode stability RUN`).")
+
+
+@dataclass
+class Cell:
+    name: str                 # the run directory below OUT/<grid>: "vocab_size=32/seed=111"
+    coords: dict[str, Any]    # axis (dotted key) -> value
+    recipe: Recipe
+
+
+@dataclass
+class Grid:
+    path: Path
+    name: str
+    description: str
+    cells: list[Cell]
+    slurm: SlurmConfig
+    sweep: SweepConfig
+
+
+def short_key(key: str) -> str:
+    """`task.vocab_size` -> `vocab_size`; `encoding.kind` -> `encoding`; `task.name` -> `task`."""
+    section, _, name = key.rpartition(".")
+    return section if name in ("kind", "name") and section else name
+
+
+def short_names(keys) -> dict[str, str]:
+    """Short names for dotted keys; keys whose short names collide keep their dotted form."""
+    short = {k: short_key(k) for k in keys}
+    counts = Counter(short.values())
+    return {k: s if counts[s] == 1 else k for k, s in short.items()}
+
+
+def format_value(value: Any) -> str:
+    """An axis value as it appears in a directory name (stable, no path separators)."""
+    if isinstance(value, bool):
+        text = str(value).lower()
+    elif isinstance(value, (list, tuple)):
+        text = ",".join(format_value(v) for v in value)
+    else:
+        text = str(value)  # floats: shortest repr, 1e-3 -> 0.001
+    return text.replace(os.sep, "-").replace(" ", "_")
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_layers(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """The file's TOML merged over its `base` chain."""
+    path = path.resolve()
+    if path in chain:
+        raise UserError(f"{chain[-1]}: `base` leads back to {path} (a loop)")
+    data = read_toml(path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise UserError(f"{path}: base: expected a path string, got {base!r}")
+    return _merge(_read_layers(path.parent / base, (*chain, path)), data)
+
+
+def _check_key(key: str, source: str) -> None:
+    section, _, name = key.partition(".")
+    if section not in SECTIONS or not name or "." in name:
+        raise UserError(f"{source}: [grid] '{key}': axes are section.key with section one of "
+                        f"{', '.join(SECTIONS)}")
+
+
+def _axis_groups(axes: dict[str, Any], source: str) -> list[tuple[tuple[str, ...], list]]:
+    """The [grid] table as (keys, rows) per axis, a row holding one value per key: a plain
+    axis has one key; a tied axis "a.b+c.d" several, each of its values a list of as many."""
+    groups, seen = [], set()
+    for axis, values in axes.items():
+        keys = tuple(k.strip() for k in axis.split("+"))
+        for key in keys:
+            _check_key(key, source)
+            if key in seen:
+                raise UserError(f"{source}: [grid] '{axis}': {key} is already an axis")
+            seen.add(key)
+        if not isinstance(values, list) or not values:
+            raise UserError(f"{source}: [grid] '{axis}': must be a non-empty list of values, "
+                            f"got {values!r}")
+        if len(keys) == 1:
+            rows = [(v,) for v in values]
+        else:
+            bad = [v for v in values if not isinstance(v, list) or len(v) != len(keys)]
+            if bad:
+                raise UserError(f"{source}: [grid] '{axis}': each value must be a list of "
+                                f"{len(keys)} values, one for each of {', '.join(keys)}; got "
+                                f"{bad[0]!r}")
+            rows = [tuple(v) for v in values]
+        shown = [format_value(row[0]) for row in rows]
+        repeated = [v for v, n in Counter(shown).items() if n > 1]
+        if repeated:
+            raise UserError(f"{source}: [grid] '{axis}': value {repeated[0]} appears twice")
+        groups.append((keys, rows))
+    return groups
+
+
+def _set(data: dict, key: str, value: Any) -> None:
+    section, _, name = key.partition(".")
+    table = data.setdefault(section, {})
+    if not isinstance(table, dict):
+        raise UserError(f"[{section}] is not a table")
+    table[name] = copy.deepcopy(value)
+
+
+def _select(cells: list[Cell], axes: dict[str, list], only: list[str], source: str) -> list[Cell]:
+    """Keep the cells matching every `--only KEY=V1,V2` (KEY: dotted or short axis name)."""
+    names = short_names(axes)
+    by_name = {**{v: k for k, v in names.items()}, **{k: k for k in axes}}
+    for item in only:
+        key, sep, values = item.partition("=")
+        axis = by_name.get(key.strip())
+        if not sep or axis is None:
+            raise UserError(f"--only '{item}': expected AXIS=V1,V2 with AXIS one of "
+                            f"{', '.join(names.values())} (axes of {source})")
+        wanted = {format_value(parse_value(v.strip())) for v in values.split(",")}
+        known = {format_value(v) for v in axes[axis]}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise UserError(f"--only '{item}': {unknown[0]} is not a value of {axis} "
+                            f"(values: {', '.join(sorted(known))})")
+        cells = [c for c in cells if format_value(c.coords[axis]) in wanted]
+    return cells
+
+
+def load_grid(path: str | Path, overrides: list[str] | None = None,
+              only: list[str] | None = None) -> Grid:
+    """Read, expand and validate a grid file; UserError (one line) on any mistake."""
+    path = Path(path)
+    source = str(path)
+    data = _read_layers(path)
+    axes = data.pop("grid", None)
+    if not isinstance(axes, dict) or not axes:
+        raise UserError(f"{source}: no [grid] table of axes (dotted keys -> lists); a single "
+                        "recipe runs with `perencode train`")
+    slurm = validate_table(SlurmConfig, data.pop("slurm", {}), source, "slurm")
+    sweep = validate_table(SweepConfig, data.pop("sweep", {}), source, "sweep")
+    description = data.pop("description", "")
+    groups = _axis_groups(axes, source)
+    values = {key: [row[i] for row in rows] for keys, rows in groups
+              for i, key in enumerate(keys)}
+    if overrides:
+        for item in overrides:
+            key = item.partition("=")[0].strip()
+            if key in values:
+                raise UserError(f"--set {item}: {key} is an axis of {source}; pick its values "
+                                "with --only")
+        data = apply_overrides(data, overrides)
+    names = short_names(values)
+    cells = []
+    for combo in itertools.product(*(rows for _, rows in groups)):
+        coords = {key: value for (keys, _), row in zip(groups, combo)
+                  for key, value in zip(keys, row)}
+        name = "/".join(f"{names[keys[0]]}={format_value(row[0])}"
+                        for (keys, _), row in zip(groups, combo))
+        cell_data = copy.deepcopy(data)
+        for key, value in coords.items():
+            _set(cell_data, key, value)
+        # Stable and independent of the free-text description: editing that text must not
+        # turn finished runs into "a different recipe".
+        cell_data["description"] = f"{path.stem}: {name}"
+        cells.append(Cell(name, coords, validate(cell_data, f"{source} [grid] {name}")))
+    return Grid(path, path.stem, description, _select(cells, values, only or [], source), slurm,
+                sweep)

@@ -1,0 +1,1 @@
+"""WikiText-103 language modelling data (SPEC §7): `prepare` builds a folder, `data` reads it."""

@@ -1,0 +1,125 @@
+"""S4D sequence model (SPEC §2): embedding (+ encoding) -> Linear -> one S4D block -> head.
+
+The S4D block (Gu et al., 2022a, "S4D-Lin", ZOH) runs in convolution mode for training and
+step by step from an explicit complex state for the gradient-stability analysis (SPEC §6).
+Per channel h there are N/2 complex modes n; their conjugate partners are implicit in the
+factor 2*Re(.) of the readout, so a state is a complex tensor [..., H, N/2].
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from perencode.encoding import PositionalEncoding
+from perencode.recipe import EncodingConfig
+
+
+class S4D(nn.Module):
+    """One S4D block, [B, L, H] -> [B, L, H]:
+    y = GLU(Linear_{H -> 2H}(GELU(SSM(u) + D*u))), no residual and no norm (as the authors).
+
+    Step mode (same output as `forward`, one time step at a time, any leading dims):
+        state_t = step_state(u_t, state_{t-1})   # h_t = dA*h_{t-1} + dB*u_t
+        y_t     = readout(u_t, state_t)          # GLU(W GELU(2 Re(sum_n C_n h_t,n) + D u_t))
+    `step` does both. They are pure functions of their arguments (and the parameters), so
+    torch.func.vmap / jacrev can differentiate y w.r.t. the state (via torch.view_as_real).
+    """
+
+    def __init__(self, d_model: int, d_state: int = 64, dt_min: float = 1e-3,
+                 dt_max: float = 1e-1):
+        super().__init__()
+        H, N = d_model, d_state // 2  # N complex conjugate-pair modes per channel
+        self.D = nn.Parameter(torch.randn(H))  # skip connection, N(0, 1)
+        # log dt ~ U[log dt_min, log dt_max] per channel.
+        self.log_dt = nn.Parameter(
+            torch.rand(H) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        # Complex normal: real and imaginary parts each N(0, 1/2). Stored as real [H, N, 2]
+        # so optimizers and state_dicts see only real tensors.
+        self.C = nn.Parameter(torch.view_as_real(torch.randn(H, N, dtype=torch.cfloat)))
+        # S4D-Lin: A_n = -1/2 + i*pi*n.
+        self.log_A_real = nn.Parameter(torch.full((H, N), math.log(0.5)))
+        self.A_imag = nn.Parameter(math.pi * torch.arange(N, dtype=torch.float).repeat(H, 1))
+        # The authors' 1x1 Conv1d(H, 2H); nn.Linear on the last dim is the same map and init.
+        self.out_proj = nn.Linear(H, 2 * H)
+
+    def _discretize(self) -> tuple[Tensor, Tensor]:
+        """ZOH with B = 1: returns dtA [H, N] and dB = (exp(dtA) - 1) / A [H, N] (complex)."""
+        A = -self.log_A_real.exp() + 1j * self.A_imag  # [H, N]
+        dtA = self.log_dt.exp()[:, None] * A  # [H, N]
+        return dtA, (dtA.exp() - 1) / A
+
+    def kernel(self, L: int) -> Tensor:
+        """K[h, l] = 2 Re(sum_n C_n (exp(dtA_n) - 1)/A_n exp(dtA_n l)), l = 0..L-1 -> [H, L]."""
+        dtA, dB = self._discretize()
+        steps = torch.arange(L, dtype=self.log_dt.dtype, device=self.log_dt.device)  # [L]
+        vandermonde = torch.exp(dtA[:, :, None] * steps)  # [H, N, L]
+        CB = torch.view_as_complex(self.C) * dB  # [H, N]
+        return 2 * torch.einsum("hn,hnl->hl", CB, vandermonde).real  # [H, L]
+
+    def ssm(self, u: Tensor) -> Tensor:
+        """Linear SSM from a zero state: causal conv with the kernel plus D*u. [B, L, H]."""
+        L = u.shape[1]
+        u = u.transpose(1, 2)  # [B, H, L]
+        # FFT length 2L: the circular convolution then equals the causal linear one on 0..L-1.
+        k_f = torch.fft.rfft(self.kernel(L), n=2 * L)  # [H, L+1]
+        u_f = torch.fft.rfft(u, n=2 * L)  # [B, H, L+1]
+        y = torch.fft.irfft(u_f * k_f, n=2 * L)[..., :L]  # [B, H, L]
+        return (y + self.D[:, None] * u).transpose(1, 2)  # [B, L, H]
+
+    def mix(self, y: Tensor) -> Tensor:
+        """Position-wise part: GELU, (dropout 0 omitted), Linear H -> 2H, GLU. [..., H]."""
+        return F.glu(self.out_proj(F.gelu(y)), dim=-1)  # [..., H]
+
+    def forward(self, u: Tensor) -> Tensor:
+        """u [B, L, H] -> block output [B, L, H] (convolution mode)."""
+        return self.mix(self.ssm(u))
+
+    def initial_state(self, batch: int) -> Tensor:
+        """Zero state [batch, H, N], complex64 for float32 parameters, complex128 for float64."""
+        C = torch.view_as_complex(self.C)
+        return torch.zeros(batch, *C.shape, dtype=C.dtype, device=C.device)
+
+    def step_state(self, u_t: Tensor, state: Tensor) -> Tensor:
+        """h_t = exp(dtA) h_{t-1} + dB u_t. u_t [..., H], state [..., H, N] -> [..., H, N]."""
+        dtA, dB = self._discretize()
+        return dtA.exp() * state + dB * u_t[..., None]
+
+    def readout(self, u_t: Tensor, state: Tensor) -> Tensor:
+        """Block output y_t from u_t [..., H] and the state *after* step t [..., H, N]."""
+        C = torch.view_as_complex(self.C)  # [H, N]
+        y = 2 * (C * state).sum(-1).real + self.D * u_t  # [..., H]
+        return self.mix(y)
+
+    def step(self, u_t: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """One recurrent step: (u_t [..., H], state [..., H, N]) -> (y_t [..., H], new state)."""
+        state = self.step_state(u_t, state)
+        return self.readout(u_t, state), state
+
+
+class S4DModel(nn.Module):
+    """Tokens [B, T] -> S4D features [B, T, H]; `head` (Linear H -> K) gives the logits.
+    Same interface as `RecurrentModel`; the S4D block's input is `in_proj(cell_inputs(.))`."""
+
+    arch = "s4d"
+
+    def __init__(self, num_embeddings: int, num_classes: int, embed_size: int,
+                 hidden_size: int, d_state: int, encoding: EncodingConfig, max_positions: int,
+                 padding_idx: int | None = None):
+        super().__init__()
+        self.embedding = nn.Embedding(num_embeddings, embed_size, padding_idx=padding_idx)
+        self.encoding = PositionalEncoding(encoding, embed_size, max_positions)
+        self.in_proj = nn.Linear(self.encoding.out_features, hidden_size)
+        self.s4d = S4D(hidden_size, d_state)
+        self.head = nn.Linear(hidden_size, num_classes)
+
+    def cell_inputs(self, tokens: Tensor) -> Tensor:
+        """tokens [B, T] -> embedding + encoding [B, T, D_in] (before `in_proj`)."""
+        return self.encoding(self.embedding(tokens))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens [B, T] -> S4D block outputs [B, T, H] (apply `self.head` for logits)."""
+        return self.s4d(self.in_proj(self.cell_inputs(tokens)))  # [B, T, H]

@@ -1,0 +1,77 @@
+"""`perencode quickstart` (`make quickstart`): the paper's headline effect in about 15
+minutes. On the CPU, a small GRU at a CPU-sized vocabulary; where a CUDA device is present,
+Fig. 2's GRU at the paper's own shapes on one GPU. Each demo is a grid in recipes/quick/
+and a claims file bundled in perencode/claims/; the command sweeps the grid, draws the
+figures, checks the claims and prints the wall time."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from perencode.console import console
+from perencode.errors import UserError
+from perencode.figures import make_figures
+from perencode.sweep import run_sweep
+from perencode.verify import verify_runs
+
+
+@dataclass(frozen=True)
+class Demo:
+    name: str
+    grid: Path        # relative to the repository root (the working directory)
+    claims: str       # a bundled claims file (perencode/claims/<name>.toml)
+    device: str       # what the sweep's runs use
+    jobs: int         # runs at once
+    runs_per_gpu: int = 1
+
+
+DEMOS = {
+    "cpu": Demo("cpu", Path("recipes/quick/quickstart.toml"), "quick",
+                "cpu", jobs=2),
+    "cuda": Demo("cuda", Path("recipes/quick/quickstart_gpu.toml"),
+                 "quick_gpu", "cuda", jobs=6, runs_per_gpu=6),
+}
+
+
+def choose_demo(device: str, cuda_available: bool) -> Demo:
+    """auto: the GPU demo where a CUDA device is present, else the CPU demo; cpu or cuda
+    choose one (cuda without a device is an error)."""
+    if device == "auto":
+        return DEMOS["cuda" if cuda_available else "cpu"]
+    if device == "cpu":
+        return DEMOS["cpu"]
+    if device == "cuda":
+        if not cuda_available:
+            raise UserError("--device cuda: no CUDA device is available (the CPU demo runs "
+                            "with --device cpu or auto)")
+        return DEMOS["cuda"]
+    raise UserError(f"--device '{device}': expected auto, cpu or cuda")
+
+
+def run_quickstart(device: str = "auto", out: Path = Path("runs"),
+                   figures: Path = Path("figures"), jobs: int | None = None,
+                   progress: bool = True) -> int:
+    """Sweep the chosen demo's grid, draw its figures, check its claims. Returns the exit
+    code: that of the sweep if a run failed, else that of `verify` (1 if a claim fails)."""
+    demo = choose_demo(device, torch.cuda.is_available())
+    if not demo.grid.is_file():
+        raise UserError(f"{demo.grid}: not found; run the quick demo from the repository root "
+                        "(or /work in the container)")
+    runs_dir, figures_dir = Path(out) / demo.grid.stem, Path(figures) / demo.grid.stem
+    console.print(f"quick demo ({demo.name}): {demo.grid} -> {runs_dir}", highlight=False)
+    start = time.monotonic()
+    code = run_sweep(demo.grid, out=out, jobs=jobs or demo.jobs,
+                     runs_per_gpu=demo.runs_per_gpu, device=demo.device, progress=progress)
+    if code == 0:
+        make_figures([runs_dir], out=figures_dir)
+        code = verify_runs([runs_dir], claims=demo.claims, out=figures_dir)
+    took = int(time.monotonic() - start)
+    console.print(f"\nquick demo ({demo.name}) trained and checked in {took // 60} min "
+                  f"{took % 60} s\nfigure: {figures_dir / 'fig02_reverse_vocabulary.png'} "
+                  f"(and .pdf)\ntable:  {figures_dir / 'results.csv'}\nclaims: "
+                  f"{figures_dir / 'verify.md'}", highlight=False)
+    return code

@@ -1,0 +1,417 @@
+"""Gradient stability of models trained on the dual-frequency task (Fig. 4-5; SPEC §6).
+
+For triplets of inputs (x, s), (x, s'), (x', s), the Jacobian J of a late output with
+respect to an early latent state (GRU/LSTM: d h_{2L} / d z_1; S4D: d y_106 / d z_23) is
+compared row by row between two members. `gradient_stability` is the authors' weighted row
+cosine; `printed`, `mean` and `frobenius` are the alternatives. docs/stability.md has the
+formulas, the triplets, what the CSV holds and what the paper leaves open.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.func import jacrev, vmap
+
+from perencode import runs
+from perencode.device import resolve_device
+from perencode.errors import UserError
+from perencode.evaluate import load_run
+from perencode.io import atomic_write_text
+from perencode.models.rnn import RecurrentModel
+from perencode.progress import Reporter
+from perencode.tasks.dual_frequency import TYPES, half_tokens
+
+# --------------------------------------------------------------------------------------
+# The metric (pure functions of two Jacobians [..., D_out, D_in] -> [...]).
+# --------------------------------------------------------------------------------------
+
+
+def _masked(x: Tensor) -> Tensor:
+    """Divisor that leaves zeros at zero: x with its zeros replaced by 1."""
+    return x.masked_fill(x == 0, 1.0)
+
+
+def _unit(x: Tensor, dims: tuple[int, ...] = (-1,)) -> tuple[Tensor, Tensor]:
+    """(x / ||x||, ||x||) over `dims` (zeros stay zero), without squaring tiny entries.
+
+    Vanishing gradients (|J| ~ 1e-25) would underflow in float32 if squared: x is first
+    divided by its largest magnitude, so the squared entries are at most 1.
+    """
+    scale = _masked(torch.linalg.vector_norm(x, ord=float("inf"), dim=dims, keepdim=True))
+    unit = x / scale
+    length = torch.linalg.vector_norm(unit, dim=dims, keepdim=True)
+    unit.div_(_masked(length))
+    return unit, (scale * length).squeeze(dims)
+
+
+def _row_terms(jac_a: Tensor, jac_b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(cos_i, n_i^A, n_i^B), each [..., D_out]; cos_i = 0 where a row is zero.
+
+    Rows are normalised before the dot product, as the authors did.
+    """
+    unit_a, n_a = _unit(jac_a)  # [..., D_out, D_in], [..., D_out]
+    unit_b, n_b = _unit(jac_b)
+    cos = torch.einsum("...ij,...ij->...i", unit_a, unit_b).clamp(-1.0, 1.0)
+    return cos, n_a, n_b
+
+
+def _relative(n: Tensor) -> Tensor:
+    """Row norms divided by their maximum: the weights below are invariant to this scale,
+    and it keeps products of tiny norms from underflowing."""
+    return n / _masked(n.amax(dim=-1, keepdim=True))
+
+
+def _weighted(cos: Tensor, n_a: Tensor, n_b: Tensor) -> Tensor:
+    w = _relative(n_a) * _relative(n_b)  # [..., D_out]
+    w = w / _masked(w.sum(dim=-1, keepdim=True))
+    return (w * cos).sum(dim=-1).clamp(-1.0, 1.0)
+
+
+def _printed(cos: Tensor, n_a: Tensor, n_b: Tensor) -> Tensor:
+    alpha_a = n_a / _masked(n_a.sum(dim=-1, keepdim=True))  # Eq. 4
+    alpha_b = n_b / _masked(n_b.sum(dim=-1, keepdim=True))
+    # Eq. 3: sum_i a_i^A a_i^B <J^A[i], J^B[i]>, with <J^A[i], J^B[i]> = n_i^A n_i^B cos_i.
+    return ((alpha_a * n_a) * (alpha_b * n_b) * cos).sum(dim=-1)
+
+
+def _mean(cos: Tensor, n_a: Tensor, n_b: Tensor) -> Tensor:
+    return cos.mean(dim=-1)
+
+
+def _frobenius(cos: Tensor, n_a: Tensor, n_b: Tensor) -> Tensor:
+    # <A, B>_F = sum_i n_i^A n_i^B cos_i; ||A||_F^2 = sum_i (n_i^A)^2 (scale-free form).
+    a, b = _relative(n_a), _relative(n_b)
+    norms = torch.sqrt((a * a).sum(dim=-1) * (b * b).sum(dim=-1))
+    return ((a * b * cos).sum(dim=-1) / _masked(norms)).clamp(-1.0, 1.0)
+
+
+# Every metric as a function of the row terms (cos_i, n_i^A, n_i^B); `--metric` names one.
+METRICS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    "weighted": _weighted, "printed": _printed, "mean": _mean, "frobenius": _frobenius}
+
+
+def gradient_stability(jac_a: Tensor, jac_b: Tensor) -> Tensor:
+    """Norm-weighted mean row cosine, as the authors' code computed it (SPEC §6).
+
+    jac_a, jac_b [..., D_out, D_in] -> [...]: sum_i w_i cos_i with
+    w_i = n_i^A n_i^B / sum_k n_k^A n_k^B. 1 for identical Jacobians, in [-1, 1]; zero rows
+    contribute 0, and two all-zero Jacobians give 0.
+    """
+    return _weighted(*_row_terms(jac_a, jac_b))
+
+
+def printed_stability(jac_a: Tensor, jac_b: Tensor) -> Tensor:
+    """The paper's Eq. 3-4 as printed: sum_i a_i^A a_i^B <J^A[i], J^B[i]>, a_i = n_i / sum n_k.
+    Not normalised: it is not 1 at perfect alignment and scales with |J|^2."""
+    return _printed(*_row_terms(jac_a, jac_b))
+
+
+def mean_row_cosine(jac_a: Tensor, jac_b: Tensor) -> Tensor:
+    """Unweighted mean of the row cosines cos_i (the code's `mean_gradient_similarity`)."""
+    return _mean(*_row_terms(jac_a, jac_b))
+
+
+def frobenius_cosine(jac_a: Tensor, jac_b: Tensor) -> Tensor:
+    """Cosine of the two Jacobians as flat vectors: <J^A, J^B>_F / (||J^A||_F ||J^B||_F)."""
+    return _frobenius(*_row_terms(jac_a, jac_b))
+
+
+def frobenius_distance(jac_a: Tensor, jac_b: Tensor) -> Tensor:
+    """||J^A - J^B||_F, [..., D_out, D_in] -> [...]."""
+    return _unit(jac_a - jac_b, (-2, -1))[1]
+
+
+def forward_distance(out_a: Tensor, out_b: Tensor) -> Tensor:
+    """L2 distance of the two sequences' outputs [..., D] -> [...]."""
+    return _unit(out_a - out_b)[1]
+
+
+def forward_cosine(out_a: Tensor, out_b: Tensor) -> Tensor:
+    """Cosine of the two sequences' outputs [..., D] -> [...] (0 if either is zero)."""
+    return (_unit(out_a)[0] * _unit(out_b)[0]).sum(dim=-1).clamp(-1.0, 1.0)
+
+
+def stability_metrics(jac_a: Tensor, jac_b: Tensor) -> dict[str, Tensor]:
+    """Every metric of METRICS plus `frobenius_distance`, sharing one pass over the rows."""
+    rows = _row_terms(jac_a, jac_b)
+    out = {name: fn(*rows) for name, fn in METRICS.items()}
+    out["frobenius_distance"] = frobenius_distance(jac_a, jac_b)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Triplets (SPEC §6).
+# --------------------------------------------------------------------------------------
+
+# The analysis draws its own stream: the held-out set uses the plain seed and training
+# batches seed + 1,000,003 (perencode.train).
+_SEED_OFFSET = 2_000_003
+# S4D: target at t = 23 (1-based), after a 22-token prefix (SPEC §6, Fig. 5 caption).
+S4D_PREFIX = 22
+
+
+@dataclass(frozen=True)
+class Triplets:
+    """`count` triplets; tokens [count, 3, L] are the input phases of the three sequences.
+
+    Member 0 = (p, x, s), 1 = (p, x, s'), 2 = (p', x', s): x the target, s the disturbants
+    after it, p the prefix before it (S4D only; empty for the RNNs). As in the authors'
+    code, the prefix is shared by the common-target pair only, and primed tokens are drawn
+    independently (x' may equal x by chance). Triplet i has target type
+    TYPES[target_rare[i]] and disturbant (prefix and suffix) type TYPES[disturbants_rare[i]];
+    the conditions come in blocks of count/4: (F, F), (F, R), (R, F), (R, R).
+    """
+
+    tokens: Tensor  # [n, 3, L]
+    target_rare: Tensor  # bool [n]
+    disturbants_rare: Tensor  # bool [n]
+    prefix_length: int
+
+    def inputs(self, command: int) -> Tensor:
+        """Model inputs [n, 3, 2L - prefix]: the prefix need not be reconstructed, so only
+        L - prefix command tokens follow (SPEC §6); for the RNNs that is the full 2L."""
+        n, _, L = self.tokens.shape
+        tail = self.tokens.new_full((n, 3, L - self.prefix_length), command)
+        return torch.cat([self.tokens, tail], dim=-1)
+
+
+def make_triplets(vocab_size: int, length: int, count: int, seed: int,
+                  prefix_length: int = 0) -> Triplets:
+    """Triplets for a dual-frequency model of vocabulary K and input length L (SPEC §6)."""
+    if count % 4 or count <= 0:
+        raise UserError(f"--triplets {count}: must be a positive multiple of 4 (a quarter "
+                        "per target x disturbant condition)")
+    if not 0 <= prefix_length < length:
+        raise UserError(f"prefix of {prefix_length} tokens does not fit an input of {length}")
+    gen = torch.Generator().manual_seed(seed + _SEED_OFFSET)
+    condition = torch.arange(count) // (count // 4)  # 0..3 in blocks
+    target_rare, disturbants_rare = condition >= 2, condition % 2 == 1
+
+    def draw(rare: Tensor, width: int) -> Tensor:  # [n] types -> [n, 2, width] tokens
+        return half_tokens(rare[:, None, None].expand(count, 2, width), vocab_size, gen)
+
+    targets = draw(target_rare, 1)  # (x, x')
+    suffixes = draw(disturbants_rare, length - 1 - prefix_length)  # (s, s')
+    prefixes = draw(disturbants_rare, prefix_length)  # (p, p')
+    pick = torch.tensor([0, 0, 1])  # which of (p, p') and of (x, x') each member takes
+    tokens = torch.cat([prefixes[:, pick], targets[:, pick],
+                        suffixes[:, torch.tensor([0, 1, 0])]], dim=-1)  # [n, 3, L]
+    return Triplets(tokens, target_rare, disturbants_rare, prefix_length)
+
+
+# --------------------------------------------------------------------------------------
+# Jacobians of a late output w.r.t. an early state, under torch.func (SPEC §6).
+# --------------------------------------------------------------------------------------
+
+
+@torch.no_grad()  # torch.func transforms still differentiate; no graph on the parameters
+def rnn_jacobians(model: RecurrentModel, tokens: Tensor, target_step: int = 0,
+                  chunk_size: int = 128) -> tuple[Tensor, Tensor]:
+    """tokens [B, T] -> (J [B, H, D_z], h_T [B, H]), J = d h_T / d z.
+
+    z is the state right after the (0-based) `target_step` (`RecurrentModel.step`'s state:
+    h for the GRU, D_z = H; [h; c] for the LSTM, D_z = 2H).
+    """
+    x = model.cell_inputs(tokens)  # [B, T, D_in]
+    z = model.initial_state(x.shape[0])  # [B, D_z]
+    for t in range(target_step + 1):
+        _, z = model.step(x[:, t], z)
+
+    def last_hidden(suffix: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """One sequence: suffix [T', D_in], state [D_z] -> h_T [H] (twice: J and aux)."""
+        for x_t in suffix.unbind(0):
+            h, state = model.step(x_t, state)
+        return h, h
+
+    jac = jacrev(last_hidden, argnums=1, has_aux=True, chunk_size=chunk_size)
+    return vmap(jac)(x[:, target_step + 1:], z)
+
+
+@torch.no_grad()  # torch.func transforms still differentiate; no graph on the parameters
+def s4d_jacobians(model, tokens: Tensor, target_step: int,
+                  chunk_size: int = 128) -> tuple[Tensor, Tensor]:
+    """tokens [B, T] -> (J [B, H, 2HN], y_T [B, H]), J = d y_T / d z for an S4DModel.
+
+    z = the complex state right after `target_step` (0-based), [H, N] complex, as a real
+    vector in `view_as_real` layout (re/im interleaved per mode; SPEC §6). y_T = the S4D
+    block's output at the last step (after GELU and Linear + GLU, before the head).
+    """
+    layer = model.s4d
+    u = model.in_proj(model.cell_inputs(tokens))  # [B, T, H]
+    B, T, H = u.shape
+    z = layer.initial_state(B)  # [B, H, N] complex
+    for t in range(target_step + 1):
+        z = layer.step_state(u[:, t], z)
+    # After the target the state is linear in z: state_T = dA^k z + w, with w the state the
+    # later inputs reach from zero and dA^k = k zero-input steps from an all-ones state.
+    # This equals stepping from z (the authors' `AL * state + v`) but differentiates
+    # one product instead of k steps.
+    w = layer.initial_state(B)
+    decay = torch.ones_like(w[0])  # [H, N]
+    no_input = u.new_zeros(H)
+    for t in range(target_step + 1, T):
+        w = layer.step_state(u[:, t], w)
+        decay = layer.step_state(no_input, decay)
+    z_real = torch.view_as_real(z).flatten(1)  # [B, H*N*2]
+
+    def last_output(u_T: Tensor, w_real: Tensor, z_real: Tensor) -> tuple[Tensor, Tensor]:
+        """One sequence: u_T [H], w_real [H, N, 2], z_real [2HN] -> y_T [H] (twice)."""
+        z = torch.view_as_complex(z_real.view(*decay.shape, 2))  # [H, N]
+        y = layer.readout(u_T, decay * z + torch.view_as_complex(w_real))
+        return y, y
+
+    # jacrev takes real inputs only (even those it does not differentiate): w goes real too.
+    jac = jacrev(last_output, argnums=2, has_aux=True, chunk_size=chunk_size)
+    return vmap(jac)(u[:, -1], torch.view_as_real(w), z_real)
+
+
+JACOBIANS = {"gru": rnn_jacobians, "lstm": rnn_jacobians, "s4d": s4d_jacobians}
+
+
+def jacobians(model, tokens: Tensor, target_step: int,
+              chunk_size: int = 128) -> tuple[Tensor, Tensor]:
+    """(J [B, D_out, D_z], output [B, D_out]) for any of the package's models."""
+    return JACOBIANS[model.arch](model, tokens, target_step, chunk_size)
+
+
+# --------------------------------------------------------------------------------------
+# The analysis of a run: stability.csv.
+# --------------------------------------------------------------------------------------
+
+COLUMNS = ("iteration", "comparison", "target", "disturbants", "triplet", "stability",
+           "stability_weighted", "stability_printed", "stability_mean", "stability_frobenius",
+           "frobenius_distance", "forward_distance", "forward_cosine", "metric", "model",
+           "encoding", "seed")
+COMPARISONS = (("target", 1), ("suffix", 2))  # member of the triplet compared with member 0
+
+
+def analyse_triplets(model, triplets: Triplets, command: int, batch: int,
+                     device: torch.device, on_batch: Callable[[], None] = lambda: None,
+                     ) -> list[dict[str, float | int | str]]:
+    """Metrics of every triplet and comparison, `batch` triplets at a time.
+
+    Returns rows (triplet, comparison, target, disturbants, stability_<metric>...) in
+    triplet order, the "target" comparison before the "suffix" one.
+    """
+    inputs = triplets.inputs(command).to(device)  # [n, 3, T]
+    rows = []
+    for start in range(0, inputs.shape[0], batch):
+        chunk = inputs[start:start + batch]
+        b = chunk.shape[0]
+        jac, out = jacobians(model, chunk.flatten(0, 1), triplets.prefix_length)
+        jac = jac.unflatten(0, (b, 3))  # [b, 3, D_out, D_z]
+        out = out.unflatten(0, (b, 3))  # [b, 3, D_out]
+        values = {}
+        for name, other in COMPARISONS:
+            metrics = stability_metrics(jac[:, 0], jac[:, other])
+            metrics["forward_distance"] = forward_distance(out[:, 0], out[:, other])
+            metrics["forward_cosine"] = forward_cosine(out[:, 0], out[:, other])
+            values[name] = {k: v.double().cpu().tolist() for k, v in metrics.items()}
+        del jac  # free this batch's Jacobians before the next batch computes its own
+        for j in range(b):
+            i = start + j
+            for name, _ in COMPARISONS:
+                v = values[name]
+                rows.append({
+                    "triplet": i, "comparison": name,
+                    "target": TYPES[int(triplets.target_rare[i])],
+                    "disturbants": TYPES[int(triplets.disturbants_rare[i])],
+                    **{f"stability_{m}": v[m][j] for m in METRICS},
+                    "frobenius_distance": v["frobenius_distance"][j],
+                    "forward_distance": v["forward_distance"][j],
+                    "forward_cosine": v["forward_cosine"][j],
+                })
+        on_batch()
+    return rows
+
+
+def _read_csv(path: Path, triplets: int, metric: str) -> list[dict[str, str]]:
+    """Rows of an existing stability.csv (empty if none); UserError if it cannot be resumed."""
+    if not path.exists():
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        if tuple(reader.fieldnames or ()) != COLUMNS:
+            raise UserError(f"{path}: not a stability.csv of this perencode version (columns "
+                            "differ); move it away to recompute")
+        rows = list(reader)
+    per_iteration: dict[str, int] = {}
+    for row in rows:
+        per_iteration[row["iteration"]] = per_iteration.get(row["iteration"], 0) + 1
+    found_metric = {row["metric"] for row in rows}
+    found_count = {n // 2 for n in per_iteration.values()}
+    if found_metric - {metric} or found_count - {triplets}:
+        raise UserError(f"{path}: holds an analysis with --triplets "
+                        f"{'/'.join(map(str, sorted(found_count)))} --metric "
+                        f"{'/'.join(sorted(found_metric))}; rerun with those or move the "
+                        "file away to recompute")
+    return rows
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
+def analyse_run(run_dir: str | Path, triplets: int = 1024, metric: str = "weighted",
+                device: str = "auto", every: int = 1, batch: int = 16,
+                progress: bool = True) -> Path:
+    """Gradient stability at every (every-th) checkpoint of a dual-frequency run.
+
+    Writes RUN_DIR/stability.csv (columns COLUMNS; two rows per triplet and checkpoint,
+    one per comparison) and returns its path. Checkpoints already in the CSV are skipped;
+    after each new checkpoint the CSV is rewritten atomically with its rows appended, so
+    an interrupted analysis resumes where it stopped. `metric` names the column copied into
+    `stability` (METRICS). Memory grows linearly with `batch` (docs/stability.md).
+    """
+    if metric not in METRICS:
+        raise UserError(f"--metric '{metric}': expected one of {', '.join(METRICS)}")
+    if batch < 1 or every < 1:
+        raise UserError(f"--batch {batch} / --every {every}: both must be at least 1")
+    run_dir = Path(run_dir)
+    recipe = runs.read_recipe(run_dir)
+    task = recipe.task
+    if task.name != "dual_frequency":
+        raise UserError(f"{run_dir}: gradient stability needs a run of task.name = "
+                        f"'dual_frequency' (SPEC §6), this one is '{task.name}'")
+    prefix = S4D_PREFIX if recipe.model.arch == "s4d" else 0
+    if prefix and task.length <= prefix + 1:
+        raise UserError(f"{run_dir}: the S4D analysis puts the target at t = {prefix + 1}; "
+                        f"task.length = {task.length} is too short")
+    chosen = make_triplets(task.vocab_size, task.length, triplets, recipe.train.seed, prefix)
+    checkpoints = runs.list_checkpoints(run_dir)[::every]
+    if not checkpoints:
+        raise UserError(f"{run_dir}: no checkpoints yet (train it first)")
+    dev = resolve_device(device)
+
+    path = run_dir / "stability.csv"
+    rows = _read_csv(path, triplets, metric)
+    done = {int(row["iteration"]) for row in rows}
+    todo = [(it, ckpt) for it, ckpt in checkpoints if it not in done]
+    batches = -(-triplets // batch)
+    reporter = Reporter("stability", len(todo) * batches, log_every=batches, unit="batch",
+                        enabled=progress)
+    run_fields = {"metric": metric, "model": recipe.model.arch,
+                  "encoding": recipe.encoding.kind, "seed": recipe.train.seed}
+    with reporter:
+        for iteration, ckpt in todo:
+            _, _, model, _ = load_run(run_dir, dev, ckpt)
+            model.eval()
+            new = analyse_triplets(model, chosen, task.vocab_size, batch, dev,
+                                   on_batch=lambda it=iteration: reporter.advance(1, step=it))
+            for row in new:
+                row.update(iteration=iteration, stability=row[f"stability_{metric}"],
+                           **run_fields)
+            rows.extend(new)
+            _write_csv(path, rows)
+    return path

@@ -1,0 +1,85 @@
+"""The sweep's live board: a table on a terminal, plain log lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from perencode.console import console
+from perencode.sweep.plan import Run, RunState
+
+STYLE = {RunState.DONE: "green", RunState.FAILED: "bold red", RunState.CONFLICT: "bold red",
+         RunState.RUNNING: "cyan", RunState.REUSE: "green"}
+# Left out of the live view of a big grid.
+QUIET = (RunState.DONE, RunState.REUSE, RunState.NEW, RunState.PARTIAL)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class Board:
+    """A live table on a terminal; plain log lines (state changes, a summary a minute)."""
+
+    def __init__(self, title: str, all_runs: list[Run], enabled: bool):
+        self.title, self.runs = title, all_runs
+        self.live = Live(console=console, auto_refresh=False) \
+            if enabled and console.is_terminal else None
+        self.enabled = enabled
+        self._seen = {id(r): r.state for r in all_runs}
+        self._last_summary = time.monotonic()
+
+    def table(self, every_run: bool = True) -> Table:
+        """All runs, or (a live view of a big grid) those not yet finished or waiting."""
+        shown = [r for r in self.runs if every_run or r.state not in QUIET]
+        counts = Counter(str(r.state) for r in self.runs)
+        table = Table(title=self.title, caption=", ".join(f"{n} {state}" for state, n in
+                                                          sorted(counts.items())))
+        for col in ("run", "state", "step", "train acc", "ETA"):
+            table.add_column(col, justify="left" if col in ("run", "state") else "right",
+                             no_wrap=col != "run", overflow="fold")
+        for r in shown:
+            state = str(r.state) + (f" (gpu {r.gpu})" if r.gpu is not None and r.proc else "")
+            acc = f"{r.accuracy:.3f}" if r.accuracy is not None else ""
+            eta = duration(r.eta_s) if r.state == RunState.RUNNING else ""
+            table.add_row(r.cell.name, Text(state, style=STYLE.get(r.state, "")),
+                          f"{r.step}/{r.iterations}", acc, eta)
+        return table
+
+    def __enter__(self) -> Board:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def update(self) -> None:
+        if self.live is not None:
+            fits = len(self.runs) + 8 <= console.height
+            self.live.update(self.table(every_run=fits), refresh=True)
+            return
+        if not self.enabled:
+            return
+        for r in self.runs:
+            if self._seen[id(r)] != r.state:
+                self._seen[id(r)] = r.state
+                note = f" - {r.message}" if r.message else ""
+                print(f"[sweep] {r.cell.name}: {r.state}{note}", file=sys.stderr, flush=True)
+        if time.monotonic() - self._last_summary > 60:
+            self._last_summary = time.monotonic()
+            for r in self.runs:
+                if r.state == RunState.RUNNING:
+                    acc = f" acc {r.accuracy:.3f}" if r.accuracy is not None else ""
+                    print(f"[sweep] {r.cell.name}: step {r.step}/{r.iterations}{acc} ETA "
+                          f"{duration(r.eta_s)}", file=sys.stderr, flush=True)

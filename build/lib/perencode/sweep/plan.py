@@ -1,0 +1,245 @@
+"""What a sweep has to do: one `Run` per cell of a grid, with its state and the `perencode`
+commands still to run. Planning reads run directories and writes nothing; `prepare` then
+claims each run directory (or links it to its twin)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from perencode import runs
+from perencode.errors import UserError
+from perencode.grid import Cell, Grid
+from perencode.io import atomic_write_json
+from perencode.recipe import run_key
+
+
+class RunState(str, enum.Enum):
+    """Where a cell's run stands. Planning gives the first six; a sweep moves runs on."""
+
+    NEW = "new"                  # nothing on disk yet
+    PARTIAL = "partial"          # started, not finished: resumes from its last checkpoint
+    DONE = "done"                # finished (eval.json, the last checkpoint)
+    REUSE = "reuse"              # the same recipe has a run elsewhere under OUT: linked to it
+    CONFLICT = "conflict"        # the directory holds a different recipe (reported, skipped)
+    QUEUED = "queued"            # a SLURM job of an earlier sweep is still pending or running
+    SUBMITTED = "submitted"      # submitted by this sweep, not yet started
+    RUNNING = "running"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"  # stopped by Ctrl-C / SIGTERM; the next sweep resumes it
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FINISHED = (RunState.DONE, RunState.REUSE)
+
+
+@dataclass
+class Run:
+    cell: Cell
+    dir: Path
+    state: RunState
+    step: int = 0
+    message: str = ""
+    accuracy: float | None = None
+    eta_s: float | None = None
+    twin: Path | None = None         # a run of the same recipe elsewhere under OUT
+    job: str | None = None           # its SLURM job id, recorded in OUT/<grid>/.submitit
+    commands: list[list[str]] = field(default_factory=list)  # perencode commands, no --device
+    proc: Any = None                 # the local executor's subprocess.Popen
+    log: Any = None
+    gpu: str | None = None
+
+    @property
+    def iterations(self) -> int:
+        return self.cell.recipe.train.iterations
+
+
+# --------------------------------------------------------------------------------------
+# Runs on disk
+# --------------------------------------------------------------------------------------
+
+def claimed_runs(out: Path) -> dict[str, Path]:
+    """run_key -> directory of every run (finished or not) under `out`."""
+    found: dict[str, Path] = {}
+    if not out.is_dir():
+        return found
+    for run_dir in runs.find_runs([out]):
+        try:
+            found.setdefault(run_key(runs.read_recipe(run_dir)), run_dir.resolve())
+        except UserError:
+            continue  # not a readable run: the sweep of its own grid reports it
+    return found
+
+
+def stability_done(run_dir: Path) -> bool:
+    """stability.csv covers every checkpoint (the analysis resumes where it stopped)."""
+    path = run_dir / "stability.csv"
+    if not path.exists():
+        return False
+    done = set(pd.read_csv(path, usecols=["iteration"])["iteration"].unique())
+    return {k for k, _ in runs.list_checkpoints(run_dir)} <= done
+
+
+def last_rows(run_dir: Path, n: int = 2) -> list[dict]:
+    """The last `n` rows of metrics.jsonl, reading only the file's tail."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in lines[-n - 1:]:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # the first line of the tail is usually cut
+    return rows[-n:]
+
+
+def refresh(run: Run) -> None:
+    """Step, training accuracy and ETA of a run from its metrics.jsonl."""
+    rows = last_rows(run.twin or run.dir)
+    if not rows:
+        return
+    last = rows[-1]
+    run.step, run.accuracy = int(last.get("step", 0)), last.get("accuracy")
+    if len(rows) == 2 and last["seconds"] > rows[0]["seconds"]:
+        rate = (last["step"] - rows[0]["step"]) / (last["seconds"] - rows[0]["seconds"])
+        run.eta_s = (run.iterations - run.step) / rate if rate > 0 else None
+
+
+# --------------------------------------------------------------------------------------
+# SLURM jobs recorded by earlier sweeps (so that a rerun collects them, not resubmits)
+# --------------------------------------------------------------------------------------
+
+def jobs_file(out: Path, grid_name: str) -> Path:
+    return out / grid_name / ".submitit" / "jobs.json"
+
+
+def read_jobs(out: Path, grid_name: str) -> dict[str, str]:
+    """cell name -> the SLURM job id last submitted for it."""
+    path = jobs_file(out, grid_name)
+    if not path.exists():
+        return {}
+    return {k: str(v) for k, v in runs.read_json(path).items()}
+
+
+def record_jobs(out: Path, grid_name: str, submitted: dict[str, str]) -> None:
+    atomic_write_json(jobs_file(out, grid_name), {**read_jobs(out, grid_name), **submitted})
+
+
+def live_jobs(ids: list[str]) -> dict[str, str]:
+    """job id -> state (PENDING, RUNNING, ...) of those still in SLURM's queue (squeue);
+    a finished job is not listed."""
+    if not ids:
+        return {}
+    try:
+        out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"squeue: cannot list the SLURM queue ({exc}); the jobs recorded in "
+                        ".submitit/jobs.json cannot be checked") from None
+    if out.returncode != 0:
+        raise UserError(f"squeue: {out.stderr.strip() or 'failed'}")
+    queue = dict(line.split("|", 1) for line in out.stdout.splitlines() if "|" in line)
+    return {i: queue[i] for i in ids if i in queue}
+
+
+def twin_job(out: Path, twin: Path) -> str | None:
+    """The SLURM job recorded for the run at `twin` by its own grid's sweep."""
+    try:
+        grid_name, *cell = Path(os.path.relpath(twin, out.resolve())).parts
+    except ValueError:
+        return None
+    return read_jobs(out, grid_name).get("/".join(cell)) if cell else None
+
+
+# --------------------------------------------------------------------------------------
+# The plan
+# --------------------------------------------------------------------------------------
+
+def plan(grid: Grid, out: Path) -> list[Run]:
+    """One Run per cell with its state and the commands still to run (nothing is written).
+
+    A cell whose recipe already has a run elsewhere under `out` (finished or not: another
+    grid made it, e.g. Fig. 5's cells are Fig. 3's runs) is linked to it; an unfinished twin
+    is trained on through the link, which resumes it."""
+    claimed = None
+    recorded = read_jobs(out, grid.name)
+    planned = []
+    for cell in grid.cells:
+        run_dir = out / grid.name / cell.name
+        run = Run(cell, run_dir, RunState.NEW, job=recorded.get(cell.name))
+        planned.append(run)
+        if run_dir.is_symlink() or not (run_dir / "recipe.toml").exists():
+            claimed = claimed_runs(out) if claimed is None else claimed
+            run.twin = claimed.get(run_key(cell.recipe))
+            if run.twin is not None and run.twin == run_dir.resolve() and not run_dir.is_symlink():
+                run.twin = None
+        if run.twin is not None:
+            run.state, run.message = RunState.REUSE, f"same recipe as {run.twin}"
+            run.job = run.job or twin_job(out, run.twin)
+        elif (run_dir / "recipe.toml").exists():
+            try:
+                same = run_key(runs.read_recipe(run_dir)) == run_key(cell.recipe)
+            except UserError as exc:
+                same, run.message = False, str(exc)
+            if not same:
+                run.state = RunState.CONFLICT
+                run.message = run.message or (f"{run_dir}: holds a run of a different recipe; "
+                                              "move it away or sweep into another --out")
+                continue
+            run.state = RunState.DONE if runs.is_complete(run_dir) else RunState.PARTIAL
+        refresh(run)
+        trained = runs.is_complete(run.twin or run_dir)
+        if not trained:
+            run.commands.append(["train", str(run_dir / "recipe.toml"), "--out", str(run_dir)])
+        if "stability" in grid.sweep.after and not (trained and stability_done(run.twin or
+                                                                               run_dir)):
+            run.commands.append(["stability", str(run_dir)])
+    return planned
+
+
+def mark_queued(planned: list[Run]) -> None:
+    """Runs whose SLURM job (of an earlier sweep) is still queued or running: nothing to
+    submit, only to wait for."""
+    waiting = [r for r in planned if r.job and r.commands and r.twin is None]
+    live = live_jobs(sorted({r.job for r in waiting}))
+    for run in waiting:
+        if run.job in live:
+            state = live[run.job]
+            run.state = RunState.RUNNING if state == "RUNNING" else RunState.QUEUED
+            run.message = f"job {run.job} ({state.lower()}), submitted by an earlier sweep"
+            run.commands = []
+
+
+def prepare(todo: list[Run]) -> list[Run]:
+    """Claim each run directory (writes recipe.toml) or link it to its twin; the runs that
+    still have commands to run."""
+    ready = []
+    for run in todo:
+        try:
+            if run.state == RunState.REUSE and not run.dir.is_symlink():
+                run.dir.parent.mkdir(parents=True, exist_ok=True)
+                run.dir.symlink_to(os.path.relpath(run.twin, run.dir.parent),
+                                   target_is_directory=True)
+            elif run.state in (RunState.NEW, RunState.PARTIAL):
+                runs.claim(run.dir, run.cell.recipe)
+        except (UserError, OSError) as exc:
+            run.state, run.message = RunState.FAILED, str(exc)
+            continue
+        if run.commands:
+            ready.append(run)
+    return ready

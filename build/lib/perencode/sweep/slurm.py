@@ -1,0 +1,140 @@
+"""The SLURM executor: one job per run, a grid's runs submitted as one job array through
+submitit. A sweep can submit and leave (`--no-wait`): the job ids are recorded in
+OUT/<grid>/.submitit/jobs.json, and the next sweep of the grid collects them instead of
+submitting again."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from perencode import runs
+from perencode.console import console
+from perencode.grid import Grid, SlurmConfig
+from perencode.sweep.board import Board
+from perencode.sweep.local import launch, thread_env
+from perencode.sweep.plan import Run, RunState, record_jobs, refresh
+
+
+class TrainJob(submitit.helpers.Checkpointable):
+    """One run's commands as a SLURM job (submitit). On a time-out or preemption submitit
+    calls `checkpoint`: the child `perencode train` gets SIGTERM, saves checkpoints/resume.pt
+    and exits; the requeued job starts the commands again and training resumes."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def __call__(self, run_dir: str, commands: list[list[str]], device: str,
+                 threads: int) -> str:
+        for command in commands:
+            if command[0] == "train" and runs.is_complete(run_dir):
+                continue  # a requeued job whose training had finished
+            self.proc, log = launch([*command, "--device", device], Path(run_dir),
+                                    thread_env(threads))
+            try:
+                code = self._wait()
+            finally:
+                log.close()
+            if code != 0:
+                raise RuntimeError(f"perencode {command[0]} exited with code {code}; log: "
+                                   f"{Path(run_dir) / 'train.log'}")
+        return run_dir
+
+    def _wait(self) -> int:
+        # Polling, not Popen.wait(): SLURM's signal runs `checkpoint` in this thread, inside
+        # this loop, and a Popen.wait() interrupted there would still hold the Popen's lock
+        # that `checkpoint` needs (a deadlock a real scheduler exposed).
+        while (code := self.proc.poll()) is None:
+            time.sleep(0.2)
+        return code
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self._wait()
+        # A fresh callable: the Popen of this attempt cannot be pickled.
+        return submitit.helpers.DelayedSubmission(TrainJob(), *args, **kwargs)
+
+
+def executor(folder: Path, name: str, options: SlurmConfig,
+             dependency: list[str] | None = None) -> submitit.AutoExecutor:
+    """A submitit executor with the `[slurm]` options; `dependency`: job ids to wait for."""
+    init: dict[str, Any] = {"slurm_max_num_timeout": options.max_requeues}
+    if options.python:
+        init["slurm_python"] = options.python  # e.g. the container's python (issue 20)
+    ex = submitit.AutoExecutor(folder=folder, cluster=options.cluster, **init)
+    params: dict[str, Any] = dict(name=f"perencode-{name}", timeout_min=options.time_min,
+                                  cpus_per_task=options.cpus_per_job,
+                                  slurm_array_parallelism=options.array_parallelism)
+    if options.gpus_per_job:  # --gpus-per-node=0 is refused where no GPU GRES is set up
+        params["gpus_per_node"] = options.gpus_per_job
+    if options.mem_gb:
+        params["mem_gb"] = options.mem_gb
+    if options.cluster == "slurm":
+        params["slurm_signal_delay_s"] = options.signal_delay_s
+        # Requeuing a job that checkpointed is refused where the cluster has JobRequeue=0.
+        params["slurm_additional_parameters"] = {"requeue": True, **options.additional}
+        for key in ("partition", "account", "qos", "constraint", "exclude"):
+            if getattr(options, key):
+                params[f"slurm_{key}"] = getattr(options, key)
+        if options.setup:
+            params["slurm_setup"] = list(options.setup)
+        if dependency:
+            params["slurm_dependency"] = "afterany:" + ":".join(dependency)
+    ex.update_parameters(**params)
+    return ex
+
+
+def submit(ready: list[Run], grid: Grid, out: Path, options: SlurmConfig, device: str,
+           dependency: list[str]) -> list:
+    """Submit the runs as one job array; records their job ids. Returns submitit's jobs."""
+    ex = executor(out / grid.name / ".submitit", grid.name, options, dependency)
+    jobs = ex.map_array(TrainJob(), [str(r.dir) for r in ready], [r.commands for r in ready],
+                        [device] * len(ready), [options.cpus_per_job] * len(ready))
+    for run, job in zip(ready, jobs):
+        run.state, run.job, run.message = RunState.SUBMITTED, str(job.job_id), \
+            f"job {job.job_id}"
+    if options.cluster == "slurm":
+        record_jobs(out, grid.name, {r.cell.name: r.job for r in ready})
+    return jobs
+
+
+def wait(pairs: list[tuple[Run, Any]], board: Board, options: SlurmConfig) -> bool:
+    """Watch (run, submitit job) pairs until every job ended; False if interrupted."""
+    poll = 1.0 if options.cluster != "slurm" else options.poll_s  # sacct: not to be hammered
+    pending = list(pairs)
+    try:
+        while pending:
+            waiting = []
+            for run, job in pending:
+                refresh(run)
+                if not job.done():
+                    if job.state == "RUNNING":
+                        run.state = RunState.RUNNING
+                    waiting.append((run, job))
+                elif job.exception() is None:
+                    run.state = RunState.DONE
+                else:
+                    last = str(job.exception()).strip().splitlines()[-1][:200]
+                    run.state = RunState.FAILED
+                    run.message = f"{last}; log: {run.dir / 'train.log'}, job log: " \
+                                  f"{job.paths.stderr}"
+            pending = waiting
+            board.update()
+            if pending:
+                time.sleep(poll)
+    except KeyboardInterrupt:
+        ids = ", ".join(str(job.job_id) for _, job in pending)
+        console.print(f"stopped watching; jobs {ids} go on. Rerun the sweep to collect them.")
+        return False
+    return True
+
+
+def reattach(run: Run, out: Path, grid: Grid) -> submitit.SlurmJob:
+    """The submitit job of a run submitted by an earlier sweep."""
+    return submitit.SlurmJob(folder=out / grid.name / ".submitit", job_id=run.job)

@@ -1,0 +1,193 @@
+"""What every task shares: the batch layout, held-out exclusion by hashing, scoring.
+
+A task draws raw rows (`draw`), identifies a row by its key (`key`, the raw row by
+default) and turns rows into model inputs and targets (`build`). Everything runs on the
+task's device, vectorised: no per-sample Python loop, no DataLoader.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from perencode.errors import UserError
+from perencode.metrics import sequence_scores
+
+# Odd 64-bit multiplier of the polynomial hash (wrapping int64 arithmetic).
+_HASH_BASE = 0x100000001B3
+
+
+@dataclass
+class Batch:
+    """One batch. The model reads `inputs`; the loss reads `output_targets` at the outputs.
+
+    sequences: the random tokens drawn (reverse: [B, L]; reverse_add: [B, 2L] = x then y;
+        variable length: [B, longest l], -1 beyond each length).
+    inputs: [B, T] token ids (id K is the command token where the task has one).
+    targets: the task's targets in its natural shape (reverse: [B, L]; predecessor: [B]).
+    output_targets: [B, T_out] the targets aligned with the output steps.
+    output_steps: [B, T_out] the time step of each output; None = the last T_out steps.
+    output_mask: [B, T_out] True where an output counts; None = all count.
+    lengths: [B] input length of each row (variable length only).
+    queries: [B] 0-based index of the queried element (predecessor query only).
+    """
+
+    sequences: Tensor
+    inputs: Tensor
+    targets: Tensor
+    output_targets: Tensor
+    output_steps: Tensor | None = None
+    output_mask: Tensor | None = None
+    lengths: Tensor | None = None
+    queries: Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+
+@functools.lru_cache(maxsize=32)
+def _hash_powers(m: int, device: torch.device) -> Tensor:
+    """BASE^(m-1-j) mod 2^64 as int64, j = 0..m-1 (the Horner form's weights)."""
+    mask = (1 << 64) - 1
+    values = [pow(_HASH_BASE, m - 1 - j, 1 << 64) & mask for j in range(m)]
+    return torch.tensor([v - (1 << 64) if v >= 1 << 63 else v for v in values],
+                        dtype=torch.long, device=device)
+
+
+def sequence_hash(keys: Tensor) -> Tensor:
+    """Polynomial hash of each row of an integer tensor [N, M] -> int64 [N] (mod 2^64).
+
+    One multiply and one sum (int64 arithmetic wraps), so it is two kernels on a GPU.
+    """
+    return (keys.long() * _hash_powers(keys.shape[1], keys.device)).sum(1)
+
+
+class Exclusion:
+    """Membership test of rows in a fixed set: hash lookup, then an exact check on hits."""
+
+    def __init__(self, keys: Tensor):
+        self.keys = keys  # [N, M]
+        self.sorted_hashes = torch.sort(sequence_hash(keys)).values  # [N]
+
+    def members(self, keys: Tensor) -> Tensor:
+        """keys [B, M] -> the indices [n] of the rows that are in the set.
+
+        One host-device sync (`nonzero`) when no hash hits, the usual case in training.
+        """
+        if self.keys.shape[0] == 0:
+            return torch.zeros(0, dtype=torch.long, device=keys.device)
+        h = sequence_hash(keys)
+        idx = torch.searchsorted(self.sorted_hashes, h).clamp_max(len(self.sorted_hashes) - 1)
+        rows = (self.sorted_hashes[idx] == h).nonzero().squeeze(1)
+        if len(rows) == 0:
+            return rows
+        # Exact check of the (rare) hash hits against the whole set, a chunk at a time.
+        found = torch.zeros(len(rows), dtype=torch.bool, device=keys.device)
+        for start in range(0, self.keys.shape[0], 4096):
+            chunk = self.keys[start:start + 4096]
+            found |= (keys[rows][:, None, :] == chunk[None]).all(-1).any(-1)
+        return rows[found]
+
+    def contains(self, keys: Tensor) -> Tensor:
+        """keys [B, M] -> bool [B]: True where the row is in the set."""
+        out = torch.zeros(keys.shape[0], dtype=torch.bool, device=keys.device)
+        out[self.members(keys)] = True
+        return out
+
+
+def duplicated(rows: Tensor) -> Tensor:
+    """bool [N]: True where a row of `rows` [N, M] repeats an earlier row."""
+    index = torch.arange(len(rows), device=rows.device)
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), len(rows), dtype=torch.long,
+                       device=rows.device)
+    first.scatter_reduce_(0, inverse, index, reduce="amin")
+    return first[inverse] != index
+
+
+def redraw_duplicates(rows: Tensor, redraw: Callable[[Tensor], Tensor]) -> Tensor:
+    """Make the rows distinct: each repeat of an earlier row is replaced by `redraw(idx)`.
+
+    `redraw` gets the indices of the repeats, so a row keeps what its index stands for
+    (a length, a test-set cell); rows are never reordered.
+    """
+    while True:
+        idx = duplicated(rows).nonzero().squeeze(1)
+        if len(idx) == 0:
+            return rows
+        rows[idx] = redraw(idx)
+
+
+class SyntheticTask:
+    """Base of the synthetic tasks: held-out drawn from the seed, excluded from training."""
+
+    name = "synthetic"
+    has_command_token = True
+    pad_id = None  # every embedding row is a token (the LM task has a padding row)
+
+    def __init__(self, cfg, seed: int, device: torch.device | str = "cpu"):
+        self.cfg = cfg
+        self.K = cfg.vocab_size
+        self.L = cfg.length
+        self.device = torch.device(device)
+        self.num_classes = self.K
+        self.num_embeddings = self.K + int(self.has_command_token)
+        self.command = self.K
+        gen = torch.Generator().manual_seed(seed)
+        self.held_out = self.make_held_out(gen).to(self.device)
+        self._exclusion = Exclusion(self.key(self.held_out))
+
+    # -- what a task defines ------------------------------------------------------------
+    @property
+    def max_steps(self) -> int:
+        """Longest model input T (sizes the learnable/random encodings)."""
+        return 2 * self.L
+
+    def draw(self, n: int, generator: torch.Generator) -> Tensor:
+        raise NotImplementedError
+
+    def key(self, rows: Tensor) -> Tensor:
+        return rows
+
+    def build(self, rows: Tensor) -> Batch:
+        raise NotImplementedError
+
+    # -- shared machinery ---------------------------------------------------------------
+    def make_held_out(self, generator: torch.Generator) -> Tensor:
+        """`held_out` distinct rows drawn on the CPU from the seed (device independent)."""
+        rows = self.draw(self.cfg.held_out, generator)
+        return redraw_duplicates(rows, lambda idx: self.draw(len(idx), generator))
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """A training batch on the generator's device; held-out rows are redrawn."""
+        rows = self.draw(batch_size, generator)
+        idx = self._exclusion.members(self.key(rows))
+        while len(idx):
+            fresh = self.draw(len(idx), generator)
+            rows[idx] = fresh
+            idx = idx[self._exclusion.members(self.key(fresh))]
+        return self.build(rows)
+
+    def held_out_batches(self, batch_size: int) -> Iterator[Batch]:
+        for start in range(0, self.held_out.shape[0], batch_size):
+            yield self.build(self.held_out[start:start + batch_size])
+
+    def evaluate(self, logits_fn: Callable[[Batch], Tensor], batch_size: int,
+                 **options) -> dict:
+        """Score the held-out set; `logits_fn(batch)` gives logits at the outputs [B, T_out, K]."""
+        if options:
+            raise UserError(f"{', '.join(options)}: not an option of the {self.name} task "
+                            f"(only language models have one)")
+        batches, predictions = [], []
+        for batch in self.held_out_batches(batch_size):
+            batches.append(batch)
+            predictions.append(logits_fn(batch).argmax(-1))
+        return self.score(batches, predictions)
+
+    def score(self, batches: list[Batch], predictions: list[Tensor]) -> dict:
+        """eval.json metrics from held-out batches and argmax predictions [B, T_out]."""
+        return sequence_scores(batches, predictions)

@@ -1,0 +1,127 @@
+"""WikiText-103 next-token prediction (Appendix E, Table 1; SPEC §7).
+
+Vocabulary layout, as the authors' torchtext vocab built it (`vocab(..., specials=['<s>',
+'</s>', '<unk>'], special_first=False)` over the SentencePiece .vocab file): the
+SentencePiece pieces 3..V-1 become model ids 0..V-4, then `<s>` = V-3, `</s>` = V-2 and
+`<unk>` = V-1. `task.vocab_size` is the SentencePiece vocabulary V (32,768, the paper's
+number); the head has K = V - 1 = 32,767 classes (`<s>` and `</s>` among them, never a
+target); embedding row K is `<unk>`, which doubles as the padding id and is masked out of
+the loss and the perplexity. No BOS/EOS is added: a paragraph's first token is never
+predicted. Every row starts at time step 0, so the positional encoding is aligned with the
+paragraph's start.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from perencode.lm.data import Split, load
+from perencode.recipe import TaskConfig
+from perencode.tasks.base import Batch
+
+
+def model_ids(vocab_size: int) -> np.ndarray:
+    """Lookup table SentencePiece id -> model id [V] (ids 0, 1, 2 = <unk>, <s>, </s>)."""
+    table = np.arange(vocab_size, dtype=np.int64) - 3
+    table[:3] = [vocab_size - 1, vocab_size - 3, vocab_size - 2]
+    return table
+
+
+class LanguageModelTask:
+    """Paragraphs of a folder made by `perencode lm-prepare`; scored on valid and test.
+
+    Training batches draw paragraphs uniformly with replacement from the generator, padded
+    to the longest one as the authors' ToTensor did. The authors streamed epochs through a
+    10,000-line shuffle buffer (torch's DataLoader adds one to their line reader when
+    shuffle=True); drawing from the generator alone keeps a resumed run bit-identical, and
+    over 300,000 x 512 draws (over 100 passes through the training paragraphs) the two
+    differ mainly in how evenly paragraphs recur.
+    """
+
+    name = "lm"
+
+    def __init__(self, cfg: TaskConfig, seed: int, device: torch.device | str = "cpu"):
+        # `seed` is part of the task interface; nothing is drawn before training here:
+        # the valid and test splits are fixed.
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.splits = load(cfg.data, vocab_size=cfg.vocab_size, max_tokens=cfg.length)
+        self.num_embeddings = cfg.vocab_size  # rows 0..K-1 and <unk>/padding at row K
+        self.num_classes = cfg.vocab_size - 1  # K
+        self.pad_id = cfg.vocab_size - 1
+        self.max_steps = cfg.length  # inputs are tokens[:-1] of at most length + 1 kept
+        self._model_ids = model_ids(cfg.vocab_size)
+
+    def rows(self, split: Split, index: np.ndarray, device: torch.device) -> Batch:
+        """The batch of paragraphs `index` of `split`, padded to the longest with <unk>."""
+        starts = split.offsets[index]  # [B]
+        lengths = split.offsets[index + 1] - starts  # [B], each >= 2
+        steps = np.arange(lengths.max())
+        inside = steps[None, :] < lengths[:, None]  # [B, T+1]
+        pieces = split.tokens[np.where(inside, starts[:, None] + steps, 0)]  # [B, T+1]
+        tokens = np.where(inside, self._model_ids[pieces], self.pad_id)
+        sequences = torch.from_numpy(tokens).to(device)  # [B, T+1]
+        inputs, targets = sequences[:, :-1], sequences[:, 1:]  # [B, T] each
+        # Padding and <unk> inside a paragraph are both id K: neither is scored (SPEC §7).
+        return Batch(sequences=sequences, inputs=inputs, targets=targets,
+                     output_targets=targets, output_mask=targets != self.pad_id,
+                     lengths=torch.from_numpy(lengths).to(device))
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """A training batch on the generator's device: paragraphs drawn with replacement."""
+        train = self.splits["train"]
+        index = torch.randint(len(train), (batch_size,), generator=generator,
+                              device=generator.device)
+        return self.rows(train, index.cpu().numpy(), generator.device)
+
+    def eval_batches(self, split: Split, batch_size: int) -> Iterator[np.ndarray]:
+        """Paragraph indices longest first, at most batch_size x length input tokens a
+        batch: little padding, and the memory of one batch of the longest paragraphs."""
+        lengths = split.lengths()
+        order = np.argsort(-lengths, kind="stable")
+        budget = batch_size * self.max_steps
+        start = 0
+        while start < len(order):
+            rows = max(1, budget // int(lengths[order[start]] - 1))
+            yield order[start:start + rows]
+            start += rows
+
+    def evaluate(self, logits_fn: Callable[[Batch], Tensor], batch_size: int,
+                 per_position: bool = False) -> dict:
+        """Perplexity = exp(mean cross-entropy over the non-<unk> targets) on the valid and
+        test splits (the authors' script scored valid; Table 1 says test; SPEC §7).
+
+        per_position: also the perplexity at each target position (1 = the paragraph's
+        second token, as the authors' test_lm.py CSV) and its token count.
+        """
+        result = {}
+        for name in ("valid", "test"):
+            split = self.splits[name]
+            loss = torch.zeros(self.max_steps, dtype=torch.float64, device=self.device)
+            count = torch.zeros(self.max_steps, dtype=torch.long, device=self.device)
+            for index in self.eval_batches(split, batch_size):
+                batch = self.rows(split, index, self.device)
+                logits = logits_fn(batch)  # [B, T, K]
+                target = batch.output_targets.masked_fill(~batch.output_mask, 0)  # [B, T]
+                ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                     reduction="none").view_as(target)  # [B, T]
+                T = target.shape[1]
+                loss[:T] += ce.masked_fill(~batch.output_mask, 0.0).sum(0).double()
+                count[:T] += batch.output_mask.sum(0)
+            mean = float(loss.sum() / count.sum())
+            result[f"{name}_perplexity"] = math.exp(mean)
+            result[f"{name}_cross_entropy"] = mean
+            result[f"{name}_tokens"] = int(count.sum())
+            result[f"{name}_paragraphs"] = len(split)
+            if per_position:
+                loss, count = loss.cpu().tolist(), count.cpu().tolist()
+                result[f"{name}_perplexity_by_position"] = [
+                    math.exp(s / c) if c else None for s, c in zip(loss, count)]
+                result[f"{name}_tokens_by_position"] = count
+        return result

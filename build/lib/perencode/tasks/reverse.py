@@ -1,0 +1,93 @@
+"""Reverse ordering (the paper's main task, "palindrome" in the authors' code; SPEC §4).
+
+L tokens uniform in [0, K), then L command tokens; during the command steps the model
+emits the input reversed. `VariableLengthReverseTask` is the variable-length version of
+Appendix B (Fig. 11, 14); the dual-frequency version is in `dual_frequency.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from perencode.metrics import row_scores, summarise
+from perencode.tasks.base import Batch, SyntheticTask, redraw_duplicates
+
+
+class ReverseTask(SyntheticTask):
+    name = "reverse"
+
+    def draw(self, n: int, generator: torch.Generator) -> Tensor:
+        return torch.randint(0, self.K, (n, self.L), generator=generator,
+                             device=generator.device)  # [n, L]
+
+    def transform(self, rows: Tensor) -> Tensor:
+        """What the model must emit during the command steps: the input reversed."""
+        return rows.flip(1)  # [B, L]
+
+    def build(self, rows: Tensor) -> Batch:
+        command = torch.full_like(rows, self.command)
+        inputs = torch.cat([rows, command], dim=1)  # [B, 2L]
+        targets = self.transform(rows)  # [B, L]
+        return Batch(sequences=rows, inputs=inputs, targets=targets, output_targets=targets)
+
+
+class VariableLengthReverseTask(ReverseTask):
+    """Reverse ordering with a length l ~ U{min_length..length} per sequence (SPEC §4).
+
+    A row is [L] with -1 beyond its own length l. The model reads the l tokens, then l
+    command tokens, and emits the reversal at its own steps l..2l-1. A batch is padded to
+    2 x (its longest l) with the command token, as the authors' code did (SPEC §4); the
+    models are causal, so the padding after step 2l-1 does not change a row's outputs and
+    scoring held-out batches padded this way equals the code's test with exactly l command
+    tokens. The held-out set holds `held_out` distinct sequences of each length.
+    """
+
+    name = "variable-length reverse"
+
+    def _rows(self, lengths: Tensor, generator: torch.Generator) -> Tensor:
+        """Random rows of the given lengths [n] -> [n, L], -1 beyond each length."""
+        tokens = torch.randint(0, self.K, (len(lengths), self.L), generator=generator,
+                               device=generator.device)  # [n, L]
+        beyond = torch.arange(self.L, device=generator.device) >= lengths[:, None].to(
+            generator.device)
+        return tokens.masked_fill(beyond, -1)
+
+    def draw(self, n: int, generator: torch.Generator) -> Tensor:
+        lengths = torch.randint(self.cfg.min_length, self.L + 1, (n,), generator=generator,
+                                device=generator.device)
+        return self._rows(lengths, generator)
+
+    def make_held_out(self, generator: torch.Generator) -> Tensor:
+        """`held_out` distinct rows per length, ordered by length (SPEC §3)."""
+        lengths = torch.arange(self.cfg.min_length, self.L + 1).repeat_interleave(
+            self.cfg.held_out)  # [n_lengths * held_out]
+        rows = self._rows(lengths, generator)
+        return redraw_duplicates(rows, lambda idx: self._rows(lengths[idx], generator))
+
+    def build(self, rows: Tensor) -> Batch:
+        lengths = (rows >= 0).sum(1)  # [B]
+        longest = int(lengths.max())
+        rows = rows[:, :longest]  # [B, l_max]
+        j = torch.arange(longest, device=rows.device)  # output index
+        valid = j < lengths[:, None]  # [B, l_max]
+        inputs = torch.full((len(rows), 2 * longest), self.command, dtype=rows.dtype,
+                            device=rows.device)  # [B, 2 l_max]
+        inputs[:, :longest] = rows.masked_fill(~valid, self.command)
+        # Output j of a row of length l is x_{l-1-j}, emitted at step l+j (<= 2 l_max - 1).
+        reversed_ = rows.gather(1, (lengths[:, None] - 1 - j).clamp(min=0))
+        targets = reversed_.masked_fill(~valid, -1)  # [B, l_max]
+        return Batch(sequences=rows, inputs=inputs, targets=targets, output_targets=targets,
+                     output_steps=lengths[:, None] + j, output_mask=valid, lengths=lengths)
+
+    def score(self, batches: list[Batch], predictions: list[Tensor]) -> dict:
+        """Whole-set metrics plus `by_length`: one row of metrics per input length."""
+        rows = row_scores(batches, predictions)
+        lengths = torch.cat([b.lengths.cpu() for b in batches])
+        by_length = []
+        for length in range(self.cfg.min_length, self.L + 1):
+            part = summarise(rows, lengths == length)
+            by_length.append({"length": length, "token_accuracy": part["token_accuracy"],
+                              "sequence_accuracy": part["sequence_accuracy"],
+                              "dl_distance": part["dl_distance"], "n": part["n_sequences"]})
+        return summarise(rows) | {"by_length": by_length}

@@ -1,0 +1,28 @@
+"""Reverse ordering + delayed addition (Appendix A.1, Fig. 7; SPEC §4).
+
+A row is 2L tokens uniform in [0, K): x (the first L) then y (the next L). The model reads
+x, then y as the inputs of the output phase (there is no command token, so the embedding
+has K rows: the code's `no_padding_token=True`), and at the step that reads y_j it emits
+`(x_{L-1-j} + y_j) mod K`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from perencode.tasks.base import Batch, SyntheticTask
+
+
+class ReverseAddTask(SyntheticTask):
+    name = "reverse_add"
+    has_command_token = False
+
+    def draw(self, n: int, generator: torch.Generator) -> Tensor:
+        return torch.randint(0, self.K, (n, 2 * self.L), generator=generator,
+                             device=generator.device)  # [n, 2L]
+
+    def build(self, rows: Tensor) -> Batch:
+        x, y = rows[:, :self.L], rows[:, self.L:]  # [B, L] each
+        targets = (x.flip(1) + y) % self.K  # [B, L], emitted at the last L steps
+        return Batch(sequences=rows, inputs=rows, targets=targets, output_targets=targets)

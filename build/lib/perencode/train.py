@@ -1,0 +1,224 @@
+"""The training loop: one function taking a recipe and a run directory (STYLE rule 7)."""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from perencode import runs
+from perencode.device import resolve_device
+from perencode.evaluate import evaluate_model, write_eval
+from perencode.models import build, output_features
+from perencode.progress import Reporter
+from perencode.recipe import OptimConfig, Recipe
+from perencode.tasks import Batch
+
+
+def learning_rate(step: int, optim: OptimConfig, iterations: int) -> float:
+    """Learning rate of the iteration that follows `step` completed optimizer steps.
+
+    timm (default, SPEC §3): the authors' CosineLRScheduler(t_initial=iterations,
+    warmup_t=warmup, warmup_prefix=True, lr_min=0, warmup_lr_init=0), stepped with the
+    1-based step count after each optimizer step, so iteration 1 runs at 0, the peak is
+    first used at iteration warmup+1, and the last iteration runs just above 0.
+    cosine: the same warm-up, then a cosine that reaches 0 exactly at the last iteration.
+    """
+    peak, warm = optim.lr, optim.warmup
+    if step < warm:
+        return peak * step / warm
+    if optim.schedule == "timm":
+        return 0.5 * peak * (1.0 + math.cos(math.pi * (step - warm) / iterations))
+    span = max(iterations - 1 - warm, 1)
+    return 0.5 * peak * (1.0 + math.cos(math.pi * min(step - warm, span) / span))
+
+
+# Above this many logits (scored outputs x classes; 4 GiB in fp32) the head and the loss run
+# a chunk of rows at a time and are recomputed in the backward pass, so the full [N, K]
+# logits never exist at once (WikiText-103: 512 paragraphs x up to 1,024 steps x 32,767
+# classes, SPEC §7).
+CHUNK_LOGITS = 1 << 30
+
+
+def loss_fn(model: nn.Module, batch: Batch, count_hits: bool = False,
+            chunk_logits: int = CHUNK_LOGITS) -> tuple[Tensor, Tensor | None]:
+    """Mean cross-entropy over the scored outputs (SPEC §1: output phase only; padding and
+    other masked outputs never count), and the number of correct argmax predictions when
+    `count_hits`. Returns (loss, hits)."""
+    h = output_features(model, batch)  # [B, T_out, H]
+    target, mask = batch.output_targets, batch.output_mask
+    K = model.head.out_features
+    if h.shape[0] * h.shape[1] * K <= chunk_logits:
+        logits = model.head(h)  # [B, T_out, K]
+        # ignore_index rather than boolean indexing: no device sync in the hot path.
+        scored = target if mask is None else target.masked_fill(~mask, -100)
+        loss = F.cross_entropy(logits.reshape(-1, K), scored.reshape(-1), ignore_index=-100)
+        hits = (logits.argmax(-1) == scored).sum() if count_hits else None
+        return loss, hits
+    if mask is not None:  # drop padding before the head: it dominates LM batches
+        h, target = h[mask], target[mask]  # [N, H], [N]
+    else:
+        h, target = h.reshape(-1, h.shape[-1]), target.reshape(-1)
+    n, rows = target.shape[0], max(1, chunk_logits // K)
+
+    def ce_sum(h_chunk: Tensor, t_chunk: Tensor) -> Tensor:
+        return F.cross_entropy(model.head(h_chunk), t_chunk, reduction="sum")
+
+    total = h.new_zeros(())
+    hits = torch.zeros((), dtype=torch.long, device=h.device) if count_hits else None
+    for start in range(0, n, rows):
+        h_chunk, t_chunk = h[start:start + rows], target[start:start + rows]
+        total = total + checkpoint(ce_sum, h_chunk, t_chunk, use_reentrant=False)
+        if count_hits:
+            with torch.no_grad():
+                hits += (model.head(h_chunk).argmax(-1) == t_chunk).sum()
+    return total / n, hits
+
+
+def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+                            eps=optim.eps, weight_decay=optim.weight_decay)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
+               clip_norm: float, count_hits: bool = False) -> tuple[Tensor, Tensor | None]:
+    """One optimizer step; returns (loss, correct predictions or None), not synchronised."""
+    loss, hits = loss_fn(model, batch, count_hits)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip_norm > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    return loss, hits
+
+
+def scored_outputs(batch: Batch) -> int:
+    if batch.output_mask is not None:
+        return int(batch.output_mask.sum())
+    return batch.output_targets.numel()
+
+
+def training_generator(recipe: Recipe, device: torch.device) -> torch.Generator:
+    # A stream of its own: the held-out set uses the plain seed on the CPU.
+    return torch.Generator(device=device).manual_seed(recipe.train.seed + 1_000_003)
+
+
+# SIGUSR2 is SLURM's warning before a time limit (submitit's `--signal=USR2@...`): it
+# reaches every process of the job, and by default it would kill training unsaved.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+
+
+class _Stop:
+    """SIGINT/SIGTERM/SIGUSR2 ask the loop to checkpoint and exit after the current
+    iteration."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old = {}
+
+    def __enter__(self):
+        for s in STOP_SIGNALS:
+            try:
+                self._old[s] = signal.signal(s, self._handle)
+            except ValueError:  # not the main thread: no handler, a kill loses < 1 interval
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+class Interrupted(Exception):
+    def __init__(self, iteration: int, path: Path):
+        super().__init__(f"interrupted at iteration {iteration}; checkpoint {path}")
+        self.iteration, self.path = iteration, path
+
+
+def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "auto",
+          progress: bool = True) -> dict:
+    """Train (or resume, or report complete) the run of `recipe` in `run_dir`.
+
+    Returns the eval.json dict (that of the earlier training when the run was already
+    complete: `runs.is_complete` tells the two apart beforehand). A killed run resumes
+    from its newest checkpoint and ends bit-identical on CPU to an uninterrupted one:
+    model, optimizer, schedule position and the batch generator's state are all in the
+    checkpoint.
+    """
+    run_dir = Path(run_dir)
+    device = resolve_device(device) if isinstance(device, str) else device
+    existed = runs.claim(run_dir, recipe)
+    if existed and runs.is_complete(run_dir):
+        return runs.read_json(run_dir / "eval.json")
+    runs.record_start(run_dir, device, recipe.train.seed)
+
+    task, model = build(recipe, device)
+    optimizer = make_optimizer(model, recipe.optim)
+    generator = training_generator(recipe, device)
+    start = 0
+    point = runs.resume_point(run_dir) if existed else None
+    if point is not None:
+        state = runs.load_checkpoint(point, map_location=device)
+        runs.restore_model(model, state, point)
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["rng"]["generator"].cpu())
+        torch.set_rng_state(state["rng"]["torch"].cpu())
+        start = state["iteration"]
+        runs.truncate_metrics(run_dir, start)
+    elif existed:
+        runs.truncate_metrics(run_dir, 0)
+
+    tc, oc = recipe.train, recipe.optim
+    ckpt_dir = run_dir / "checkpoints"
+    t0 = time.perf_counter()
+
+    def save(path: Path, iteration: int) -> None:
+        runs.save_checkpoint(path, iteration=iteration, recipe=recipe, model=model,
+                             optimizer=optimizer, generator=generator)
+
+    model.train()
+    reporter = Reporter("train", tc.iterations, completed=start, log_every=tc.log_every,
+                        enabled=progress)
+    with reporter, _Stop() as stop:
+        for k in range(start + 1, tc.iterations + 1):
+            lr = learning_rate(k - 1, oc, tc.iterations)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = task.sample(tc.batch_size, generator)
+            log = k % tc.log_every == 0 or k == tc.iterations
+            loss, hits = train_step(model, optimizer, batch, oc.clip_norm, count_hits=log)
+            shown = {}
+            if log:
+                acc = int(hits) / max(scored_outputs(batch), 1)
+                row = {"step": k, "loss": float(loss.detach()), "accuracy": acc,
+                       "lr": lr, "seconds": round(time.perf_counter() - t0, 3)}
+                runs.append_metrics(run_dir, row)
+                shown = {"loss": row["loss"], "acc": row["accuracy"]}
+            reporter.advance(1, **shown)
+            saved = None
+            if k % tc.checkpoint_every == 0 or k == tc.iterations:
+                saved = ckpt_dir / f"step-{k}.pt"
+                save(saved, k)
+                (ckpt_dir / "resume.pt").unlink(missing_ok=True)
+                runs.prune_checkpoints(run_dir, recipe.checkpoints_kept())
+            elif stop.signum is not None:
+                saved = ckpt_dir / "resume.pt"
+                save(saved, k)
+            if stop.signum is not None and k < tc.iterations:
+                raise Interrupted(k, saved)
+
+    result = evaluate_model(model, task, recipe)
+    result["iteration"] = tc.iterations
+    write_eval(run_dir, result)
+    runs.record_end(run_dir)
+    return result
+

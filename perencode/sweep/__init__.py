@@ -1,0 +1,104 @@
+"""The sweep that trains a grid's runs (`perencode sweep`).
+
+Grid files and their cells are `perencode.grid`. Every cell runs in
+`OUT/<grid file stem>/<axis>=<value>/...`, so the same grid always maps to the same
+directories: finished runs are skipped, interrupted ones resume (`perencode train` does
+both), and a cell whose exact recipe already has a run in another grid under OUT is linked
+to that run instead of trained twice.
+
+    plan.py    the state of each cell's run and the commands still to run
+    local.py   the local executor (subprocesses, GPUs round-robin)
+    slurm.py   the SLURM executor (a job array through submitit; submit and leave)
+    board.py   the live table
+    cost.py    disk, FLOPs and device-hours of a grid (--dry-run, --estimate)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from perencode.console import console
+from perencode.errors import UserError
+from perencode.grid import SlurmConfig, load_grid
+from perencode.recipe import validate_table
+from perencode.sweep import slurm as slurm_executor
+from perencode.sweep.board import Board
+from perencode.sweep.cost import measure, print_plan
+from perencode.sweep.local import run_local
+from perencode.sweep.plan import FINISHED, Run, RunState, mark_queued, plan, prepare
+from perencode.sweep.slurm import TrainJob
+
+__all__ = ["Run", "RunState", "TrainJob", "plan", "run_sweep"]
+
+
+def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local", jobs: int = 1,
+              runs_per_gpu: int = 1, dry_run: bool = False, only: list[str] | None = None,
+              overrides: list[str] | None = None, device: str = "auto",
+              slurm: dict | None = None, progress: bool = True, wait: bool = True,
+              estimate: bool = False) -> int:
+    """Run every cell of a grid; 0 when all runs finished (or, with wait=False, were
+    submitted), 1 if one failed, 130 if stopped."""
+    if executor not in ("local", "slurm"):
+        raise UserError(f"--executor '{executor}': expected local or slurm")
+    g = load_grid(grid, overrides, only)
+    out = Path(out)
+    options = validate_table(SlurmConfig, {**g.slurm.model_dump(exclude_unset=True),
+                                           **(slurm or {})}, "--slurm options", "slurm")
+    if not wait and (executor != "slurm" or options.cluster != "slurm"):
+        raise UserError("--no-wait: only with --executor slurm on a SLURM cluster (jobs "
+                        "outlive the sweep there; local runs would not)")
+    if not g.cells:
+        raise UserError(f"{grid}: --only leaves no cell to run")
+    planned = plan(g, out)
+    if estimate:
+        measure(planned, out, device, jobs)
+    if dry_run or estimate:
+        print_plan(g, planned, out, device, jobs)
+        return 0
+    if any(r.job for r in planned):
+        mark_queued(planned)
+    title = f"{g.path} -> {out / g.name} ({executor})"
+    with Board(title, planned, progress) as board:
+        ready = prepare([r for r in planned if r.commands or r.state == RunState.REUSE])
+        board.update()
+        if executor == "local":
+            finished = run_local(ready, board, jobs, runs_per_gpu, device) if ready else True
+        else:
+            finished = _slurm(ready, planned, board, g, out, options, device, wait)
+        board.update()
+    if not (progress and console.is_terminal):
+        console.print(board.table())
+    if not wait:
+        pending = [r for r in planned if r.state in (RunState.SUBMITTED, RunState.QUEUED,
+                                                     RunState.RUNNING)]
+        console.print(f"{len(pending)} run(s) of {g.name} on SLURM; run the same command "
+                      "again (without --no-wait) to wait for them and collect the results.",
+                      highlight=False)
+    bad = [r for r in planned if r.state not in
+           (*FINISHED, *(() if wait else (RunState.SUBMITTED, RunState.QUEUED,
+                                           RunState.RUNNING)))]
+    for r in bad:
+        console.print(f"[bold red]{r.state}:[/] {r.dir}: {r.message}", highlight=False,
+                      soft_wrap=True)
+    if not finished:
+        return 130
+    return 1 if bad else 0
+
+
+def _slurm(ready: list[Run], planned: list[Run], board: Board, grid, out: Path,
+           options: SlurmConfig, device: str, wait: bool) -> bool:
+    """Submit what is ready (after the twins' jobs, where a cell is another grid's run
+    still training), then wait for those and for the jobs of earlier sweeps."""
+    pairs = []
+    if ready:
+        dependency = sorted({r.job for r in ready if r.twin is not None and r.job})
+        if dependency:
+            live = slurm_executor.live_jobs(dependency) if options.cluster == "slurm" else {}
+            dependency = [j for j in dependency if j in live]
+        jobs = slurm_executor.submit(ready, grid, out, options, device, dependency)
+        pairs += list(zip(ready, jobs))
+    if not wait:
+        return True
+    pairs += [(r, slurm_executor.reattach(r, out, grid)) for r in planned
+              if r.state in (RunState.QUEUED, RunState.RUNNING)]
+    return slurm_executor.wait(pairs, board, options)

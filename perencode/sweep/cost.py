@@ -1,0 +1,229 @@
+"""What a grid costs: disk (exact sizes of the checkpoints kept), compute (a FLOP count per
+iteration) and device-hours, measured per shape by `sweep --estimate` and cached, so that
+`sweep --dry-run` prints them at once without running a training step.
+
+Device-hours of a shape not measured on this device are extrapolated from measured shapes
+of the same architecture by their FLOP ratio, and marked `~`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import platform
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from rich.table import Table
+
+from perencode.bench import bench
+from perencode.console import console
+from perencode.device import available_cores, resolve_device
+from perencode.encoding import PositionalEncoding
+from perencode.errors import UserError
+from perencode.io import atomic_write_json
+from perencode.models import build_model
+from perencode.recipe import Recipe
+from perencode.sweep.plan import FINISHED, Run, RunState
+
+# Training fields that do not change what one iteration costs.
+COSTLESS_TRAIN_FIELDS = {"seed", "iterations", "checkpoint_every", "log_every", "eval_batch_size",
+                         "keep_checkpoints"}
+ESTIMATES = ".estimates.json"  # in the sweep's OUT: seconds per iteration by device and shape
+# A checkpoint holds the weights and Adam's two moments, all fp32, plus a few kB of recipe,
+# RNG states and bookkeeping.
+CHECKPOINT_OVERHEAD = 64 * 1024
+
+
+def shape_key(recipe: Recipe) -> str:
+    """What sets the cost of an iteration: the recipe less seed, length of training, logging."""
+    data = recipe.identity()
+    data["train"] = {k: v for k, v in data["train"].items() if k not in COSTLESS_TRAIN_FIELDS}
+    return json.dumps(data, sort_keys=True)
+
+
+def _sizes(recipe: Recipe) -> SimpleNamespace:
+    """The model-facing sizes of the recipe's task, without drawing data: K classes, K + 1
+    embedding rows (the command token) or V rows with padding for `lm`, T steps a sequence
+    (inputs then outputs) and O scored outputs."""
+    t = recipe.task
+    if t.name == "lm":
+        return SimpleNamespace(num_embeddings=t.vocab_size, num_classes=t.vocab_size - 1,
+                               max_steps=t.length, pad_id=t.vocab_size - 1, outputs=t.length)
+    steps = 2 * t.length + (t.length if t.name == "reverse_add" else 0)
+    return SimpleNamespace(num_embeddings=t.vocab_size + 1, num_classes=t.vocab_size,
+                           max_steps=steps, pad_id=None, outputs=t.length)
+
+
+def parameter_count(recipe: Recipe) -> int:
+    """Trainable parameters of the recipe's model, built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = build_model(recipe, _sizes(recipe))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def checkpoint_bytes(recipe: Recipe) -> int:
+    return 12 * parameter_count(recipe) + CHECKPOINT_OVERHEAD
+
+
+def checkpoints_on_disk(recipe: Recipe) -> int:
+    """How many periodic checkpoints a finished run keeps (train.keep_checkpoints)."""
+    every, n = recipe.train.checkpoint_every, recipe.train.iterations
+    written = n // every + (n % every != 0)
+    kept = recipe.checkpoints_kept()
+    return written if kept is None else min(kept, written)
+
+
+def flops_per_iteration(recipe: Recipe) -> float:
+    """Multiply-adds x 2 of one training iteration, forward and backward (x 3): the
+    recurrence over T steps, the input projection and the head at the scored outputs."""
+    s, m = _sizes(recipe), recipe.model
+    B, T, H, K = recipe.train.batch_size, s.max_steps, m.hidden_size, s.num_classes
+    with torch.device("meta"):
+        D = PositionalEncoding(recipe.encoding, m.embed_size, T).out_features
+    if m.arch == "s4d":  # input map, FFT convolution, output GLU map
+        per_step = D * H + H * m.d_state + 2 * H * H + 5 * H * math.log2(2 * T)
+    else:
+        gates = 3 if m.arch == "gru" else 4
+        per_step = gates * (D * H + H * H)
+    return 3 * 2 * B * (T * per_step + s.outputs * H * K)
+
+
+def device_label(device: torch.device, threads: int) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu {platform.machine()} x{threads}"
+
+
+class Estimates:
+    """Measured seconds per iteration by device and shape, cached in OUT/.estimates.json."""
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / ESTIMATES
+        try:
+            self.data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            self.data = {}  # a cache: measured again
+
+    def get(self, device: str, recipe: Recipe) -> float | None:
+        entry = self.data.get(device, {}).get(shape_key(recipe))
+        return entry["seconds_per_iteration"] if entry else None
+
+    def put(self, device: str, recipe: Recipe, seconds: float) -> None:
+        self.data.setdefault(device, {})[shape_key(recipe)] = {
+            "seconds_per_iteration": seconds, "arch": recipe.model.arch,
+            "flops_per_iteration": flops_per_iteration(recipe),
+            "measured": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        atomic_write_json(self.path, self.data)
+
+    def seconds(self, device: str, recipe: Recipe) -> tuple[float | None, bool]:
+        """(seconds per iteration, measured?): measured, else extrapolated by FLOPs from the
+        measured shapes of the same architecture on this device (their median rate)."""
+        measured = self.get(device, recipe)
+        if measured is not None:
+            return measured, True
+        rates = sorted(e["seconds_per_iteration"] / e["flops_per_iteration"]
+                       for e in self.data.get(device, {}).values()
+                       if e["arch"] == recipe.model.arch)
+        if not rates:
+            return None, False
+        return rates[len(rates) // 2] * flops_per_iteration(recipe), False
+
+
+def measure(planned: list[Run], out: Path, device: str, jobs: int) -> None:
+    """`--estimate`: time 3 iterations (after 1 warm-up) of every shape not yet cached."""
+    dev = resolve_device(device)
+    threads = max(1, available_cores() // jobs) if dev.type == "cpu" else torch.get_num_threads()
+    label, cache = device_label(dev, threads), Estimates(out)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    shapes = {shape_key(r.cell.recipe): r for r in planned}
+    try:
+        for i, run in enumerate(shapes.values()):
+            if cache.get(label, run.cell.recipe) is not None:
+                continue
+            console.print(f"estimate {i + 1}/{len(shapes)}: {run.cell.name} on {label}",
+                          highlight=False)
+            try:
+                seconds = bench(run.cell.recipe, dev, iterations=3, warmup=1)
+            except (UserError, NotImplementedError, OSError, RuntimeError) as exc:
+                first = str(exc).strip().splitlines()[0][:100] or type(exc).__name__
+                console.print(f"  not measured: {first}", highlight=False)
+                continue
+            cache.put(label, run.cell.recipe, seconds["seconds_per_iteration"])
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
+
+
+def _hours(hours: float) -> str:
+    return f"{hours:,.0f}" if hours >= 100 else f"{hours:.3g}"
+
+
+def print_plan(grid, planned: list[Run], out: Path, device: str, jobs: int) -> dict:
+    """`sweep --dry-run`: the run table with each run's disk and device-hours, then the
+    totals. Instant: sizes are counted on the meta device, times come from the cache."""
+    dev = resolve_device(device)
+    threads = max(1, available_cores() // jobs) if dev.type == "cpu" else torch.get_num_threads()
+    label, cache = device_label(dev, threads), Estimates(out)
+    table = Table(title=f"{grid.path}: {len(planned)} runs -> {out / grid.name}")
+    for col in ("run", "state", "to run", "disk", "device-h"):
+        table.add_column(col, justify="left" if col in ("run", "state") else "right",
+                         no_wrap=col != "run", overflow="fold")
+    totals = {"runs": len(planned), "to_train": 0, "disk_bytes": 0, "hours": 0.0,
+              "remaining_hours": 0.0, "unknown": 0, "extrapolated": 0}
+    sizes: dict[str, int] = {}
+    for run in planned:
+        recipe = run.cell.recipe
+        key = shape_key(recipe)
+        if key not in sizes:
+            sizes[key] = checkpoint_bytes(recipe)
+        linked = run.state == RunState.REUSE
+        disk = 0 if linked else sizes[key] * checkpoints_on_disk(recipe)
+        todo = 0 if run.state in FINISHED or linked else run.iterations - run.step
+        totals["to_train"] += todo > 0
+        totals["disk_bytes"] += disk
+        seconds, measured = cache.seconds(label, recipe)
+        if seconds is None:
+            totals["unknown"] += 1
+            hours_text = "?"
+        else:
+            hours = 0 if linked else run.iterations * seconds / 3600
+            totals["hours"] += hours
+            totals["remaining_hours"] += todo * seconds / 3600
+            totals["extrapolated"] += not measured
+            hours_text = ("" if measured else "~") + _hours(hours)
+        table.add_row(run.cell.name, str(run.state), f"{todo}/{run.iterations}",
+                      "linked" if linked else _gb(disk), hours_text)
+    console.print(table)
+    for run in planned:
+        if run.message and run.state not in (RunState.REUSE,):
+            console.print(f"{run.cell.name}: {run.message}", highlight=False, soft_wrap=True)
+    states = ", ".join(f"{sum(r.state == s for r in planned)} {s}" for s in RunState
+                       if any(r.state == s for r in planned))
+    console.print(f"{len(planned)} runs ({states}); {totals['to_train']} to train", highlight=False)
+    console.print(f"disk: {_gb(totals['disk_bytes'])} of checkpoints once finished "
+                  f"({len(sizes)} shape(s); checkpoints kept per run: train.keep_checkpoints)",
+                  highlight=False)
+    if totals["unknown"] == len(planned):
+        console.print(f"device-hours on {label}: not measured yet; `--estimate` times "
+                      f"{len(sizes)} shape(s) (3 iterations each) and caches them in "
+                      f"{cache.path}", highlight=False)
+    else:
+        notes = []
+        if totals["extrapolated"]:
+            notes.append(f"{totals['extrapolated']} run(s) extrapolated by FLOPs (~)")
+        if totals["unknown"]:
+            notes.append(f"{totals['unknown']} run(s) unknown (?): `--estimate` measures them")
+        console.print(f"device-hours on {label}: {_hours(totals['hours'])} in all, "
+                      f"{_hours(totals['remaining_hours'])} still to run (about "
+                      f"{_hours(totals['remaining_hours'] / jobs)} h wall-clock with --jobs "
+                      f"{jobs}){'; ' + '; '.join(notes) if notes else ''}. Analyses "
+                      f"({', '.join(grid.sweep.after) or 'none'}) are not included.",
+                      highlight=False)
+    return totals

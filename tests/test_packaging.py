@@ -1,0 +1,43 @@
+"""The installed package, as the container and a plain `pip install` have it: a wheel, no
+checkout. What `verify` and `quickstart` need must be inside it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "--wheel-dir", str(out), str(ROOT)], check=True, capture_output=True)
+    (path,) = out.glob("perencode-*.whl")
+    return path
+
+
+def test_wheel_carries_the_claims_files(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    bundled = {f"perencode/claims/{n}.toml" for n in ("paper", "quick", "quick_gpu")}
+    assert bundled <= names
+
+
+def test_claims_are_found_from_the_wheel_without_a_checkout(wheel, tmp_path):
+    """The wheel unpacked as site-packages would hold it, run from a folder that has no
+    checkout: `claims_file("paper")` resolves inside the installed package and parses."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    work = tmp_path / "work"
+    work.mkdir()
+    code = ("from perencode.verify import claims_file, load_claims; p = claims_file('paper'); "
+            "print(p); print(len(load_claims('quick')))")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert out[0] == str(site / "perencode" / "claims" / "paper.toml")
+    assert out[1] == "4"

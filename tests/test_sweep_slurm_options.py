@@ -1,0 +1,106 @@
+"""What `sweep --executor slurm` hands to SLURM, checked on the sbatch script itself: a fake
+`sbatch` and `squeue` on PATH record what submitit submits (the real cluster is
+tests/test_slurm.py). The `[slurm]` options reach the script (the container's `python`
+first), and a sweep that submitted and left (`--no-wait`) is collected by the next one,
+never submitted twice."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from test_sweep import AXES, TINY, sweep
+
+FAKE_SBATCH = """#!/bin/sh
+n=$(ls "{log}" | wc -l)
+cp "$1" "{log}/sbatch-$n.sh"
+echo "Submitted batch job $((4242 + n))"
+"""
+# Every job of the first array still pending.
+FAKE_SQUEUE = """#!/bin/sh
+for i in 0 1 2 3 4 5 6 7; do echo "4242_$i|PENDING"; done
+"""
+
+
+@pytest.fixture
+def fake_slurm(tmp_path, monkeypatch) -> Path:
+    bin_dir, log = tmp_path / "bin", tmp_path / "submitted"
+    bin_dir.mkdir()
+    log.mkdir()
+    for name, text in (("sbatch", FAKE_SBATCH.format(log=log)), ("squeue", FAKE_SQUEUE),
+                       ("srun", "#!/bin/sh\nexit 1\n")):
+        path = bin_dir / name
+        path.write_text(text)
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def test_slurm_options_reach_the_sbatch_script(fake_slurm, tmp_path):
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES + """
+[slurm]
+gpus_per_job = 1
+python = "apptainer exec --nv --bind /scratch /images/perencode.sif python"
+qos = "high"
+constraint = "a100"
+exclude = "node[01-02]"
+setup = ["module load apptainer", "export HF_HUB_OFFLINE=1"]
+additional = { reservation = "paper", mail_type = "FAIL" }
+""")
+    code, output = sweep(grid, "--out", tmp_path / "runs", "--executor", "slurm", "--no-wait",
+                         "--slurm", 'account="lab"', "--partition", "gpu")
+    assert code == 0, output
+    (script,) = fake_slurm.iterdir()
+    text = script.read_text()
+    assert ("apptainer exec --nv --bind /scratch /images/perencode.sif python -u -m "
+            "submitit.core._submit") in text
+    for line in ("#SBATCH --qos=high", "#SBATCH --constraint=a100",
+                 "#SBATCH --exclude='node[01-02]'", "#SBATCH --reservation=paper",
+                 "#SBATCH --mail-type=FAIL", "#SBATCH --account=lab",
+                 "#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=1",
+                 "#SBATCH --array=0-7%8", "#SBATCH --requeue",
+                 "module load apptainer", "export HF_HUB_OFFLINE=1"):
+        assert line in text, line
+    assert "8 run(s) of tiny on SLURM" in output
+
+
+def test_no_wait_then_rerun_collects_and_never_submits_twice(fake_slurm, tmp_path):
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES + "[slurm]\ngpus_per_job = 0\n")
+    out = tmp_path / "runs"
+    args = (grid, "--out", out, "--executor", "slurm", "--no-wait")
+    code, output = sweep(*args)
+    assert code == 0, output
+    jobs = (out / "tiny" / ".submitit" / "jobs.json").read_text()
+    assert '"vocab_size=8/encoding=none/seed=111": "4242_0"' in jobs
+    code, output = sweep(*args)  # squeue still lists the array: nothing to submit
+    assert code == 0, output
+    assert len(list(fake_slurm.iterdir())) == 1
+    assert "8 queued" in output, output
+
+
+def test_no_wait_needs_a_slurm_cluster(tmp_path):
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES)
+    code, output = sweep(grid, "--out", tmp_path / "runs", "--no-wait")
+    assert code == 2 and "--no-wait: only with --executor slurm" in output
+
+
+def test_unknown_slurm_option_is_one_line(tmp_path):
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES)
+    code, output = sweep(grid, "--out", tmp_path / "runs", "--executor", "slurm",
+                         "--slurm", "qso=high")
+    assert code == 2 and "--slurm 'qso=high': expected KEY=VALUE with KEY one of" in output
+    assert len(output.strip().splitlines()) == 1
+
+
+def test_no_slurm_on_this_machine_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun, sbatch or squeue
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES + "[slurm]\ngpus_per_job = 0\n")
+    code, output = sweep(grid, "--out", tmp_path / "runs", "--executor", "slurm")
+    assert code == 2 and "no SLURM here" in output and len(output.strip().splitlines()) == 1
