@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
+from perencode.console import console
 from perencode.errors import UserError
 
 LOCK_NAME = ".perencode.lock"
@@ -161,8 +162,6 @@ def _earlier_incarnation(record: dict) -> bool:
 
 
 def _note(message: str) -> None:
-    from perencode.console import console
-
     console.print(f"[yellow]note:[/] {message}", highlight=False, soft_wrap=True)
 
 

@@ -12,7 +12,8 @@ from conftest import ROOT, subprocess_env
 
 PACKAGE = ROOT / "perencode"
 # Third-party modules that some commands need and others do not: imported where used.
-DEFERRED = {"matplotlib", "seaborn", "sentencepiece", "datasets"}
+DEFERRED = {"matplotlib", "seaborn", "sentencepiece", "datasets",
+            "fcntl", "msvcrt"}  # one per platform: imported where the platform is known
 
 
 def modules() -> dict[str, ast.Module]:

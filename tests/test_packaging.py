@@ -4,6 +4,7 @@ checkout. What `verify` and `quickstart` need must be inside it."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,8 +16,12 @@ from conftest import ROOT
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy: setuptools leaves build/ and *.egg-info beside the sources.
+    source = out / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "runs", "figures", "rehearsal", "build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "--wheel-dir", str(out), str(ROOT)], check=True, capture_output=True)
+                    "-q", "--wheel-dir", str(out), str(source)], check=True, capture_output=True)
     (path,) = out.glob("perencode-*.whl")
     return path
 

@@ -1,3 +1,0 @@
-from perencode.cli import app
-
-app(prog_name="perencode")

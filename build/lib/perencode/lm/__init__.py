@@ -1,1 +1,0 @@
-"""WikiText-103 language modelling data (SPEC §7): `prepare` builds a folder, `data` reads it."""
