@@ -54,8 +54,6 @@ def structured_rows(cells: Tensor, K: int, length: int, generator: torch.Generat
 
 
 class DualFrequencyTask(ReverseTask):
-    name = "dual-frequency reverse"
-
     def draw(self, n: int, generator: torch.Generator) -> Tensor:
         rare = torch.rand((n, self.L), generator=generator,
                           device=generator.device) < self.cfg.rarity  # [n, L]

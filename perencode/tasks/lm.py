@@ -45,8 +45,6 @@ class LanguageModelTask:
     differ mainly in how evenly paragraphs recur.
     """
 
-    name = "lm"
-
     def __init__(self, cfg: TaskConfig, seed: int, device: torch.device | str = "cpu"):
         # `seed` is part of the task interface; nothing is drawn before training here:
         # the valid and test splits are fixed.

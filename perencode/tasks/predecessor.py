@@ -22,7 +22,6 @@ from perencode.tasks.base import Batch, SyntheticTask
 
 
 class PredecessorTask(SyntheticTask):
-    name = "predecessor"
     has_command_token = False
 
     @property

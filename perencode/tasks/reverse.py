@@ -17,8 +17,6 @@ from perencode.tasks.base import Batch, SyntheticTask, redraw_duplicates
 
 
 class ReverseTask(SyntheticTask):
-    name = "reverse"
-
     def draw(self, n: int, generator: torch.Generator) -> Tensor:
         return torch.randint(0, self.K, (n, self.L), generator=generator,
                              device=generator.device)  # [n, L]
@@ -46,8 +44,6 @@ class VariableLengthReverseTask(ReverseTask):
     code's test with exactly l command tokens. The held-out set holds `held_out` distinct sequences
     of each length.
     """
-
-    name = "variable-length reverse"
 
     def _rows(self, lengths: Tensor, generator: torch.Generator) -> Tensor:
         """Random rows of the given lengths [n] -> [n, L], -1 beyond each length."""

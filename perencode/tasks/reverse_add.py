@@ -16,7 +16,6 @@ from perencode.tasks.base import Batch, SyntheticTask
 
 
 class ReverseAddTask(SyntheticTask):
-    name = "reverse_add"
     has_command_token = False
 
     def draw(self, n: int, generator: torch.Generator) -> Tensor:

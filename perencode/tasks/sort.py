@@ -15,8 +15,6 @@ from perencode.tasks.reverse import ReverseTask
 class SortTask(ReverseTask):
     """Reverse ordering's layout and draws; only the target differs."""
 
-    name = "sort"
-
     def transform(self, rows: Tensor) -> Tensor:
         return rows.sort(dim=1).values  # [B, L], stable for ties
 
