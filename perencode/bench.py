@@ -13,7 +13,7 @@ from torch import nn
 
 from perencode.encoding import sinusoidal
 from perencode.errors import UserError
-from perencode.models import build
+from perencode.experiment import build
 from perencode.recipe import Recipe
 from perencode.train import make_optimizer, train_step, training_generator
 

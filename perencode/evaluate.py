@@ -10,8 +10,8 @@ from torch import nn
 from perencode import runs
 from perencode.device import resolve_device
 from perencode.errors import UserError
+from perencode.experiment import build, output_logits
 from perencode.io import atomic_write_json
-from perencode.models import build, output_logits
 from perencode.recipe import Recipe, identity
 
 

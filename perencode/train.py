@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from perencode import runs
 from perencode.device import resolve_device
 from perencode.evaluate import evaluate_model, write_eval
-from perencode.models import build, output_features
+from perencode.experiment import build, output_features
 from perencode.progress import Reporter
 from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import Batch

@@ -15,9 +15,8 @@ from conftest import assert_scores_consistent, run_cli, tiny_overrides
 from torch import Tensor, nn
 
 from perencode import figures, kinds
-from perencode.encoding import PositionalEncoding
 from perencode.errors import UserError
-from perencode.models import build_model
+from perencode.models import ModelSizes, SequenceModel, build_model
 from perencode.recipe import Recipe, schema_rows, validate
 from perencode.stability import jacobians
 from perencode.tasks.reverse import ReverseTask
@@ -38,22 +37,20 @@ def ramp(num_positions: int, dim: int) -> Tensor:
     return t.expand(num_positions, dim) / math.sqrt(dim)
 
 
-class ElmanModel(nn.Module):
-    """Embedding + encoding -> single-layer tanh nn.RNN -> head: the model contract (tokens
-    [B, T] -> features [B, T, H], `head`, `arch`) and nothing else."""
+class ElmanModel(SequenceModel):
+    """The shared front end (embedding + encoding) -> single-layer tanh nn.RNN -> head: the
+    model contract and nothing else."""
 
     arch = "elman"
 
-    def __init__(self, cfg, encoding, sizes: dict):
-        super().__init__()
-        self.embedding = nn.Embedding(sizes["num_embeddings"], cfg.embed_size,
-                                      padding_idx=sizes["padding_idx"])
-        self.encoding = PositionalEncoding(encoding, cfg.embed_size, sizes["max_positions"])
-        self.rnn = nn.RNN(self.encoding.out_features, cfg.hidden_size, batch_first=True)
-        self.head = nn.Linear(cfg.hidden_size, sizes["num_classes"])
+    def __init__(self, cfg, encoding, sizes: ModelSizes):
+        super().__init__(sizes.num_embeddings, cfg.embed_size, encoding, sizes.max_positions,
+                         sizes.padding_idx)
+        self.rnn = nn.RNN(self.in_features, cfg.hidden_size, batch_first=True)
+        self.head = nn.Linear(cfg.hidden_size, sizes.num_classes)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        out, _ = self.rnn(self.encoding(self.embedding(tokens)))  # [B, T, H]
+        out, _ = self.rnn(self.cell_inputs(tokens))  # [B, T, H]
         return out
 
 

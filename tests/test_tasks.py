@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from perencode.errors import UserError
-from perencode.models import output_logits
+from perencode.experiment import output_logits
 from perencode.recipe import TaskConfig, validate
 from perencode.tasks import TASKS, make
 from perencode.tasks.base import Exclusion, duplicated, redraw_duplicates, sequence_hash

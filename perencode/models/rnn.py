@@ -8,28 +8,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import jacrev, vmap
 
-from perencode.encoding import PositionalEncoding
 from perencode.kinds import ModelKind, register_model
+from perencode.models.base import ModelSizes, SequenceModel
 from perencode.recipe import EncodingConfig, ModelConfig
 
+CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
 
-class RecurrentModel(nn.Module):
+
+class RecurrentModel(SequenceModel):
     def __init__(self, arch: str, num_embeddings: int, num_classes: int, embed_size: int,
                  hidden_size: int, encoding: EncodingConfig, max_positions: int,
                  padding_idx: int | None = None):
-        super().__init__()
+        super().__init__(num_embeddings, embed_size, encoding, max_positions, padding_idx)
         self.arch = arch
-        # padding_idx: a zero row that is never trained (the authors' LM embedding,
-        # docs/paper-facts.md#language-modelling).
-        self.embedding = nn.Embedding(num_embeddings, embed_size, padding_idx=padding_idx)
-        self.encoding = PositionalEncoding(encoding, embed_size, max_positions)
-        cell = {"gru": nn.GRU, "lstm": nn.LSTM}[arch]
-        self.rnn = cell(self.encoding.out_features, hidden_size, batch_first=True)
+        self.rnn = CELLS[arch](self.in_features, hidden_size, batch_first=True)
         self.head = nn.Linear(hidden_size, num_classes)
-
-    def cell_inputs(self, tokens: Tensor) -> Tensor:
-        """tokens [B, T] -> recurrent-cell inputs [B, T, D_in] (embedding + encoding)."""
-        return self.encoding(self.embedding(tokens))
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> hidden states [B, T, H] (apply `self.head` for logits)."""
@@ -87,11 +80,10 @@ def rnn_jacobians(model: RecurrentModel, tokens: Tensor, target_step: int = 0,
     return vmap(jac)(x[:, target_step + 1:], z)
 
 
-def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: dict) -> RecurrentModel:
-    """The model of a recipe's [model] and [encoding] tables, sized by the task (`sizes`:
-    num_embeddings, num_classes, max_positions, padding_idx)."""
-    return RecurrentModel(cfg.arch, embed_size=cfg.embed_size, hidden_size=cfg.hidden_size,
-                          encoding=encoding, **sizes)
+def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: ModelSizes) -> RecurrentModel:
+    """The model of a recipe's [model] and [encoding] tables, sized by the task."""
+    return RecurrentModel(cfg.arch, sizes.num_embeddings, sizes.num_classes, cfg.embed_size,
+                          cfg.hidden_size, encoding, sizes.max_positions, sizes.padding_idx)
 
 
 register_model(ModelKind("gru", build, label="GRU", summary="single-layer nn.GRU",

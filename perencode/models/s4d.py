@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import jacrev, vmap
 
-from perencode.encoding import PositionalEncoding
 from perencode.kinds import ModelKind, register_model
+from perencode.models.base import ModelSizes, SequenceModel
 from perencode.recipe import EncodingConfig, ModelConfig
 
 
@@ -104,25 +104,19 @@ class S4D(nn.Module):
         return self.readout(u_t, state), state
 
 
-class S4DModel(nn.Module):
+class S4DModel(SequenceModel):
     """Tokens [B, T] -> S4D features [B, T, H]; `head` (Linear H -> K) gives the logits.
-    Same interface as `RecurrentModel`; the S4D block's input is `in_proj(cell_inputs(.))`."""
+    The S4D block's input is `in_proj(cell_inputs(.))`."""
 
     arch = "s4d"
 
     def __init__(self, num_embeddings: int, num_classes: int, embed_size: int,
                  hidden_size: int, d_state: int, encoding: EncodingConfig, max_positions: int,
                  padding_idx: int | None = None):
-        super().__init__()
-        self.embedding = nn.Embedding(num_embeddings, embed_size, padding_idx=padding_idx)
-        self.encoding = PositionalEncoding(encoding, embed_size, max_positions)
-        self.in_proj = nn.Linear(self.encoding.out_features, hidden_size)
+        super().__init__(num_embeddings, embed_size, encoding, max_positions, padding_idx)
+        self.in_proj = nn.Linear(self.in_features, hidden_size)
         self.s4d = S4D(hidden_size, d_state)
         self.head = nn.Linear(hidden_size, num_classes)
-
-    def cell_inputs(self, tokens: Tensor) -> Tensor:
-        """tokens [B, T] -> embedding + encoding [B, T, D_in] (before `in_proj`)."""
-        return self.encoding(self.embedding(tokens))
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> S4D block outputs [B, T, H] (apply `self.head` for logits)."""
@@ -167,10 +161,10 @@ def s4d_jacobians(model, tokens: Tensor, target_step: int,
     return vmap(jac)(u[:, -1], torch.view_as_real(w), z_real)
 
 
-def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: dict) -> S4DModel:
+def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: ModelSizes) -> S4DModel:
     """The S4D model of a recipe's [model] and [encoding] tables, sized by the task."""
-    return S4DModel(embed_size=cfg.embed_size, hidden_size=cfg.hidden_size,
-                    d_state=cfg.d_state, encoding=encoding, **sizes)
+    return S4DModel(sizes.num_embeddings, sizes.num_classes, cfg.embed_size, cfg.hidden_size,
+                    cfg.d_state, encoding, sizes.max_positions, sizes.padding_idx)
 
 
 def _check(cfg: ModelConfig) -> None:
