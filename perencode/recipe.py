@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -36,9 +37,11 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def registered(kind: str, name: str) -> str:
-    """A field validator's check that `name` is a registered kind (perencode.kinds)."""
-    if name not in kinds.registry(kind):
+def registered(kind: str, name: str, info: ValidationInfo) -> str:
+    """A field validator's check that `name` is a registered kind (perencode.kinds), unless
+    the validation reads results (context `any_kind`: a run made with a kind the reader has
+    not imported is still a result, under its raw name)."""
+    if name not in kinds.registry(kind) and not (info.context or {}).get("any_kind"):
         raise ValueError(f"Input should be {kinds.choices(kind)}")
     return name
 
@@ -99,8 +102,8 @@ class TaskConfig(Section):
 
     @field_validator("name")
     @classmethod
-    def _registered(cls, name: str) -> str:
-        return registered("task", name)
+    def _registered(cls, name: str, info: ValidationInfo) -> str:
+        return registered("task", name, info)
 
     @model_validator(mode="before")
     @classmethod
@@ -119,7 +122,9 @@ class TaskConfig(Section):
     def _consistent(self) -> TaskConfig:
         """The task's own rules (its registration), then: held-out rows must leave some to
         train on."""
-        kind = kinds.get("task", self.name)
+        kind = kinds.registry("task").get(self.name)
+        if kind is None:  # read as a result only (`registered`): its rules are unknown
+            return self
         options_of_others("task", self.name, self)
         if kind.check is not None:
             kind.check(self)
@@ -157,16 +162,16 @@ class ModelConfig(Section):
 
     @field_validator("arch")
     @classmethod
-    def _registered(cls, arch: str) -> str:
-        return registered("model", arch)
+    def _registered(cls, arch: str, info: ValidationInfo) -> str:
+        return registered("model", arch, info)
 
     @model_validator(mode="after")
     def _even(self) -> ModelConfig:
         if self.embed_size % 2:
             raise ValueError(f"field 'embed_size': must be even (sines and cosines), got "
                              f"{self.embed_size}")
-        kind = kinds.get("model", self.arch)
-        if kind.check is not None:
+        kind = kinds.registry("model").get(self.arch)
+        if kind is not None and kind.check is not None:
             kind.check(self)
         return self
 
@@ -182,12 +187,13 @@ class EncodingConfig(Section):
 
     @field_validator("kind")
     @classmethod
-    def _registered(cls, kind: str) -> str:
-        return registered("encoding", kind)
+    def _registered(cls, kind: str, info: ValidationInfo) -> str:
+        return registered("encoding", kind, info)
 
     @model_validator(mode="after")
     def _mode(self) -> EncodingConfig:
-        modes = kinds.get("encoding", self.kind).modes
+        kind = kinds.registry("encoding").get(self.kind)
+        modes = kind.modes if kind is not None else (self.mode,)
         if self.mode not in modes:
             raise ValueError(f"field 'mode': encoding.kind = '{self.kind}' needs mode = "
                              f"{' or '.join(repr(m) for m in modes)}")
@@ -371,19 +377,20 @@ def format_validation_error(exc: ValidationError, source: str,
 
 
 def validate_table(model: type[BaseModel], data: Any, source: str, table: str = "",
-                   top: str = "the top level"):
-    """`model.model_validate(data)`, any mistake as a one-line UserError."""
+                   top: str = "the top level", context: dict | None = None):
+    """`model.model_validate(data, context=context)`, any mistake as a one-line UserError."""
     if not isinstance(data, dict):
         name = f"[{table}]" if table else "it"
         raise UserError(f"{source}: {name} must be a table, got {data!r}")
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as exc:
         raise UserError(format_validation_error(exc, source, model, table, top)) from None
 
 
-def validate(data: dict[str, Any], source: str) -> Recipe:
-    return validate_table(Recipe, data, source)
+def validate(data: dict[str, Any], source: str, any_kind: bool = False) -> Recipe:
+    """A recipe; `any_kind` accepts kinds no registration knows (reading results)."""
+    return validate_table(Recipe, data, source, context={"any_kind": any_kind})
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -163,6 +163,27 @@ def test_a_study_trains_evaluates_draws_and_verifies_its_kinds(study):
     assert verify_code == 0
 
 
+def test_runs_of_kinds_nobody_registered_are_still_drawn_and_verified(study, monkeypatch,
+                                                                      tmp_path):
+    """`perencode figures` / `verify` run without the study's module: its runs are results
+    all the same, under their raw names."""
+    root, _, _ = study
+    for registry, name in ((kinds.TASKS, "copy"), (kinds.ENCODINGS, "ramp"),
+                           (kinds.MODELS, "elman")):
+        monkeypatch.delitem(registry, name)
+    code, text = run_cli("figures", root / "runs", "--out", tmp_path)
+    assert code == 0, text
+    assert (tmp_path / "other_copy_vocabulary.png").stat().st_size > 0
+    code, text = run_cli("verify", root / "runs", "--claims", root / "claims.toml", "--out",
+                         tmp_path)
+    assert code == 0, text
+    report = json.loads((tmp_path / "verify.json").read_text())["results"]
+    assert [(r["id"], r["verdict"]) for r in report] == [("copy-learnt", "pass")]
+    # Training or evaluating one needs the kind's code: refused in one line.
+    code, text = run_cli("eval", root / "runs" / "seed111", "--device", "cpu")
+    assert code == 2 and "task.name: Input should be" in text.replace("\n", "")
+
+
 def test_unregistered_kinds_keep_their_raw_names_and_come_last():
     assert figures._label("encoding.kind", "sinusoidal") == "Position-Encoded"
     assert figures._label("encoding.kind", "nowhere") == "nowhere"
