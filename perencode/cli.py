@@ -24,6 +24,8 @@ from perencode.grid import slurm_overrides
 from perencode.lm.prepare import prepare
 from perencode.quickstart import run_quickstart
 from perencode.recipe import load_recipe, schema_rows
+from perencode.rehearsal import check as check_rehearsal
+from perencode.rehearsal import write_corpus
 from perencode.stability import analyse_run
 from perencode.sweep import run_sweep
 from perencode.train import Interrupted
@@ -276,7 +278,43 @@ def verify(
     claims: str = typer.Option("paper", help="Claims file: a path, or a bundled one (paper, "
                                "quick, quick_gpu)."),
     out: Path = typer.Option(Path("figures"), help="Where verify.md and verify.json go."),
+    report_only: bool = typer.Option(False, "--report-only", help="Exit 0 whatever the "
+                                     "verdicts (errors still exit 2): runs too small to "
+                                     "decide, as in `make rehearsal`."),
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
 
-    raise typer.Exit(verify_runs(runs, claims=claims, out=out))
+    code = verify_runs(runs, claims=claims, out=out)
+    raise typer.Exit(0 if report_only else code)
+
+
+rehearsal_app = typer.Typer(no_args_is_help=True, help="The reviewer's path at CPU size "
+                            "(`make rehearsal`): its corpus and its final check.")
+app.add_typer(rehearsal_app, name="rehearsal")
+
+
+@rehearsal_app.command("corpus")
+@user_errors
+def rehearsal_corpus(
+    folder: Path = typer.Argument(..., help="Where wiki.{train,valid,test}.raw go."),
+    seed: int = typer.Option(0, help="Seed of the made-up words and paragraphs."),
+) -> None:
+    """Write a small WikiText-103-shaped raw corpus (for `lm-prepare --source`)."""
+
+    written = write_corpus(folder, seed)
+    console.print(f"wrote {folder}: " + ", ".join(f"{split} {len(w['paragraphs'])} paragraphs"
+                                                  for split, w in written.items()))
+
+
+@rehearsal_app.command("check")
+@user_errors
+def rehearsal_check(
+    figures_dir: Path = typer.Argument(..., help="The folder `figures` and `verify` wrote."),
+    claims: str = typer.Option("paper", help="Claims file: a path, or a bundled one (paper, "
+                               "quick, quick_gpu)."),
+) -> None:
+    """Check that every claim was decided or reported and every figure was drawn."""
+
+    for line in check_rehearsal(figures_dir, claims):
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print(f"rehearsal check passed: {figures_dir}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import random
 import shutil
 import sys
 from pathlib import Path
@@ -23,38 +22,11 @@ from perencode.cli import app
 from perencode.errors import UserError
 from perencode.lm.data import SPLITS, load
 from perencode.recipe import TaskConfig
+from perencode.rehearsal import write_corpus as make_corpus
 from perencode.tasks.lm import LanguageModelTask, model_ids
 
 VOCAB = 96
 MAX_TOKENS = 16
-
-
-def make_corpus(folder: Path, seed: int = 0) -> dict[str, dict]:
-    """wiki.{train,valid,test}.raw shaped like WikiText-103 raw; returns, by split, the
-    paragraphs written and the number of headings."""
-    rng = random.Random(seed)
-    syllables = ["ka", "to", "ri", "mu", "sen", "la", "po", "dra", "ne", "vo", "shi", "el"]
-    words = ["".join(rng.choices(syllables, k=rng.randint(1, 3))) for _ in range(400)]
-    weights = [1 / (i + 1) for i in range(len(words))]
-    written = {}
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, n in {"train": 300, "valid": 40, "test": 40}.items():
-        lines, paragraphs = [" ", f" = {split.title()} Article = ", " ", ""], []
-        for i in range(n):
-            if i % 50 == 25:
-                lines += [" = = Section = = ", " "]
-            text = " " + " ".join(rng.choices(words, weights, k=rng.randint(1, 14))) + " . "
-            paragraphs.append(text)
-            lines += [text, " "]
-        if split == "train":  # one paragraph over --max-tokens, two of a single piece
-            paragraphs += [" " + " ".join(rng.choices(words, weights, k=80)) + " . ", " . ",
-                           f" {words[0]} "]
-            lines += [paragraphs[-3], " ", " = = = Deep heading = = = ", paragraphs[-2],
-                      paragraphs[-1], ""]
-        written[split] = {"paragraphs": paragraphs,
-                          "headings": sum(line.startswith(" = ") for line in lines)}
-        (folder / f"wiki.{split}.raw").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return written
 
 
 def cli(*args):

@@ -6,13 +6,14 @@ themselves are tests/test_grid.py."""
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 
 import pandas as pd
 import pytest
 import torch
-from conftest import ROOT
+from conftest import PYTHON, ROOT, subprocess_env
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
@@ -282,3 +283,32 @@ def test_checkpoint_stops_training_and_the_requeued_job_resumes(tmp_path):
     steps = [row["step"] for row in runs.read_metrics(run_dir)]
     assert steps == list(range(5, 401, 5))  # resumed: every logged step once
 
+
+
+@pytest.mark.slow
+def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
+    """Two sweeps of one grid into one --out: the second stops at once with one line
+    naming the holder; the first trains every run once."""
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY.replace("iterations = 10", "iterations = 300") + AXES)
+    out = tmp_path / "runs"
+    first = subprocess.Popen([PYTHON, "-m", "perencode", "sweep", str(grid), "--out", str(out),
+                              "--only", "vocab_size=8", "--only", "seed=111", "--device",
+                              "cpu", "--no-progress"], env=subprocess_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lock = out / "tiny" / ".perencode.lock"
+    deadline = time.monotonic() + 60
+    while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
+        assert first.poll() is None, first.stdout.read().decode()
+        time.sleep(0.05)
+    code, output = sweep(grid, "--out", out, "--only", "vocab_size=8", "--only", "seed=111")
+    text = " ".join(output.split())
+    assert code == 2, output
+    assert text.startswith(f"error: {out / 'tiny'}: in use by `perencode sweep {grid}` (pid "
+                           f"{first.pid} on "), text
+    assert first.wait(timeout=300) == 0, first.stdout.read().decode()
+    for encoding in ("none", "sinusoidal"):
+        cell = out / "tiny" / f"vocab_size=8/encoding={encoding}/seed=111"
+        steps = [r["step"] for r in runs.read_metrics(cell)]
+        assert steps == sorted(set(steps)) and steps[-1] == 300
+    assert not lock.exists()  # released on exit

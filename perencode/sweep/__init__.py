@@ -20,6 +20,7 @@ from pathlib import Path
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.grid import SlurmConfig, load_grid
+from perencode.lock import hold
 from perencode.recipe import validate_table
 from perencode.sweep import slurm as slurm_executor
 from perencode.sweep.board import Board
@@ -55,6 +56,17 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
     if dry_run or estimate:
         print_plan(g, planned, out, device, jobs)
         return 0
+    tree = out / g.name
+    tree.mkdir(parents=True, exist_ok=True)
+    # One sweep per run tree: a second one (the same grid started twice, a manual rerun
+    # beside a running one) exits 2 naming the first, instead of training every run twice.
+    with hold(tree, f"perencode sweep {g.path}"):
+        return _sweep(g, planned, out, executor, jobs, runs_per_gpu, device, options,
+                      progress, wait)
+
+
+def _sweep(g, planned: list[Run], out: Path, executor: str, jobs: int, runs_per_gpu: int,
+           device: str, options: SlurmConfig, progress: bool, wait: bool) -> int:
     if any(r.job for r in planned):
         mark_queued(planned)
     title = f"{g.path} -> {out / g.name} ({executor})"

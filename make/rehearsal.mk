@@ -1,0 +1,63 @@
+# `make rehearsal`: the reviewer's whole path at CPU size (issue 20); included by the main
+# Makefile. It runs the reproduce-all target itself (lm-prepare, every grid of
+# recipes/paper, figures, verify) on a small corpus it writes, with every grid shrunk by
+# --set/--only, then checks that every claim was decided or reported and every figure drawn.
+#
+#   make rehearsal                     local executor, 2 runs at once
+#   make rehearsal EXECUTOR=slurm      on a SLURM cluster (CI: tools/slurm-cluster), every
+#                                      grid submitted before any is waited for
+#   make rehearsal PERENCODE=/path/to/perencode PERENCODE_DEPS=
+#                                      with another install (make test-compat: a wheel)
+
+REHEARSAL_DIR ?= rehearsal
+REHEARSAL_JOBS ?= 2
+# Tiny widths, 4 iterations, 2 checkpoints, 8 held-out sequences of 4 tokens, 2 seeds.
+REHEARSAL_SET = --set model.hidden_size=8 --set model.embed_size=8 --set task.length=4 \
+	--set task.held_out=8 --set train.iterations=4 --set train.batch_size=4 \
+	--set train.checkpoint_every=2 --set train.log_every=2 --set train.eval_batch_size=64 \
+	--set optim.warmup=1 --only seed=111,222
+# SLURM at CPU size: no GPU, one core, short limits, a quick look at the queue.
+REHEARSAL_SLURM = --gpus-per-job 0 --cpus-per-job 1 --time-min 10 --slurm poll_s=2
+# Grid by grid: fewer vocabulary sizes (the two ends), the S4D's state, the variable
+# lengths, the dual-frequency test set, and the corpus's vocabulary and paragraph length.
+# Fig. 5 takes exactly Fig. 3's settings, Fig. 12-14 those of Fig. 2/8/11: their cells are
+# the same runs, linked.
+REHEARSAL_S4D = --set model.d_state=4
+REHEARSAL_DUAL = --set task.held_out_per_cell=2
+REHEARSAL_GRIDS = \
+	SWEEP_ARGS_fig02_gru_reverse="--only vocab_size=32,256" \
+	SWEEP_ARGS_fig02_lstm_reverse="--only vocab_size=256,16384" \
+	SWEEP_ARGS_fig02_s4d_reverse="--only vocab_size=256,16384 $(REHEARSAL_S4D)" \
+	SWEEP_ARGS_fig03_gru_dual_frequency="$(REHEARSAL_DUAL)" \
+	SWEEP_ARGS_fig03_lstm_dual_frequency="$(REHEARSAL_DUAL)" \
+	SWEEP_ARGS_fig03_s4d_dual_frequency="$(REHEARSAL_DUAL) $(REHEARSAL_S4D)" \
+	SWEEP_ARGS_fig05_gru_stability="$(REHEARSAL_DUAL)" \
+	SWEEP_ARGS_fig05_lstm_stability="$(REHEARSAL_DUAL)" \
+	SWEEP_ARGS_fig05_s4d_stability="$(REHEARSAL_DUAL) $(REHEARSAL_S4D)" \
+	SWEEP_ARGS_fig07_lstm_reverse_add="--only vocab_size=896,1088" \
+	SWEEP_ARGS_fig08_gru_sort="--only vocab_size=32,256" \
+	SWEEP_ARGS_fig08_lstm_sort="--only vocab_size=256,16384" \
+	SWEEP_ARGS_fig10_lstm_predecessor="--only vocab_size=512,1024" \
+	SWEEP_ARGS_fig11_lstm_variable_length="--set task.min_length=2" \
+	SWEEP_ARGS_fig14_lstm_pe_variants_variable_length="--set task.min_length=2"
+REHEARSAL_LM = --set task.vocab_size=96 --set task.length=16
+
+.PHONY: rehearsal
+
+rehearsal: $(PERENCODE_DEPS)
+	@start=$$(date +%s); rm -rf $(REHEARSAL_DIR); \
+	$(PERENCODE) rehearsal corpus $(REHEARSAL_DIR)/wikitext-raw && \
+	$(MAKE) --no-print-directory reproduce-all PERENCODE_DEPS= \
+		RUNS=$(REHEARSAL_DIR)/runs FIGURES=$(REHEARSAL_DIR)/figures \
+		LM_DATA=$(REHEARSAL_DIR)/wikitext103 LM_SOURCE=$(REHEARSAL_DIR)/wikitext-raw \
+		LM_PREPARE_ARGS="--vocab-size 96 --max-tokens 16 --threads 1 --no-progress" \
+		JOBS=$(REHEARSAL_JOBS) DEVICE=cpu VERIFY_ARGS=--report-only \
+		SWEEP_ARGS="$(SWEEP_ARGS) $(REHEARSAL_SET) --no-progress \
+			$(if $(filter slurm,$(EXECUTOR)),$(REHEARSAL_SLURM))" \
+		$(REHEARSAL_GRIDS) \
+		SWEEP_ARGS_fig15_table1_lstm_wikitext103="$(REHEARSAL_LM) --set \
+			'task.data=\"$(REHEARSAL_DIR)/wikitext103\"'" && \
+	$(PERENCODE) rehearsal check $(REHEARSAL_DIR)/figures/paper; status=$$?; \
+	took=$$(( $$(date +%s) - start )); \
+	echo "make rehearsal ($(EXECUTOR)) took $$(( took / 60 )) min $$(( took % 60 )) s"; \
+	exit $$status
