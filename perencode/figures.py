@@ -7,8 +7,10 @@ the grid that made them, so a run shared by several figures is drawn in each. Ru
 settings differ beyond a figure's own axes (a quick demo next to the paper's grids) go to
 separate files, suffixed with the differing settings, except a setting that takes one value
 in every cell of the figure's axes (the quick demo's iterations, set per vocabulary size):
-those runs stay one figure and a note names the setting. Error bars: 95% percentile-bootstrap
-CI of the mean over seeds, 10,000 resamples (perencode.stats).
+those runs stay one figure and a note names the setting. Finished runs that no figure of
+the paper draws (a task or an encoding of a study's own) get one of their own,
+other_<task>_vocabulary. Error bars: 95% percentile-bootstrap CI of the mean over seeds,
+10,000 resamples (perencode.stats).
 """
 
 from __future__ import annotations

@@ -209,3 +209,13 @@ def test_a_model_without_a_stability_hook_is_refused_in_one_line(registered):
                                         "is registered for it \\(models with one: gru, lstm, "
                                         "s4d\\)"):
         jacobians(SimpleNamespace(arch="elman"), torch.zeros(1, 2, dtype=torch.long), 0)
+
+
+def test_bench_refuses_a_baseline_for_a_model_it_has_no_reference_loop_for(registered,
+                                                                          tmp_path):
+    recipe = tmp_path / "study.toml"
+    recipe.write_text(RECIPE.replace('name = "copy"', 'name = "reverse"'))
+    code, text = run_cli("bench", recipe, "--baseline", "--iterations", 1, "--device", "cpu")
+    assert code == 2
+    assert "--baseline: the bare reference loop exists for gru and lstm" in \
+        text.replace("\n", "")
