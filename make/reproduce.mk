@@ -45,7 +45,7 @@ SUBMIT_ONLY ?=
 quickstart:
 	@start=$$(date +%s); \
 	$(if $(PERENCODE_DEPS),$(MAKE) --no-print-directory $(PERENCODE_DEPS) &&) \
-	$(PERENCODE) quickstart --device $(DEVICE) --out $(RUNS) --figures $(FIGURES) \
+	$(PERENCODE) quickstart --device $(DEVICE) --runs $(RUNS) --out $(FIGURES) \
 		$(if $(QUICK_JOBS),--jobs $(QUICK_JOBS)); status=$$?; \
 	took=$$(( $$(date +%s) - start )); \
 	echo "make quickstart took $$(( took / 60 )) min $$(( took % 60 )) s (install included)"; \
@@ -56,7 +56,7 @@ lm-data: $(PERENCODE_DEPS)
 		$(if $(LM_SOURCE),--source $(LM_SOURCE)) $(LM_PREPARE_ARGS)
 
 # The sweep of one grid: $(call sweep,GRID,EXTRA ARGS).
-sweep = $(PERENCODE) sweep $(1) --out $(RUNS) --executor $(EXECUTOR) --jobs $(JOBS) \
+sweep = $(PERENCODE) sweep $(1) --runs $(RUNS) --executor $(EXECUTOR) --jobs $(JOBS) \
 	--device $(DEVICE) $(SWEEP_ARGS) $(SWEEP_ARGS_$(basename $(notdir $(1)))) $(2)
 
 # Grids run in name order, so the Fig. 3 runs exist before Fig. 5 analyses them and the

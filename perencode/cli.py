@@ -1,44 +1,35 @@
 """The `perencode` command line: parse, load the recipe, call one library function.
 
-Every `UserError` becomes one red line on stderr and exit code 2.
+Every `UserError` becomes one red line on stderr and exit code 2. Each
+command imports what it runs inside its function, so `perencode --help`, `--version` and
+shell completion start without loading torch, pandas, matplotlib or submitit (and on any
+platform: the POSIX-only modules are reached only by the commands that use them).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import shlex
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from perencode import runs
-from perencode.bench import bench as run_bench
+from perencode import __version__
 from perencode.console import console
-from perencode.device import resolve_device
 from perencode.errors import UserError
-from perencode.evaluate import evaluate_run
-from perencode.figures import make_figures
-from perencode.grid import slurm_overrides
-from perencode.lm.prepare import prepare
-from perencode.quickstart import run_quickstart
-from perencode.recipe import load_recipe, schema_rows
-from perencode.rehearsal import check as check_rehearsal
-from perencode.rehearsal import write_corpus
-from perencode.stability import analyse_run
-from perencode.sweep import run_sweep
-from perencode.train import Interrupted
-from perencode.train import train as run_training
-from perencode.verify import verify_runs
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
     help="Reproduce 'Positional Encoding Helps Recurrent Neural Networks Handle a Large "
          "Vocabulary' (Morita, TMLR).")
 
 SET_HELP = "Override a recipe field: section.key=value (value as a TOML literal). Repeatable."
+SET_METAVAR = "KEY=VALUE"
 DEVICE_HELP = "auto (cuda if available, else cpu), cpu, cuda or cuda:N."
+RUNS_HELP = "Root of the run directories: a grid's runs go in a folder named after it."
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -57,23 +48,58 @@ def user_errors(fn):
     return wrapper
 
 
+def renamed(value, old_value, new: str, old: str):
+    """The value of an option whose old spelling still works, with a one-line note."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise UserError(f"{old} is the old spelling of {new}; give one of them")
+    console.print(f"note: {old} is now {new}; the old spelling still works for now",
+                  highlight=False)
+    return old_value
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"perencode {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Options of `perencode` itself (the commands have their own)."""
+
+
 @app.command()
 @user_errors
 def train(
     recipe: Path = typer.Argument(..., help="TOML recipe, e.g. recipes/gru_vocab256.toml."),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
-    out: Path | None = typer.Option(None, "--out", help="Run directory "
-                                       "[default: runs/<recipe-stem>/seed-<seed>]."),
+    overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory.",
+                                        show_default="runs/<recipe>/seed-<seed>"),
+    old_out: Path | None = typer.Option(None, "--out", hidden=True),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
+    tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write loss, accuracy, "
+                                     "learning rate and throughput as TensorBoard event "
+                                     "files in RUN_DIR/tensorboard (needs "
+                                     "`pip install perencode\\[tensorboard]`)."),
 ) -> None:
     """Train a recipe (or resume its interrupted run, or report it complete)."""
+    from perencode import runs
+    from perencode.recipe import load_recipe
+    from perencode.train import Interrupted
+    from perencode.train import train as run_training
 
     r = load_recipe(recipe, overrides)
-    run_dir = out if out is not None else runs.default_run_dir(recipe, r.train.seed)
+    run_dir = renamed(run_dir, old_out, "--run-dir", "--out")
+    run_dir = run_dir if run_dir is not None else runs.default_run_dir(recipe, r.train.seed)
     already = run_dir.is_dir() and runs.is_complete(run_dir)
     try:
-        result = run_training(r, run_dir, device, progress=progress)
+        result = run_training(r, run_dir, device, progress=progress, tensorboard=tensorboard)
     except Interrupted as stop:
         console.print(f"interrupted at iteration {stop.iteration}; checkpoint saved to "
                       f"{stop.path}. Run the same command again to resume.")
@@ -104,6 +130,7 @@ def eval_(
                                       help="Language models: perplexity by token position."),
 ) -> None:
     """Score a run on its held-out data and write eval.json."""
+    from perencode.evaluate import evaluate_run
 
     options = {"per_position": True} if per_position else {}
     result, path = evaluate_run(run_dir, device, checkpoint, **options)
@@ -116,12 +143,15 @@ def bench(
     recipe: Path = typer.Argument(..., help="TOML recipe to time."),
     iterations: int = typer.Option(20, min=1, help="Timed iterations (after warm-up)."),
     warmup: int = typer.Option(3, min=0, help="Untimed warm-up iterations."),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     baseline: bool = typer.Option(False, help="Also time a bare PyTorch loop of the same "
                                   "shapes (GRU/LSTM) and report the ratio."),
 ) -> None:
     """Time the real training step; prints a table and a final JSON line."""
+    from perencode.bench import bench as run_bench
+    from perencode.device import resolve_device
+    from perencode.recipe import load_recipe
 
     r = load_recipe(recipe, overrides)
     result = run_bench(r, resolve_device(device), iterations, warmup, baseline)
@@ -134,13 +164,53 @@ def bench(
     print(json.dumps(result), flush=True)
 
 
-@app.command("recipe-schema")
-def recipe_schema() -> None:
-    """Print every recipe field (key, type, default, meaning) as a Markdown table."""
+@app.command()
+@user_errors
+def show(
+    recipe: Path = typer.Argument(..., help="TOML recipe, e.g. recipes/gru_vocab256.toml."),
+    overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
+    as_json: bool = typer.Option(False, "--json", help="JSON instead of TOML."),
+) -> None:
+    """Print the recipe a run would use: overrides applied, every default filled in."""
+    from perencode.recipe import load_recipe
 
+    r = load_recipe(recipe, overrides)
+    print(json.dumps(r.to_dict(), indent=2) if as_json else r.to_toml().rstrip("\n"))
+
+
+@app.command("recipe-schema")
+def recipe_schema(
+    as_json: bool = typer.Option(False, "--json", help="The JSON Schema of a recipe (for "
+                                 "editors and validators) instead of the Markdown table."),
+) -> None:
+    """Print every recipe field (key, type, default, meaning) as a Markdown table."""
+    from perencode.recipe import Recipe, schema_rows
+
+    if as_json:
+        print(json.dumps(Recipe.model_json_schema(), indent=2))
+        return
     print("| key | type | default | description |\n|---|---|---|---|")
     for row in schema_rows():
         print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+
+
+@app.command()
+@user_errors
+def env(
+    device: str = typer.Option("auto", help=DEVICE_HELP),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object (what each run "
+                                 "records in env.json)."),
+) -> None:
+    """Print the environment: versions, git commit, device, threads (for a bug report).
+
+    perencode and its git commit, Python, platform, torch, CUDA and cuDNN, the device(s),
+    threads and the packages results depend on: what each run records in env.json.
+    """
+    from perencode.device import resolve_device
+    from perencode.environment import format_report, report
+
+    found = report(resolve_device(device))
+    print(json.dumps(found, indent=2) if as_json else format_report(found))
 
 
 @app.command()
@@ -164,14 +234,15 @@ def stability(
                               "grows linearly with it (docs/stability.md)."),
     progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
 ) -> None:
-    """Gradient stability at every checkpoint of a dual-frequency run (Fig. 4-5;
-    docs/paper-facts.md#gradient-stability).
+    """Gradient stability at every checkpoint of a dual-frequency run (Fig. 4-5).
 
+    The metric: docs/paper-facts.md#gradient-stability.
     Writes RUN_DIR/stability.csv: one row per checkpoint, triplet and comparison.
     "target" = (x,s) vs (x,s'), as drawn in Fig. 5; "suffix" = (x,s) vs (x',s).
     Checkpoints already in the file are skipped: an interrupted analysis resumes,
     a finished one is left as it is.
     """
+    from perencode.stability import analyse_run
 
     path = analyse_run(run_dir, triplets=triplets, metric=metric, device=device, every=every,
               batch=batch, progress=progress)
@@ -181,16 +252,19 @@ def stability(
 @app.command("lm-prepare")
 @user_errors
 def lm_prepare(
-    source: str | None = typer.Option(None, help="A folder with wiki.{train,valid,test}.raw, "
-                                         "a `datasets` dataset saved to disk, or a Hugging "
-                                         "Face dataset name [default: wikitext-103-raw-v1]."),
+    source: str | None = typer.Option(None, help="A folder with wiki.train.raw, "
+                                         "wiki.valid.raw and wiki.test.raw, a `datasets` "
+                                         "dataset saved to disk, or a Hugging "
+                                         "Face dataset name.",
+                                      show_default="wikitext-103-raw-v1"),
     out: Path = typer.Option(Path("data/wikitext103"), help="Output folder."),
     vocab_size: int = typer.Option(32768, min=16, help="SentencePiece unigram vocabulary."),
     max_tokens: int = typer.Option(1024, min=1, help="Input tokens kept per paragraph."),
-    threads: int = typer.Option(0, min=0, help="Encoding threads [0: all cores]."),
+    threads: int = typer.Option(0, min=0, help="Encoding threads (0: all cores)."),
     progress: bool = typer.Option(True, help="Show progress."),
 ) -> None:
     """Prepare WikiText-103 for language modelling: clean, train SentencePiece, encode."""
+    from perencode.lm.prepare import prepare
 
     manifest = prepare(source=source, out=out, vocab_size=vocab_size, max_tokens=max_tokens,
                   threads=threads, progress=progress)
@@ -202,7 +276,8 @@ def lm_prepare(
 def sweep(
     grid: Path = typer.Argument(..., help="Grid file, e.g. "
                                 "recipes/paper/fig02_gru_reverse.toml."),
-    out: Path = typer.Option(Path("runs"), help="Root of the run directories."),
+    runs: Path | None = typer.Option(None, "--runs", help=RUNS_HELP, show_default="runs"),
+    old_out: Path | None = typer.Option(None, "--out", hidden=True),
     executor: str = typer.Option("local", help="local (subprocesses) or slurm (submitit)."),
     jobs: int = typer.Option(1, min=1, help="Runs at once (local)."),
     runs_per_gpu: int = typer.Option(1, min=1, help="Runs sharing one GPU (local)."),
@@ -210,12 +285,13 @@ def sweep(
                                  "disk and device-hours at once; run nothing."),
     estimate: bool = typer.Option(False, "--estimate", help="Time 3 iterations of each "
                                   "shape not yet measured on this device (cached in "
-                                  "OUT/.estimates.json), then print the plan; train nothing."),
+                                  ".estimates.json under the runs' root), then print the "
+                                  "plan; train nothing."),
     wait: bool = typer.Option(True, help="--no-wait (SLURM): submit and return; running the "
                               "same command again collects the jobs, never submits twice."),
-    only: list[str] = typer.Option([], "--only", help="KEY=V1,V2: keep the cells whose axis "
-                                   "KEY takes one of these values. Repeatable."),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    only: list[str] = typer.Option([], "--only", metavar="KEY=V1,V2", help="Keep the cells "
+                                   "whose axis KEY takes one of these values. Repeatable."),
+    overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     partition: str | None = typer.Option(None, help="SLURM partition (overrides the grid's "
                                          "\\[slurm] table)."),
@@ -223,20 +299,27 @@ def sweep(
     gpus_per_job: int | None = typer.Option(None, help="SLURM GPUs per job."),
     cpus_per_job: int | None = typer.Option(None, help="SLURM CPUs per job."),
     slurm_options: list[str] = typer.Option(
-        [], "--slurm", help="KEY=VALUE: any field of the grid's \\[slurm] table (value as a "
-        "TOML literal), e.g. --slurm 'python=\"apptainer exec --nv perencode.sif python\"' "
-        "--slurm 'qos=\"high\"'. Repeatable; docs/slurm.md lists the fields."),
+        [], "--slurm", metavar="KEY=VALUE", help="Any field of the grid's \\[slurm] table "
+        "(value as a TOML literal), e.g. --slurm 'python=\"apptainer exec --nv perencode.sif "
+        "python\"' --slurm 'qos=\"high\"'. Repeatable; docs/slurm.md lists the fields."),
+    tensorboard: bool = typer.Option(False, "--tensorboard", help="Training writes "
+                                     "TensorBoard event files too (`perencode tensorboard "
+                                     "RUNS` shows the grid's runs side by side)."),
     progress: bool = typer.Option(True, help="Show the live run table."),
 ) -> None:
     """Run every cell of a grid (skipping finished runs, resuming interrupted ones)."""
+    from perencode.grid import slurm_overrides
+    from perencode.sweep import run_sweep
 
     slurm = {k: v for k, v in (("partition", partition), ("time_min", time_min),
                                ("gpus_per_job", gpus_per_job),
                                ("cpus_per_job", cpus_per_job)) if v is not None}
     slurm.update(slurm_overrides(slurm_options))
-    code = run_sweep(grid, out=out, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
+    runs = renamed(runs, old_out, "--runs", "--out") or Path("runs")
+    code = run_sweep(grid, out=runs, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
                      dry_run=dry_run, only=only, overrides=overrides, device=device,
-                     slurm=slurm, progress=progress, wait=wait, estimate=estimate)
+                     slurm=slurm, progress=progress, wait=wait, estimate=estimate,
+                     tensorboard=tensorboard)
     raise typer.Exit(code)
 
 
@@ -246,15 +329,24 @@ def quickstart(
     device: str = typer.Option("auto", help="auto: the GPU demo at the paper's shapes where a "
                                "CUDA device is present, else the CPU demo; cpu or cuda to "
                                "choose."),
-    out: Path = typer.Option(Path("runs"), help="Root of the run directories."),
-    figures_dir: Path = typer.Option(Path("figures"), "--figures",
-                                     help="Where the figures and the claims report go."),
-    jobs: int | None = typer.Option(None, min=1, help="Runs at once [default: 2 on the "
-                                    "CPU, 6 sharing the GPU]."),
+    runs: Path | None = typer.Option(None, "--runs", help=RUNS_HELP, show_default="runs"),
+    out: Path | None = typer.Option(None, "--out", help="Output folder: the figures and the "
+                                    "claims report.", show_default="figures"),
+    old_figures: Path | None = typer.Option(None, "--figures", hidden=True),
+    jobs: int | None = typer.Option(None, min=1, help="Runs at once.",
+                                    show_default="2 on the CPU, 6 sharing the GPU"),
     progress: bool = typer.Option(True, help="Show the live run table."),
 ) -> None:
     """The paper's headline effect in about 15 minutes: sweep, figures, claims."""
-    raise typer.Exit(run_quickstart(device, out=out, figures=figures_dir, jobs=jobs,
+    from perencode.quickstart import run_quickstart
+
+    if old_figures is not None:  # the old spelling `[--out RUNS] --figures FIGURES`
+        if runs is not None:
+            raise UserError("--figures is the old spelling of --out; use --runs and --out")
+        runs, out = out, renamed(None, old_figures, "--out (and the old --out is --runs)",
+                                 "--figures")
+    raise typer.Exit(run_quickstart(device, out=runs or Path("runs"),
+                                    figures=out or Path("figures"), jobs=jobs,
                                     progress=progress))
 
 
@@ -265,6 +357,7 @@ def figures(
     out: Path = typer.Option(Path("figures"), help="Output folder."),
 ) -> None:
     """Collect results into results.csv and draw every paper figure they cover."""
+    from perencode.figures import make_figures
 
     written = make_figures(runs, out=out)
     for path in written:
@@ -277,12 +370,14 @@ def verify(
     runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
     claims: str = typer.Option("paper", help="Claims file: a path, or a bundled one (paper, "
                                "quick, quick_gpu)."),
-    out: Path = typer.Option(Path("figures"), help="Where verify.md and verify.json go."),
+    out: Path = typer.Option(Path("figures"), help="Output folder: verify.md and "
+                             "verify.json."),
     report_only: bool = typer.Option(False, "--report-only", help="Exit 0 whatever the "
                                      "verdicts (errors still exit 2): runs too small to "
                                      "decide, as in `make rehearsal`."),
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
+    from perencode.verify import verify_runs
 
     code = verify_runs(runs, claims=claims, out=out)
     raise typer.Exit(0 if report_only else code)
@@ -301,6 +396,8 @@ def rehearsal_corpus(
 ) -> None:
     """Write a small WikiText-103-shaped raw corpus (for `lm-prepare --source`)."""
 
+    from perencode.rehearsal import write_corpus
+
     written = write_corpus(folder, seed)
     console.print(f"wrote {folder}: " + ", ".join(f"{split} {len(w['paragraphs'])} paragraphs"
                                                   for split, w in written.items()))
@@ -315,6 +412,32 @@ def rehearsal_check(
 ) -> None:
     """Check that every claim was decided or reported and every figure was drawn."""
 
-    for line in check_rehearsal(figures_dir, claims):
+    from perencode.rehearsal import check
+
+    for line in check(figures_dir, claims):
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"rehearsal check passed: {figures_dir}")
+
+
+@app.command("tensorboard")
+@user_errors
+def tensorboard_(
+    runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them "
+                                      "(a sweep's root shows all its runs)."),
+    port: int = typer.Option(6006, help="Port TensorBoard serves on."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the tensorboard command, "
+                                 "start nothing."),
+) -> None:
+    """Start TensorBoard on runs trained with --tensorboard, side by side.
+
+    Each run is named by its path below the folder the runs share: a sweep's axis values
+    and seed. Stop it with Ctrl-C.
+    """
+    from perencode.runs import find_runs
+    from perencode.tracking import launch, tensorboard_command
+
+    command = tensorboard_command(find_runs(runs), port)
+    if dry_run:
+        print(shlex.join(command))
+        return
+    raise typer.Exit(launch(command))

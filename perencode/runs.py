@@ -1,12 +1,13 @@
 """Run directories: resolved recipe, provenance, metrics, checkpoints, results.
 
     RUN_DIR/recipe.toml            the resolved recipe (overrides applied)
-    RUN_DIR/env.json               package/git/python/torch/CUDA versions, device, seed, times
+    RUN_DIR/env.json               the environment report (`perencode env`), seed, start/end times
     RUN_DIR/metrics.jsonl          one row per log step: step, loss, accuracy, lr, seconds
     RUN_DIR/checkpoints/step-K.pt  every train.checkpoint_every iterations and the last one;
                                    the newest train.keep_checkpoints of them are kept
     RUN_DIR/checkpoints/resume.pt  written when a run is interrupted (SIGINT/SIGTERM)
     RUN_DIR/eval.json              held-out metrics of the final model
+    RUN_DIR/tensorboard/           TensorBoard event files (`train --tensorboard`; tracking.py)
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import platform
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import torch
 
-import perencode
+from perencode import environment
 from perencode.errors import UserError
 from perencode.io import atomic_torch_save, atomic_write_json, atomic_write_text, safe_torch_load
 from perencode.recipe import Recipe, read_toml, validate
@@ -99,33 +98,6 @@ def claim(run_dir: Path, recipe: Recipe) -> bool:
     return False
 
 
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(perencode.__file__).parent, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-def environment(device: torch.device, seed: int) -> dict[str, Any]:
-    cuda = torch.cuda.is_available()
-    return {
-        "perencode_version": perencode.__version__,
-        "git_commit": git_commit(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "device": str(device),
-        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
-                        else platform.processor() or platform.machine()),
-        "torch_threads": torch.get_num_threads(),
-        "hostname": platform.node(),
-        "seed": seed,
-    }
-
-
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -134,7 +106,7 @@ def record_start(run_dir: Path, device: torch.device, seed: int) -> None:
     """env.json: provenance of the first start, plus one entry per (re)start."""
     path = run_dir / "env.json"
     previous = read_json(path) if path.exists() else {}
-    current = environment(device, seed)
+    current = {**environment.report(device), "seed": seed}
     starts = [*previous.get("starts", []),
               {"time": now(), "device": current["device"], "git_commit": current["git_commit"]}]
     atomic_write_json(path, {**current, "start_time": starts[0]["time"], "starts": starts})

@@ -20,6 +20,7 @@ from perencode.experiment import build, output_features
 from perencode.progress import Reporter
 from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import Batch
+from perencode.tracking import TensorBoardLog
 
 
 def learning_rate(step: int, optim: OptimConfig, iterations: int) -> float:
@@ -146,16 +147,17 @@ class Interrupted(Exception):
 
 
 def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "auto",
-          progress: bool = True) -> dict:
+          progress: bool = True, tensorboard: bool = False) -> dict:
     """Train (or resume, or report complete) the run of `recipe` in `run_dir`.
 
     Returns the eval.json dict (that of the earlier training when the run was already
     complete: `runs.is_complete` tells the two apart beforehand). A killed run resumes
     from its newest checkpoint and ends bit-identical on CPU to an uninterrupted one:
     model, optimizer, schedule position and the batch generator's state are all in the
-    checkpoint.
+    checkpoint. `tensorboard` also writes the log steps as TensorBoard event files.
     """
     run_dir = Path(run_dir)
+    board = TensorBoardLog(run_dir, enabled=tensorboard)
     device = resolve_device(device) if isinstance(device, str) else device
     existed = runs.claim(run_dir, recipe)
     if existed and runs.is_complete(run_dir):
@@ -189,7 +191,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
     model.train()
     reporter = Reporter("train", tc.iterations, completed=start, log_every=tc.log_every,
                         enabled=progress)
-    with reporter, _Stop() as stop:
+    with reporter, _Stop() as stop, board.resumed_at(start, tc.batch_size, recipe.to_toml()):
         for k in range(start + 1, tc.iterations + 1):
             lr = learning_rate(k - 1, oc, tc.iterations)
             for group in optimizer.param_groups:
@@ -203,6 +205,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
                 row = {"step": k, "loss": float(loss.detach()), "accuracy": acc,
                        "lr": lr, "seconds": round(time.perf_counter() - t0, 3)}
                 runs.append_metrics(run_dir, row)
+                board.log(row)
                 shown = {"loss": row["loss"], "acc": row["accuracy"]}
             reporter.advance(1, **shown)
             saved = None

@@ -1,17 +1,27 @@
 import json
+import re
+from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, tiny_overrides
+import typer.main
+from conftest import ROOT, run_cli, tiny_overrides
+from typer.testing import CliRunner
+
+from perencode import quickstart, sweep
+from perencode.cli import app
+from perencode.recipe import (
+    SECTIONS,
+    TASK_NAMES,
+    Recipe,
+    load_recipe,
+    schema_rows,
+    tomllib,
+    validate,
+)
 
 RECIPE = str(ROOT / "recipes/gru_vocab256.toml")
-
-
-def test_help_lists_commands(cli):
-    code, text = cli("--help")
-    assert code == 0
-    for name in ("train", "eval", "bench", "stability", "lm-prepare", "figures"):
-        assert name in text
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -69,3 +79,178 @@ def test_bench_baseline_scope_is_checked_by_the_library():
     recipe = load_recipe(ROOT / "recipes/s4d_vocab1024.toml")
     with pytest.raises(UserError, match="--baseline: the bare reference loop exists for gru"):
         bench(recipe, torch.device("cpu"), iterations=1, warmup=0, baseline=True)
+
+
+def _commands() -> dict:
+    return dict(typer.main.get_command(app).commands)
+
+
+def _help(*args: str, columns: int) -> str:
+    result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": str(columns)},
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _flat(text: str) -> str:
+    """Rendered help without its boxes and line breaks."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", text).split())
+
+
+def _bracketed(text: str | None) -> list[str]:
+    """The [...] parts of a help string as they should read (rich escapes as `\\[`)."""
+    return [m.replace("\\[", "[") for m in re.findall(r"\\?\[[^\]\[]*\]", text or "")]
+
+
+def test_help_lists_every_command(cli):
+    code, text = cli("--help")
+    assert code == 0
+    for name in _commands():
+        assert name in text
+    assert "--version" in text and "--install-completion" in text
+
+
+@pytest.mark.parametrize("name", sorted(_commands()))
+def test_help_text_is_complete(name):
+    """Every bracketed note of a help string and every written default is shown (rich
+    reads `[default: ...]` as markup and drops it unless escaped), and nothing is cut
+    with an ellipsis at 80 columns (a word longer than the help column)."""
+    command = _commands()[name]
+    wide, narrow = _help(name, columns=200), _help(name, columns=80)
+    assert "…" not in narrow, narrow
+    expected = _bracketed(command.help)
+    for param in command.params:
+        if getattr(param, "hidden", False):
+            assert param.opts[0] not in wide  # an old spelling: works, not advertised
+            continue
+        expected += _bracketed(getattr(param, "help", None))
+        if isinstance(getattr(param, "show_default", None), str):
+            expected.append(f"[default: ({param.show_default})]")
+    for text in (wide, narrow):
+        for needle in expected:
+            assert needle in _flat(text), (name, needle)
+    assert "list[str]" not in wide
+
+
+def test_written_defaults_are_shown():
+    assert "[default: (runs/<recipe>/seed-<seed>)]" in _flat(_help("train", columns=200))
+    assert "[default: (wikitext-103-raw-v1)]" in _flat(_help("lm-prepare", columns=200))
+    assert "[default: (2 on the CPU, 6 sharing the GPU)]" in _flat(_help("quickstart",
+                                                                          columns=200))
+    assert "[slurm] table" in _flat(_help("sweep", columns=200))
+
+
+@pytest.mark.parametrize("name", ["train", "bench", "show", "sweep"])
+def test_set_reads_key_equals_value(name):
+    assert "--set KEY=VALUE" in _flat(_help(name, columns=200))
+
+
+def test_version(cli):
+    code, text = cli("--version")
+    assert code == 0 and text.strip() == f"perencode {metadata.version('perencode')}"
+
+
+def test_shell_completion_completes_commands_and_options():
+    def complete(words: str) -> str:
+        return CliRunner().invoke(app, [], prog_name="perencode", env={
+            "_PERENCODE_COMPLETE": "complete_bash", "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split()) - 1)}).output
+
+    assert complete("perencode tra").split() == ["train"]
+    assert "--run-dir" in complete("perencode train --ru").split()
+
+
+def test_readme_commands_table_lists_every_command():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `perencode ([a-z-]+)", section, flags=re.M))
+    assert listed == set(_commands())
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.toml")),
+                         ids=lambda p: p.stem)
+def test_show_prints_the_resolved_recipe_and_reads_back(recipe):
+    result = CliRunner().invoke(app, ["show", str(recipe), "--set", "optim.lr=0.01"],
+                                catch_exceptions=False)  # stdout only: no notes mixed in
+    assert result.exit_code == 0, result.output
+    shown = tomllib.loads(result.stdout)
+    expected = load_recipe(recipe, ["optim.lr=0.01"])
+    assert validate(shown, "shown") == expected
+    assert shown["optim"]["lr"] == 0.01
+    # every default is filled in: each section lists all its fields (None ones are left out)
+    for section in SECTIONS:
+        fields = getattr(expected, section).model_dump(exclude_none=True)
+        assert shown[section].keys() == fields.keys(), section
+
+    result = CliRunner().invoke(app, ["show", str(recipe), "--json"], catch_exceptions=False)
+    assert json.loads(result.stdout) == load_recipe(recipe).to_dict()
+
+
+def test_show_fills_in_defaults_and_reports_mistakes(cli, tmp_path):
+    recipe = tmp_path / "bare.toml"
+    recipe.write_text("[task]\nvocab_size = 32\n")
+    code, text = cli("show", recipe)
+    shown = tomllib.loads(text)
+    assert code == 0 and shown["task"]["vocab_size"] == 32
+    assert shown["optim"] == Recipe().optim.model_dump(mode="json")
+    assert shown["train"]["iterations"] == 300_000
+    code, text = cli("show", recipe, "--set", "optim.lrr=1")
+    assert code == 2 and "unknown key 'lrr' in [optim]" in text and "did you mean 'lr'" in text
+
+
+def test_recipe_schema_json_is_the_json_schema(cli):
+    code, text = cli("recipe-schema", "--json")
+    assert code == 0
+    schema = json.loads(text)
+    assert schema == Recipe.model_json_schema()
+    assert set(schema["properties"]) == {"description", *SECTIONS}
+    defs = schema["$defs"]
+    for key, *_ in schema_rows():
+        section, name = key.split(".")
+        ref = schema["properties"][section]["$ref"].rsplit("/", 1)[1]
+        assert name in defs[ref]["properties"], key
+    task = defs[schema["properties"]["task"]["$ref"].rsplit("/", 1)[1]]
+    assert set(task["properties"]["name"]["enum"]) == set(TASK_NAMES)
+    assert task["properties"]["vocab_size"]["minimum"] == 2
+
+
+def test_train_out_is_the_old_spelling_of_run_dir(cli, tmp_path):
+    run = tmp_path / "run"
+    args = ["train", RECIPE, "--device", "cpu", "--no-progress",
+            *tiny_overrides("train.iterations=2", "task.vocab_size=8", "task.length=4")]
+    code, text = cli(*args, "--out", run)
+    assert code == 0, text
+    assert "note: --out is now --run-dir" in text and (run / "eval.json").exists()
+    code, text = cli(*args, "--out", run, "--run-dir", run)
+    assert code == 2 and "--out is the old spelling of --run-dir" in text
+
+
+def test_sweep_out_is_the_old_spelling_of_runs(monkeypatch, tmp_path):
+    called = []
+    monkeypatch.setattr(sweep, "run_sweep", lambda grid, out, **kw: called.append(out) or 0)
+    grid = ROOT / "recipes/quick/quickstart.toml"
+    assert run_cli("sweep", grid)[0] == 0
+    code, text = run_cli("sweep", grid, "--out", tmp_path / "old")
+    assert code == 0 and "note: --out is now --runs" in text
+    assert run_cli("sweep", grid, "--runs", tmp_path / "new") == (0, "")
+    assert called == [Path("runs"), tmp_path / "old", tmp_path / "new"]
+
+
+@pytest.mark.parametrize("args,runs,out,note", [
+    ([], "runs", "figures", False),
+    (["--runs", "r", "--out", "f"], "r", "f", False),
+    (["--out", "r", "--figures", "f"], "r", "f", True),  # the old spelling
+    (["--figures", "f"], "runs", "f", True),
+])
+def test_quickstart_folders(monkeypatch, args, runs, out, note):
+    called = {}
+
+    def fake(device, out, figures, jobs, progress):
+        called.update(runs=out, out=figures)
+        return 0
+
+    monkeypatch.setattr(quickstart, "run_quickstart", fake)
+    code, text = run_cli("quickstart", *args)
+    assert code == 0, text
+    assert called == {"runs": Path(runs), "out": Path(out)}
+    assert ("note: --figures is now --out" in text) == note

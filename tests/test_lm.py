@@ -207,7 +207,7 @@ def test_uniform_logits_give_a_perplexity_of_the_class_count(prepared):
 
 def test_train_and_eval_a_language_model(prepared, tmp_path):
     run = tmp_path / "run"
-    result = cli("train", "recipes/lstm_wikitext103_pe.toml", "--out", run, "--device", "cpu",
+    result = cli("train", "recipes/lstm_wikitext103_pe.toml", "--run-dir", run, "--device", "cpu",
                  "--no-progress", "--set", f"task.data='{prepared}'",
                  "--set", f"task.vocab_size={VOCAB}", "--set", f"task.length={MAX_TOKENS}",
                  "--set", "model.hidden_size=16", "--set", "model.embed_size=16",
@@ -228,7 +228,7 @@ def test_train_and_eval_a_language_model(prepared, tmp_path):
 
 def test_train_without_prepared_data_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
-    line = one_line_error(cli("train", "recipes/lstm_wikitext103.toml", "--out",
+    line = one_line_error(cli("train", "recipes/lstm_wikitext103.toml", "--run-dir",
                               tmp_path / "run", "--device", "cpu", "--no-progress",
                               "--set", f"task.data='{tmp_path / 'empty'}'"))
     assert "no manifest.json; run `perencode lm-prepare`" in line

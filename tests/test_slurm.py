@@ -77,7 +77,7 @@ def write_grid(folder: Path, name: str, axes: str, time_min: int = 10, signal: i
 
 def sweep(grid: Path, out: Path, timeout: float = 600) -> tuple[int, str]:
     """`perencode sweep GRID --executor slurm` in a subprocess (as a user runs it)."""
-    proc = subprocess.run([PYTHON, "-m", "perencode", "sweep", str(grid), "--out", str(out),
+    proc = subprocess.run([PYTHON, "-m", "perencode", "sweep", str(grid), "--runs", str(out),
                            "--executor", "slurm", "--device", "cpu", "--no-progress"],
                           capture_output=True, text=True, env=subprocess_env(),
                           timeout=timeout)
@@ -100,7 +100,7 @@ def reference(run_dir: Path, tmp_path: Path) -> Path:
     """The same recipe trained in one go by `perencode train`."""
     ref = tmp_path / f"reference-{run_dir.name}"
     subprocess.run([PYTHON, "-m", "perencode", "train", str(run_dir / "recipe.toml"),
-                    "--out", str(ref), "--device", "cpu", "--no-progress"],
+                    "--run-dir", str(ref), "--device", "cpu", "--no-progress"],
                    env=subprocess_env(), check=True, capture_output=True, timeout=600)
     return ref
 

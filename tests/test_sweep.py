@@ -66,7 +66,7 @@ def swept(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     grid = root / "tiny.toml"
     grid.write_text(TINY + AXES)
-    code, output = sweep(grid, "--out", root / "runs", "--jobs", "2")
+    code, output = sweep(grid, "--runs", root / "runs", "--jobs", "2")
     return grid, root / "runs", code, output
 
 
@@ -89,7 +89,7 @@ def test_rerun_skips_finished_and_resumes_unfinished(swept):
     unfinished = out / "tiny" / CELLS[0]
     (unfinished / "eval.json").unlink()
     (unfinished / "checkpoints" / "step-10.pt").unlink()
-    code, output = sweep(grid, "--out", out, "--jobs", "2")
+    code, output = sweep(grid, "--runs", out, "--jobs", "2")
     assert code == 0, output
     assert runs.is_complete(unfinished)
     for cell in CELLS[1:]:
@@ -117,7 +117,7 @@ def test_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
     grid = tmp_path / "mixed.toml"
     grid.write_text(TINY.replace('name = "reverse"', 'name = "reverse"\ndata = "nowhere"')
                     + '[grid]\n"task.name" = ["lm", "reverse"]\n')
-    code, output = sweep(grid, "--out", tmp_path / "runs")
+    code, output = sweep(grid, "--runs", tmp_path / "runs")
     assert code == 1
     failed = tmp_path / "runs" / "mixed" / "task=lm"
     assert f"log: {failed / 'train.log'}" in output.replace("\n", "")
@@ -130,7 +130,7 @@ def test_identical_recipes_are_linked_not_retrained(swept):
     grid, out, _, _ = swept
     twin = grid.with_name("twin.toml")
     twin.write_text(grid.read_text())
-    code, output = sweep(twin, "--out", out, "--only", "seed=111")
+    code, output = sweep(twin, "--runs", out, "--only", "seed=111")
     assert code == 0, output
     for cell in CELLS:
         if "seed=111" in cell:
@@ -167,7 +167,7 @@ def test_dry_run_is_instant_trains_nothing_and_writes_nothing(tmp_path, monkeypa
     monkeypatch.setattr(cost_module, "bench", forbidden)
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY + AXES)
-    code, output = sweep(grid, "--out", tmp_path / "fresh", "--dry-run")
+    code, output = sweep(grid, "--runs", tmp_path / "fresh", "--dry-run")
     assert code == 0, output
     assert "8 runs (8 new); 8 to train" in output
     assert "device-hours on cpu" in output and "not measured yet" in output
@@ -197,14 +197,14 @@ def test_estimate_measures_each_shape_once_and_the_dry_run_reuses_it(tmp_path):
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY + AXES)
     out = tmp_path / "runs"
-    code, output = sweep(grid, "--out", out, "--estimate", "--only", "vocab_size=8",
+    code, output = sweep(grid, "--runs", out, "--estimate", "--only", "vocab_size=8",
                          "--only", "encoding=none")
     assert code == 0, output
     cache = json.loads((out / ".estimates.json").read_text())
     (entries,) = cache.values()
     assert len(entries) == 1 and list(entries.values())[0]["seconds_per_iteration"] > 0
     assert not (out / "tiny").exists()  # timed, not trained
-    code, output = sweep(grid, "--out", out, "--dry-run")
+    code, output = sweep(grid, "--runs", out, "--dry-run")
     assert code == 0, output
     # One shape measured; the other GRU shapes are extrapolated by their FLOPs (~).
     assert "~" in output and "extrapolated by FLOPs" in output and "?" not in output
@@ -258,7 +258,7 @@ def test_checkpoint_stops_training_and_the_requeued_job_resumes(tmp_path):
     cell = load_grid(grid).cells[0]
     run_dir = tmp_path / "run"
     runs.claim(run_dir, cell.recipe)
-    args = (str(run_dir), [["train", str(run_dir / "recipe.toml"), "--out", str(run_dir)]],
+    args = (str(run_dir), [["train", str(run_dir / "recipe.toml"), "--run-dir", str(run_dir)]],
             "cpu", 1)
     job, errors = TrainJob(), []
 
@@ -292,7 +292,7 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY.replace("iterations = 10", "iterations = 300") + AXES)
     out = tmp_path / "runs"
-    first = subprocess.Popen([PYTHON, "-m", "perencode", "sweep", str(grid), "--out", str(out),
+    first = subprocess.Popen([PYTHON, "-m", "perencode", "sweep", str(grid), "--runs", str(out),
                               "--only", "vocab_size=8", "--only", "seed=111", "--device",
                               "cpu", "--no-progress"], env=subprocess_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -301,7 +301,7 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
     while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
         assert first.poll() is None, first.stdout.read().decode()
         time.sleep(0.05)
-    code, output = sweep(grid, "--out", out, "--only", "vocab_size=8", "--only", "seed=111")
+    code, output = sweep(grid, "--runs", out, "--only", "vocab_size=8", "--only", "seed=111")
     text = " ".join(output.split())
     assert code == 2, output
     assert text.startswith(f"error: {out / 'tiny'}: in use by `perencode sweep {grid}` (pid "

@@ -50,7 +50,7 @@ exclude = "node[01-02]"
 setup = ["module load apptainer", "export HF_HUB_OFFLINE=1"]
 additional = { reservation = "paper", mail_type = "FAIL" }
 """)
-    code, output = sweep(grid, "--out", tmp_path / "runs", "--executor", "slurm", "--no-wait",
+    code, output = sweep(grid, "--runs", tmp_path / "runs", "--executor", "slurm", "--no-wait",
                          "--slurm", 'account="lab"', "--partition", "gpu")
     assert code == 0, output
     (script,) = fake_slurm.iterdir()
@@ -71,7 +71,7 @@ def test_no_wait_then_rerun_collects_and_never_submits_twice(fake_slurm, tmp_pat
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY + AXES + "[slurm]\ngpus_per_job = 0\n")
     out = tmp_path / "runs"
-    args = (grid, "--out", out, "--executor", "slurm", "--no-wait")
+    args = (grid, "--runs", out, "--executor", "slurm", "--no-wait")
     code, output = sweep(*args)
     assert code == 0, output
     jobs = (out / "tiny" / ".submitit" / "jobs.json").read_text()
@@ -85,14 +85,14 @@ def test_no_wait_then_rerun_collects_and_never_submits_twice(fake_slurm, tmp_pat
 def test_no_wait_needs_a_slurm_cluster(tmp_path):
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY + AXES)
-    code, output = sweep(grid, "--out", tmp_path / "runs", "--no-wait")
+    code, output = sweep(grid, "--runs", tmp_path / "runs", "--no-wait")
     assert code == 2 and "--no-wait: only with --executor slurm" in output
 
 
 def test_unknown_slurm_option_is_one_line(tmp_path):
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY + AXES)
-    code, output = sweep(grid, "--out", tmp_path / "runs", "--executor", "slurm",
+    code, output = sweep(grid, "--runs", tmp_path / "runs", "--executor", "slurm",
                          "--slurm", "qso=high")
     assert code == 2 and "--slurm 'qso=high': expected KEY=VALUE with KEY one of" in output
     assert len(output.strip().splitlines()) == 1
@@ -102,5 +102,5 @@ def test_no_slurm_on_this_machine_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no srun, sbatch or squeue
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY + AXES + "[slurm]\ngpus_per_job = 0\n")
-    code, output = sweep(grid, "--out", tmp_path / "runs", "--executor", "slurm")
+    code, output = sweep(grid, "--runs", tmp_path / "runs", "--executor", "slurm")
     assert code == 2 and "no SLURM here" in output and len(output.strip().splitlines()) == 1

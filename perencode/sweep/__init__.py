@@ -36,7 +36,7 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
               runs_per_gpu: int = 1, dry_run: bool = False, only: list[str] | None = None,
               overrides: list[str] | None = None, device: str = "auto",
               slurm: dict | None = None, progress: bool = True, wait: bool = True,
-              estimate: bool = False) -> int:
+              estimate: bool = False, tensorboard: bool = False) -> int:
     """Run every cell of a grid; 0 when all runs finished (or, with wait=False, were
     submitted), 1 if one failed, 130 if stopped."""
     if executor not in ("local", "slurm"):
@@ -50,7 +50,7 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
                         "outlive the sweep there; local runs would not)")
     if not g.cells:
         raise UserError(f"{grid}: --only leaves no cell to run")
-    planned = plan(g, out)
+    planned = plan(g, out, tensorboard)
     if estimate:
         measure(planned, out, device, jobs)
     if dry_run or estimate:

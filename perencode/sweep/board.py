@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from perencode.console import console
+from perencode.console import console, fit_name
 from perencode.sweep.plan import Run, RunState
 
 STYLE = {RunState.DONE: "green", RunState.FAILED: "bold red", RunState.CONFLICT: "bold red",
@@ -46,12 +46,14 @@ class Board:
                                                           sorted(counts.items())))
         for col in ("run", "state", "step", "train acc", "ETA"):
             table.add_column(col, justify="left" if col in ("run", "state") else "right",
-                             no_wrap=col != "run", overflow="fold")
+                             no_wrap=True)
+        # What the other columns leave of the console's width (a log file or pipe: 80).
+        width = max(24, console.width - 52)
         for r in shown:
             state = str(r.state) + (f" (gpu {r.gpu})" if r.gpu is not None and r.proc else "")
             acc = f"{r.accuracy:.3f}" if r.accuracy is not None else ""
             eta = duration(r.eta_s) if r.state == RunState.RUNNING else ""
-            table.add_row(r.cell.name, Text(state, style=STYLE.get(r.state, "")),
+            table.add_row(fit_name(r.cell.name, width), Text(state, style=STYLE.get(r.state, "")),
                           f"{r.step}/{r.iterations}", acc, eta)
         return table
 

@@ -170,12 +170,13 @@ def twin_job(out: Path, twin: Path) -> str | None:
 # The plan
 # --------------------------------------------------------------------------------------
 
-def plan(grid: Grid, out: Path) -> list[Run]:
+def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[Run]:
     """One Run per cell with its state and the commands still to run (nothing is written).
 
     A cell whose recipe already has a run elsewhere under `out` (finished or not: another
     grid made it, e.g. Fig. 5's cells are Fig. 3's runs) is linked to it; an unfinished twin
-    is trained on through the link, which resumes it."""
+    is trained on through the link, which resumes it. `tensorboard`: training also writes
+    TensorBoard event files."""
     claimed = None
     recorded = read_jobs(out, grid.name)
     planned = []
@@ -205,7 +206,8 @@ def plan(grid: Grid, out: Path) -> list[Run]:
         refresh(run)
         trained = runs.is_complete(run.twin or run_dir)
         if not trained:
-            run.commands.append(["train", str(run_dir / "recipe.toml"), "--out", str(run_dir)])
+            run.commands.append(["train", str(run_dir / "recipe.toml"), "--run-dir", str(run_dir),
+                                 *(["--tensorboard"] if tensorboard else [])])
         if "stability" in grid.sweep.after and not (trained and stability_done(run.twin or
                                                                                run_dir)):
             run.commands.append(["stability", str(run_dir)])

@@ -1,0 +1,92 @@
+"""The environment report: what `perencode env` prints and every run's env.json records
+(versions of perencode, its git commit, Python, torch, CUDA and cuDNN, the device, threads,
+and the packages results depend on)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import perencode
+from perencode.device import available_cores
+
+PACKAGE_DIR = Path(perencode.__file__).resolve().parent
+# Where the package is no git checkout (a wheel, a container image), the commit it was built
+# from can be given here; the Docker image sets it from a build argument.
+GIT_COMMIT_VARIABLE = "PERENCODE_GIT_COMMIT"
+PACKAGES = ("numpy", "pydantic", "typer", "rich", "pandas", "matplotlib", "seaborn",
+            "submitit", "sentencepiece", "tensorboard", "datasets")
+
+
+def git_commit(folder: str | Path | None = None) -> str | None:
+    """HEAD of the git checkout holding `folder` (default: the package); else the variable
+    PERENCODE_GIT_COMMIT; else None."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=folder or PACKAGE_DIR, timeout=5)
+        commit = out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return commit or os.environ.get(GIT_COMMIT_VARIABLE) or None
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions (None: not installed), read from the package metadata without
+    importing the packages."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def report(device: torch.device) -> dict[str, Any]:
+    """The environment of a run on `device`, as JSON-ready values."""
+    cuda = torch.cuda.is_available()
+    return {
+        "perencode_version": perencode.__version__,
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "device": str(device),
+        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else platform.processor() or platform.machine()),
+        "cuda_devices": ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+                         if cuda else []),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_cores": available_cores(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "hostname": platform.node(),
+        "packages": package_versions(),
+    }
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return str(value)
+
+
+def format_report(env: dict[str, Any]) -> str:
+    """The report as aligned `key  value` lines for people (`perencode env`)."""
+    packages = env.get("packages", {})
+    width = max(len(k) for k in [*env, *(f"  {n}" for n in packages)]) + 2
+    lines = [f"{k:<{width}}{_text(v)}" for k, v in env.items() if k != "packages"]
+    lines.append("packages:")
+    lines += [f"{'  ' + n:<{width}}{_text(v)}" for n, v in packages.items()]
+    return "\n".join(lines)

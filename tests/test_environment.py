@@ -1,0 +1,73 @@
+"""The environment report: `perencode env`, and what every run records in env.json."""
+
+import json
+import subprocess
+from importlib import metadata
+
+import pytest
+import torch
+from conftest import ROOT, tiny_overrides
+from typer.testing import CliRunner
+
+from perencode import environment
+from perencode.cli import app
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _head(folder) -> str | None:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True,
+                         text=True)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def test_git_commit_is_the_checkout_head(monkeypatch):
+    head = _head(ROOT)
+    if head is None:
+        pytest.skip("the tests run from a copy that is not a git checkout")
+    monkeypatch.setenv(environment.GIT_COMMIT_VARIABLE, COMMIT)  # git wins where it answers
+    assert environment.git_commit() == head
+
+
+def test_git_commit_falls_back_to_the_variable(monkeypatch, tmp_path):
+    assert _head(tmp_path) is None  # like an installed wheel or a container image
+    monkeypatch.setenv(environment.GIT_COMMIT_VARIABLE, COMMIT)
+    assert environment.git_commit(tmp_path) == COMMIT
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git at all
+    assert environment.git_commit(ROOT) == COMMIT
+    monkeypatch.delenv(environment.GIT_COMMIT_VARIABLE)
+    assert environment.git_commit(tmp_path) is None
+
+
+def test_env_command_reports_versions_and_device():
+    result = CliRunner().invoke(app, ["env", "--json", "--device", "cpu"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    env = json.loads(result.stdout)
+    assert env["torch"] == torch.__version__ and env["device"] == "cpu"
+    assert env["perencode_version"] == metadata.version("perencode")
+    assert env["torch_threads"] == torch.get_num_threads() and env["cpu_cores"] >= 1
+    assert env["packages"]["numpy"] == metadata.version("numpy")
+    assert env["packages"]["tensorboard"] == metadata.version("tensorboard")
+    assert set(env["packages"]) == set(environment.PACKAGES)
+
+    text = CliRunner().invoke(app, ["env", "--device", "cpu"], catch_exceptions=False).stdout
+    lines = {line.split(None, 1)[0]: line.split(None, 1)[1] for line in text.splitlines()
+             if len(line.split(None, 1)) == 2}
+    assert lines["torch"] == torch.__version__ and lines["device"] == "cpu"
+    assert lines["numpy"] == env["packages"]["numpy"] and "packages:" in text
+
+
+def test_env_json_of_a_run_is_the_report(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(environment, "PACKAGE_DIR", tmp_path)  # as if installed from a wheel
+    monkeypatch.setenv(environment.GIT_COMMIT_VARIABLE, COMMIT)
+    run = tmp_path / "run"
+    code, text = cli("train", ROOT / "recipes/gru_vocab256.toml", "--run-dir", run,
+                     "--device", "cpu", "--no-progress",
+                     *tiny_overrides("train.iterations=2", "task.vocab_size=8",
+                                     "task.length=4"))
+    assert code == 0, text
+    recorded = json.loads((run / "env.json").read_text())
+    report = environment.report(torch.device("cpu"))
+    assert {k: recorded[k] for k in report} == report
+    assert recorded["git_commit"] == COMMIT and recorded["seed"] == 111
