@@ -46,6 +46,24 @@ def registered(kind: str, name: str, info: ValidationInfo) -> str:
     return name
 
 
+class KindNames:
+    """`json_schema_extra` of a field that names a registered kind: the JSON schema lists
+    the names registered when it is generated, and `schema_rows` their summaries."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __call__(self, schema: dict) -> None:
+        schema["enum"] = kinds.names(self.kind)
+        schema["description"] = self.describe(schema.get("description", ""))
+
+    def describe(self, description: str) -> str:
+        """The field's description followed by each registered kind's summary."""
+        return description + ": " + "; ".join(
+            f"{k.name} = {k.summary or k.label}" for k in kinds.registry(self.kind).values()
+        ) + "."
+
+
 def options_of_others(kind: str, chosen: str, section: BaseModel) -> None:
     """An option of another kind that is set here (not None) is a mistake worth a line."""
     for other in kinds.registry(kind).values():
@@ -62,7 +80,7 @@ class TaskConfig(Section):
     name: str = Field(
         "reverse",
         description="Task (docs/paper-facts.md#tasks and #language-modelling)",
-        json_schema_extra={"registry": "task"},
+        json_schema_extra=KindNames("task"),
     )
     vocab_size: int = Field(
         256, ge=2, le=1 << 20,
@@ -147,7 +165,7 @@ class TaskConfig(Section):
 class ModelConfig(Section):
     arch: str = Field(
         "gru", description="Sequence model, single layer (docs/paper-facts.md#common-model "
-        "and #s4d-model)", json_schema_extra={"registry": "model"},
+        "and #s4d-model)", json_schema_extra=KindNames("model"),
     )
     hidden_size: int = Field(
         512, ge=1, le=65536, description="Hidden size of the RNN, d_model of the S4D layer."
@@ -179,7 +197,7 @@ class ModelConfig(Section):
 class EncodingConfig(Section):
     kind: str = Field(
         "sinusoidal", description="Positional encoding (docs/paper-facts.md#positional-encodings)",
-        json_schema_extra={"registry": "encoding"},
+        json_schema_extra=KindNames("encoding"),
     )
     mode: Literal["concat", "add"] = Field(
         "concat", description="Combine the encoding with the embedding by concat or add."
@@ -425,11 +443,9 @@ def schema_rows() -> list[tuple[str, str, str, str]]:
             if "Literal" in str(ann):
                 type_name = " | ".join(repr(a) for a in ann.__args__)
             description = field.description or ""
-            kind = (field.json_schema_extra or {}).get("registry")
-            if kind:  # the registered kinds, whatever registered them
-                type_name = " | ".join(repr(n) for n in kinds.names(kind))
-                description += ": " + "; ".join(
-                    f"{k.name} = {k.summary or k.label}" for k in kinds.registry(kind).values())
-                description += "."
+            names = field.json_schema_extra
+            if isinstance(names, KindNames):  # whatever registered them
+                type_name = " | ".join(repr(n) for n in kinds.names(names.kind))
+                description = names.describe(description)
             rows.append((f"{section}.{name}", type_name, repr(field.default), description))
     return rows
