@@ -26,7 +26,9 @@ app = typer.Typer(
     help="Reproduce 'Positional Encoding Helps Recurrent Neural Networks Handle a Large "
          "Vocabulary' (Morita, TMLR).")
 
-SET_HELP = "Override a recipe field: section.key=value (value as a TOML literal). Repeatable."
+SET_HELP = ("Override a recipe field: section.key=value. The value is read as a TOML literal "
+            "(64, 1e-3, true, [0.9, 0.999], \"x\"); a bare word that is not TOML (lstm) is "
+            "a string. Repeatable.")
 SET_METAVAR = "KEY=VALUE"
 DEVICE_HELP = "auto (cuda if available, else cpu), cpu, cuda or cuda:N."
 RUNS_HELP = "Root of the run directories: a grid's runs go in a folder named after it."
@@ -87,6 +89,8 @@ def train(
                                      "learning rate and throughput as TensorBoard event "
                                      "files in RUN_DIR/tensorboard (needs "
                                      "`pip install perencode\\[tensorboard]`)."),
+    force: bool = typer.Option(False, "--force", help="Skip the memory check (a recipe "
+                               "estimated not to fit in the device's memory is refused)."),
 ) -> None:
     """Train a recipe (or resume its interrupted run, or report it complete)."""
     from perencode import runs
@@ -99,7 +103,8 @@ def train(
     run_dir = run_dir if run_dir is not None else runs.default_run_dir(recipe, r.train.seed)
     already = run_dir.is_dir() and runs.is_complete(run_dir)
     try:
-        result = run_training(r, run_dir, device, progress=progress, tensorboard=tensorboard)
+        result = run_training(r, run_dir, device, progress=progress, tensorboard=tensorboard,
+                              force=force)
     except Interrupted as stop:
         console.print(f"interrupted at iteration {stop.iteration}; checkpoint saved to "
                       f"{stop.path}. Run the same command again to resume.")

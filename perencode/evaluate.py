@@ -11,7 +11,8 @@ from perencode import runs
 from perencode.device import resolve_device
 from perencode.errors import UserError
 from perencode.experiment import build, output_logits
-from perencode.io import atomic_write_json
+from perencode.io import CorruptCheckpoint, atomic_write_json, remove_stale_temps
+from perencode.lock import hold
 from perencode.recipe import Recipe, identity
 
 
@@ -39,12 +40,20 @@ def load_run(run_dir: str | Path, device: torch.device, checkpoint: str | Path |
     """(recipe, task, model, iteration) of a run's newest (or the given) checkpoint."""
     run_dir = Path(run_dir)
     recipe = runs.read_recipe(run_dir)
-    if checkpoint is None:
+    newest = checkpoint is None
+    if newest:
         steps = runs.list_checkpoints(run_dir)
         if not steps:
             raise UserError(f"{run_dir}: no checkpoints yet (train it first)")
         checkpoint = steps[-1][1]
-    state = runs.load_checkpoint(checkpoint, map_location=device)
+    try:
+        state = runs.load_checkpoint(checkpoint, map_location=device)
+    except CorruptCheckpoint as exc:
+        if not newest:
+            raise
+        raise CorruptCheckpoint(f"{exc}; score an older one with --checkpoint, or run "
+                                f"`perencode train` on the run again: it resumes from the "
+                                f"newest readable checkpoint") from None
     if identity(state["recipe"]) != recipe.identity():
         raise UserError(f"{checkpoint}: checkpoint belongs to another recipe than "
                         f"{run_dir / 'recipe.toml'}")
@@ -55,12 +64,18 @@ def load_run(run_dir: str | Path, device: torch.device, checkpoint: str | Path |
 
 def evaluate_run(run_dir: str | Path, device: str = "auto",
                  checkpoint: str | Path | None = None, **options) -> tuple[dict, Path]:
-    """Evaluate a run; the final model goes to eval.json, another checkpoint to eval-step-K.json."""
+    """Evaluate a run; the final model goes to eval.json, another checkpoint to eval-step-K.json.
+
+    The run directory is locked meanwhile (perencode.lock): not beside a `train` of it."""
     run_dir = Path(run_dir)
     dev = resolve_device(device)
-    recipe, task, model, iteration = load_run(run_dir, dev, checkpoint)
-    result = evaluate_model(model, task, recipe, **options)
-    result["iteration"] = iteration
-    final = iteration == recipe.train.iterations
-    path = write_eval(run_dir, result, "eval.json" if final else f"eval-step-{iteration}.json")
+    runs.read_recipe(run_dir)  # not a run: say so before creating the lock file in it
+    with hold(run_dir, "eval"):
+        remove_stale_temps(run_dir)
+        recipe, task, model, iteration = load_run(run_dir, dev, checkpoint)
+        result = evaluate_model(model, task, recipe, **options)
+        result["iteration"] = iteration
+        final = iteration == recipe.train.iterations
+        name = "eval.json" if final else f"eval-step-{iteration}.json"
+        path = write_eval(run_dir, result, name)
     return result, path

@@ -28,8 +28,9 @@ import pandas as pd
 from perencode import kinds
 from perencode.console import console
 from perencode.grid import format_value, short_key, short_names
-from perencode.io import atomic_write_bytes, atomic_write_text
-from perencode.results import BOOKKEEPING, collect, results_table
+from perencode.io import atomic_write_bytes, atomic_write_text, remove_stale_temps
+from perencode.lock import hold
+from perencode.results import BOOKKEEPING, Results, collect, results_table
 from perencode.stats import bootstrap_ci
 
 # Labels and orders of tasks, models and encodings come from their registrations
@@ -371,10 +372,19 @@ def _warn(message: str) -> None:
 
 
 def make_figures(runs: list[Path], out: Path = Path("figures")) -> list[Path]:
-    """results.csv, the per-row tables and every figure the runs under `runs` cover."""
+    """results.csv, the per-row tables and every figure the runs under `runs` cover.
+
+    `out` is locked meanwhile (perencode.lock), and what a killed `figures` left half
+    written there (its temporary files, not those of `verify`) is removed first."""
     results = collect([Path(p) for p in runs])
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with hold(out, "figures"):
+        remove_stale_temps(out, lambda name: name.startswith(
+            ("results", *(figure.name for figure in FIGURES))))
+        return _make_figures(results, out)
+
+
+def _make_figures(results: Results, out: Path) -> list[Path]:
     for line in results.duplicates:
         _warn(f"ignored a second run of the same recipe: {line}")
     written = [out / "results.csv"]

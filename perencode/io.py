@@ -1,16 +1,25 @@
 """Atomic file writes and safe checkpoint loading.
 
-Every result or checkpoint is written to a temporary file in the same folder, flushed
-and fsync'ed, then renamed over the target: a reader sees the old file or the new one,
-never half of one.
+Every result or checkpoint is written to a temporary file `.NAME.XXXXXXXX.tmp` in the same
+folder, flushed and fsync'ed, then renamed over the target: a reader sees the old file or
+the new one, never half of one. A writer killed before the rename leaves its temporary
+file; `remove_stale_temps` clears them (the commands call it under their directory's lock).
+
+A write the filesystem refuses for space, quota, permission or a read-only mount raises
+`WriteError` (a UserError: one line naming the file and what was kept), not a traceback.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
+import re
 import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,22 +27,108 @@ import torch
 
 from perencode.errors import UserError
 
+# The errors of a full, over-quota, read-only or forbidden filesystem: the user's to fix.
+DISK_ERRORS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+               errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+               errno.EPERM: "operation not permitted"}
+# mkstemp(prefix=".NAME.", suffix=".tmp"): eight characters of [a-z0-9_] in between.
+TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# The mode open() would give a new file: mkstemp's 0600 would hide results and checkpoints
+# from the other users of a shared filesystem.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
+
+
+class WriteError(UserError):
+    """The filesystem refused a write (full, over quota, read-only, no permission)."""
+
+
+class CorruptCheckpoint(UserError):
+    """A checkpoint file that cannot be read back (truncated, damaged, not a checkpoint)."""
+
+
+def plain(text: str) -> str:
+    """`text` without terminal colour codes (torch colours some of its messages)."""
+    return _ANSI_RE.sub("", text)
+
+
+def disk_error(exc: OSError, path: str | Path, kept: str) -> WriteError | None:
+    """The one-line WriteError for a refused write of `path`, None for other errors."""
+    if exc.errno not in DISK_ERRORS:
+        return None
+    return WriteError(f"{exc.filename or path}: cannot write: {DISK_ERRORS[exc.errno]}; "
+                      f"{kept}")
+
+
+@contextmanager
+def disk_errors(path: str | Path, kept: str) -> Iterator[None]:
+    """Turn a refused write inside the block into WriteError naming the file and `kept`."""
+    try:
+        yield
+    except OSError as exc:
+        error = disk_error(exc, path, kept)
+        if error is None:
+            raise
+        raise error from None
+
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+    kept = (f"the previous {path.name} is kept" if path.exists()
+            else f"{path.name} was not written")
+    with disk_errors(path, kept):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            if hasattr(os, "fchmod"):
+                os.fchmod(fd, FILE_MODE)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        fsync_dir(path.parent)
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line durably; a refused write leaves the file as it was (no half line)."""
+    path = Path(path)
+    with open(path, "a", encoding="utf-8") as f:
+        size = f.tell()
+        try:
+            f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+        except OSError as exc:
+            error = disk_error(exc, path, f"{path.name} keeps its earlier lines")
+            if error is None:
+                raise
+            f.truncate(size)
+            raise error from None
+
+
+def remove_stale_temps(folder: str | Path,
+                       targets: Callable[[str], bool] = lambda name: True) -> list[Path]:
+    """Delete the temporary files killed writers left in `folder` (only this module's
+    `.NAME.XXXXXXXX.tmp`, and only for the NAMEs `targets` accepts); the paths removed.
+    Call it holding the folder's lock: a live writer's temporary file looks the same."""
+    folder = Path(folder)
+    removed = []
+    if not folder.is_dir():
+        return removed
+    for path in sorted(folder.iterdir()):
+        match = TEMP_RE.match(path.name)
+        if match and targets(match.group("target")) and path.is_file() \
+                and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -59,6 +154,15 @@ def atomic_torch_save(path: str | Path, obj: Any) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+def _reason(exc: Exception) -> str:
+    """The sentence of torch's load error that says what is wrong with the file (its
+    weights-only errors open with advice on loading unsafely, in bold)."""
+    text = plain(str(exc))
+    _, found, after = text.partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in (after if found else text).splitlines() if line.strip()]
+    return lines[0].split(". ")[0].rstrip(".") if lines else type(exc).__name__
+
+
 def safe_torch_load(path: str | Path, kind: str, map_location: str | torch.device = "cpu") -> dict:
     """Load a checkpoint without unpickling arbitrary objects.
 
@@ -69,10 +173,12 @@ def safe_torch_load(path: str | Path, kind: str, map_location: str | torch.devic
     if not path.is_file():
         raise UserError(f"{path}: checkpoint file not found")
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # e.g. a foreign pickle protocol: the error says it
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure to parse means a bad file
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(
+        first = _reason(exc)
+        raise CorruptCheckpoint(
             f"{path}: not a readable perencode checkpoint (corrupted, truncated or foreign: "
             f"{first[:160]})"
         ) from None

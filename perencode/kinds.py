@@ -61,6 +61,9 @@ class ModelKind:
     jacobians: Callable[..., Any] | None = None
     # Steps shared by a stability pair before the target (the S4D's 22-token prefix).
     stability_prefix: int = 0
+    # Memory preflight: floats per sample and time step, in units of H, that the model keeps
+    # for its backward pass; None: the largest of the registered models' is assumed.
+    saved_per_step: int | None = None
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,11 @@ from pathlib import Path
 from perencode.console import console
 from perencode.errors import UserError
 
+if sys.platform == "win32":
+    import msvcrt
+else:
+    import fcntl
+
 LOCK_NAME = ".perencode.lock"
 # Windows locks a byte range and forbids reading it meanwhile: lock one byte far past the
 # holder's record, which stays readable.
@@ -61,16 +66,12 @@ class Locked(UserError):
 def _try_lock(fd: int) -> bool:
     """Take the exclusive lock on `fd` without waiting; False if someone holds it."""
     if sys.platform == "win32":
-        import msvcrt
-
         os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
         try:
             msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
         except OSError:
             return False
         return True
-    import fcntl
-
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -82,13 +83,9 @@ def _try_lock(fd: int) -> bool:
 
 def _unlock(fd: int) -> None:
     if sys.platform == "win32":
-        import msvcrt
-
         os.lseek(fd, _WINDOWS_BYTE, os.SEEK_SET)
         msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
     else:
-        import fcntl
-
         fcntl.lockf(fd, fcntl.LOCK_UN)
 
 
@@ -189,7 +186,10 @@ def _acquire(directory: Path, purpose: str) -> int:
                 break
             _note(f"{directory}: taking the run back from {_describe(holder)}, an earlier "
                   f"run of this requeued SLURM job")
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                break
             continue
         if not _still_at(fd, path):  # its previous holder released it and removed the file
             os.close(fd)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -35,6 +35,20 @@ import tomli_w
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data: Any) -> Any:
+        """`true` where a number is meant is a mistake, not 1 (Pydantic would take it)."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name)
+                values = value if isinstance(value, (list, tuple)) else [value]
+                if field is not None and any(isinstance(v, bool) for v in values) and \
+                        bool not in (field.annotation, *get_args(field.annotation)):
+                    raise ValueError(f"field '{name}': expected a number, got a boolean "
+                                     f"({json.dumps(value)})")
+        return data
 
 
 def registered(kind: str, name: str, info: ValidationInfo) -> str:
@@ -314,7 +328,9 @@ SECTIONS = ("task", "model", "encoding", "optim", "train")
 
 
 def parse_value(text: str) -> Any:
-    """A `--set` value as a TOML literal (`1e-3`, `[0.9, 0.999]`, `"x"`); bare words are strings."""
+    """A `--set` value, read as a TOML literal (`64`, `1e-3`, `true`, `[0.9, 0.999]`, `"x"`);
+    a bare word that is not TOML (`lstm`) is taken as a string. The recipe's fields then
+    check the type: no string or boolean where a number is meant."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:

@@ -8,6 +8,10 @@
     RUN_DIR/checkpoints/resume.pt  written when a run is interrupted (SIGINT/SIGTERM)
     RUN_DIR/eval.json              held-out metrics of the final model
     RUN_DIR/tensorboard/           TensorBoard event files (`train --tensorboard`; tracking.py)
+    RUN_DIR/.perencode.lock        while a command writes in the run (perencode.lock)
+
+A checkpoint found unreadable when resuming is renamed step-K.pt.corrupt (never deleted)
+and the run resumes from the newest readable one.
 """
 
 from __future__ import annotations
@@ -22,8 +26,17 @@ from typing import Any
 import torch
 
 from perencode import environment
+from perencode.console import console
 from perencode.errors import UserError
-from perencode.io import atomic_torch_save, atomic_write_json, atomic_write_text, safe_torch_load
+from perencode.io import (
+    CorruptCheckpoint,
+    append_line,
+    atomic_torch_save,
+    atomic_write_json,
+    atomic_write_text,
+    safe_torch_load,
+)
+from perencode.lock import LOCK_NAME
 from perencode.recipe import Recipe, read_toml, validate
 
 CHECKPOINT_FORMAT = "perencode-checkpoint"
@@ -91,7 +104,7 @@ def claim(run_dir: Path, recipe: Recipe) -> bool:
             raise UserError(f"{run_dir}: holds a run of a different recipe ({diff[0]}"
                             f"{'; ...' if len(diff) > 1 else ''}); choose another --out")
         return True
-    if run_dir.exists() and any(run_dir.iterdir()):
+    if run_dir.exists() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
         raise UserError(f"{run_dir}: exists and is not a perencode run directory; "
                         "choose another --out")
     atomic_write_text(path, recipe.to_toml())
@@ -139,16 +152,44 @@ def prune_checkpoints(run_dir: Path, keep: int | None) -> list[Path]:
     return old
 
 
-def resume_point(run_dir: Path) -> Path | None:
-    """The newest checkpoint to resume from: the last step-K.pt or a later resume.pt."""
-    steps = list_checkpoints(run_dir)
-    best = steps[-1] if steps else None
-    resume = run_dir / "checkpoints" / "resume.pt"
+def resume_state(run_dir: Path, map_location: str | torch.device = "cpu"
+                 ) -> tuple[Path, dict] | None:
+    """The newest readable checkpoint to resume from (the last step-K.pt, or resume.pt when
+    it is later) and its state; None when there is none.
+
+    An unreadable candidate is renamed NAME.corrupt (kept for inspection, out of every
+    listing) and the next older one is tried; one line says what happened.
+    """
+    folder = Path(run_dir) / "checkpoints"
+    found: tuple[Path, dict] | None = None
+    corrupt: list[tuple[Path, str]] = []
+
+    def read(path: Path) -> dict | None:
+        try:
+            return load_checkpoint(path, map_location)
+        except CorruptCheckpoint as exc:
+            aside = path.with_name(path.name + ".corrupt")
+            os.replace(path, aside)
+            corrupt.append((path, str(exc).partition(": ")[2]))
+            return None
+
+    resume = folder / "resume.pt"
     if resume.exists():
-        it = load_checkpoint(resume)["iteration"]
-        if best is None or it > best[0]:
-            return resume
-    return best[1] if best else None
+        state = read(resume)
+        if state is not None:
+            found = (resume, state)
+    for iteration, path in reversed(list_checkpoints(run_dir)):
+        if found is not None and iteration <= found[1]["iteration"]:
+            break
+        state = read(path)
+        if state is not None:
+            found = (path, state)
+            break
+    then = f"resuming from {found[0].name}" if found else "training from the start"
+    for path, why in corrupt:
+        console.print(f"[yellow]note:[/] {path}: {why}; kept aside as {path.name}.corrupt, "
+                      f"{then}", highlight=False, soft_wrap=True)
+    return found
 
 
 def save_checkpoint(path: Path, *, iteration: int, recipe: Recipe, model: torch.nn.Module,
@@ -175,7 +216,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                         f"supported (this perencode reads version {CHECKPOINT_VERSION})")
     for key in ("iteration", "model", "recipe"):
         if key not in state:
-            raise UserError(f"{path}: checkpoint lacks '{key}' (corrupted or foreign)")
+            raise CorruptCheckpoint(f"{path}: checkpoint lacks '{key}' (corrupted or foreign)")
     return state
 
 
@@ -189,10 +230,7 @@ def restore_model(model: torch.nn.Module, state: dict, path: str | Path) -> None
 
 
 def append_metrics(run_dir: Path, row: dict[str, Any]) -> None:
-    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_line(run_dir / "metrics.jsonl", json.dumps(row))
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -23,8 +23,10 @@ from perencode import kinds, runs
 from perencode.device import resolve_device
 from perencode.errors import UserError
 from perencode.evaluate import load_run
-from perencode.io import atomic_write_text
+from perencode.io import atomic_write_text, remove_stale_temps
+from perencode.lock import hold
 from perencode.progress import Reporter
+from perencode.recipe import Recipe
 from perencode.tasks.dual_frequency import TYPES, half_tokens
 
 # --------------------------------------------------------------------------------------
@@ -338,11 +340,20 @@ def analyse_run(run_dir: str | Path, triplets: int = 1024, metric: str = "weight
         raise UserError(f"{run_dir}: the S4D analysis puts the target at t = {prefix + 1}; "
                         f"task.length = {task.length} is too short")
     chosen = make_triplets(task.vocab_size, task.length, triplets, recipe.train.seed, prefix)
+    dev = resolve_device(device)
+    with hold(run_dir, "stability"):
+        remove_stale_temps(run_dir)
+        return _analyse(run_dir, recipe, chosen, dev, triplets, metric, every, batch,
+                        progress)
+
+
+def _analyse(run_dir: Path, recipe: Recipe, chosen: Triplets, dev: torch.device,
+             triplets: int, metric: str, every: int, batch: int, progress: bool) -> Path:
+    """`analyse_run` inside the locked run directory."""
+    task = recipe.task
     checkpoints = runs.list_checkpoints(run_dir)[::every]
     if not checkpoints:
         raise UserError(f"{run_dir}: no checkpoints yet (train it first)")
-    dev = resolve_device(device)
-
     path = run_dir / "stability.csv"
     rows = _read_csv(path, triplets, metric)
     done = {int(row["iteration"]) for row in rows}

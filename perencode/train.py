@@ -13,10 +13,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from perencode import runs
+from perencode import preflight, runs
 from perencode.device import resolve_device
 from perencode.evaluate import evaluate_model, write_eval
 from perencode.experiment import build, output_features
+from perencode.io import WriteError, remove_stale_temps
+from perencode.lock import hold
 from perencode.progress import Reporter
 from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import Batch
@@ -147,30 +149,62 @@ class Interrupted(Exception):
 
 
 def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "auto",
-          progress: bool = True, tensorboard: bool = False) -> dict:
+          progress: bool = True, tensorboard: bool = False, force: bool = False) -> dict:
     """Train (or resume, or report complete) the run of `recipe` in `run_dir`.
 
     Returns the eval.json dict (that of the earlier training when the run was already
     complete: `runs.is_complete` tells the two apart beforehand). A killed run resumes
-    from its newest checkpoint and ends bit-identical on CPU to an uninterrupted one:
-    model, optimizer, schedule position and the batch generator's state are all in the
-    checkpoint. `tensorboard` also writes the log steps as TensorBoard event files.
+    from its newest readable checkpoint and ends bit-identical on CPU to an uninterrupted
+    one: model, optimizer, schedule position and the batch generator's state are all in
+    the checkpoint. `tensorboard` also writes the log steps as TensorBoard event files.
+
+    Before anything is written, a recipe that cannot fit in the device's memory is refused
+    (perencode.preflight; `force` skips that). The run directory is locked from its claim
+    to its eval.json (perencode.lock): a second `train` of it fails at once. A write the
+    filesystem refuses (full disk, quota, read-only) ends it with a UserError naming the
+    last complete checkpoint.
     """
     run_dir = Path(run_dir)
     board = TensorBoardLog(run_dir, enabled=tensorboard)
     device = resolve_device(device) if isinstance(device, str) else device
-    existed = runs.claim(run_dir, recipe)
-    if existed and runs.is_complete(run_dir):
-        return runs.read_json(run_dir / "eval.json")
+    if not force and not runs.is_complete(run_dir):
+        preflight.check(recipe, device, CHUNK_LOGITS)
+    with hold(run_dir, "train"):
+        try:
+            existed = runs.claim(run_dir, recipe)
+            if existed and runs.is_complete(run_dir):
+                return runs.read_json(run_dir / "eval.json")
+            for folder in (run_dir, run_dir / "checkpoints"):
+                remove_stale_temps(folder)
+            return _train(recipe, run_dir, device, progress, existed, board)
+        except WriteError as exc:
+            raise WriteError(f"{exc}; {_kept(run_dir)}") from None
+
+
+def _kept(run_dir: Path) -> str:
+    """What a run stopped by a refused write keeps, and how to go on."""
+    saved = [p for _, p in runs.list_checkpoints(run_dir)]
+    resume = run_dir / "checkpoints" / "resume.pt"
+    if resume.exists():
+        saved.append(resume)
+    if not saved:
+        return "no checkpoint yet: run the same command again to start over"
+    last = max(saved, key=lambda p: p.stat().st_mtime)
+    return f"the last complete checkpoint is {last}: run the same command again to resume"
+
+
+def _train(recipe: Recipe, run_dir: Path, device: torch.device, progress: bool,
+           existed: bool, board: TensorBoardLog) -> dict:
+    """`train` inside the claimed, locked run directory."""
     runs.record_start(run_dir, device, recipe.train.seed)
 
     task, model = build(recipe, device)
     optimizer = make_optimizer(model, recipe.optim)
     generator = training_generator(recipe, device)
     start = 0
-    point = runs.resume_point(run_dir) if existed else None
-    if point is not None:
-        state = runs.load_checkpoint(point, map_location=device)
+    found = runs.resume_state(run_dir, map_location=device) if existed else None
+    if found is not None:
+        point, state = found
         runs.restore_model(model, state, point)
         optimizer.load_state_dict(state["optimizer"])
         generator.set_state(state["rng"]["generator"].cpu())

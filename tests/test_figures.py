@@ -69,3 +69,18 @@ def test_no_runs_is_an_error(tmp_path):
 
     with pytest.raises(UserError, match="no run directories"):
         make_figures([tmp_path], out=tmp_path / "figs")
+
+
+def test_a_killed_figures_leaves_nothing_the_next_one_keeps(tmp_path):
+    """Temporary files of `figures` (results*, fig*) go; those of `verify` stay."""
+    fake_run(tmp_path / "runs", "a", metrics={"token_accuracy": 0.5, "dl_distance": 1.0})
+    out = tmp_path / "figs"
+    out.mkdir()
+    ours = [out / ".results.csv.abcdefgh.tmp", out / ".fig02_reverse_vocabulary.png.x_y_z_12.tmp"]
+    theirs = [out / ".verify.md.abcdefgh.tmp", out / "notes.tmp"]
+    for path in ours + theirs:
+        path.write_text("half")
+    written = make_figures([tmp_path / "runs"], out=out)
+    assert out / "results.csv" in written
+    assert not any(p.exists() for p in ours) and all(p.exists() for p in theirs)
+    assert not (out / ".perencode.lock").exists()

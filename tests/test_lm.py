@@ -5,6 +5,7 @@ CLI."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 
 from perencode.cli import app
 from perencode.errors import UserError
+from perencode.lm import prepare as lm_prepare
 from perencode.lm.data import SPLITS, load
 from perencode.recipe import TaskConfig
 from perencode.rehearsal import write_corpus as make_corpus
@@ -228,7 +230,27 @@ def test_train_and_eval_a_language_model(prepared, tmp_path):
 
 def test_train_without_prepared_data_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
+    # --force: the paper's language model needs more memory than a small CPU box has.
     line = one_line_error(cli("train", "recipes/lstm_wikitext103.toml", "--run-dir",
-                              tmp_path / "run", "--device", "cpu", "--no-progress",
+                              tmp_path / "run", "--device", "cpu", "--no-progress", "--force",
                               "--set", f"task.data='{tmp_path / 'empty'}'"))
     assert "no manifest.json; run `perencode lm-prepare`" in line
+
+
+def test_a_full_disk_keeps_the_previous_build(corpus, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    prepare_cli(corpus[0], out)
+    manifest = (out / "manifest.json").read_bytes()
+
+    def full(sp, split, folder, *args):
+        with open(folder / f"{split}.bin", "wb"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(lm_prepare, "_encode", full)
+    line = one_line_error(cli("lm-prepare", "--source", corpus[0], "--out", out,
+                              "--vocab-size", VOCAB, "--max-tokens", 8, "--threads", 1,
+                              "--no-progress"))
+    assert "cannot write: no space left on device" in line
+    assert line.endswith(f"{out} keeps its previous build")
+    assert (out / "manifest.json").read_bytes() == manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out"]

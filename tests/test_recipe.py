@@ -45,6 +45,8 @@ def test_overrides_parse_toml_literals(tmp_path):
     assert r.encoding.kind == "none" and r.model.arch == "gru"
     assert parse_value("12") == 12 and parse_value("true") is True
     assert parse_value("sinusoidal") == "sinusoidal"
+    # A TOML integer where a float is meant is a number all the same.
+    assert load_recipe(path, ["optim.lr=1", "model.arch=lstm"]).optim.lr == 1.0
 
 
 def test_round_trip_through_toml(tmp_path):
@@ -68,6 +70,12 @@ def test_round_trip_through_toml(tmp_path):
     ("", ["model.hidden_size"], "expected section.key=value"),
     ("", ["foo.bar=1"], "section one of task, model"),
     ("", ["model.hidden_size=-1"], "(with --set): model.hidden_size"),
+    ("", ["train.iterations=true"],
+     "(with --set): train.iterations: expected a number, got a boolean (true)"),
+    ("", ["optim.lr=false"], "optim.lr: expected a number, got a boolean (false)"),
+    ("", ["optim.betas=[true, 0.9]"], "optim.betas: expected a number, got a boolean"),
+    ("[task]\nvocab_size = true\n", [], "task.vocab_size: expected a number, got a boolean"),
+    ("", ["optim.lr=fast"], "optim.lr: Input should be a valid number"),
 ])
 def test_errors_name_file_and_field(tmp_path, text, overrides, needle):
     path = write(tmp_path, text)

@@ -14,6 +14,7 @@ from conftest import ROOT, TINY, run_cli
 
 from perencode import stability as st
 from perencode.errors import UserError
+from perencode.lock import hold
 from perencode.models.rnn import RecurrentModel
 from perencode.models.s4d import S4DModel
 from perencode.recipe import EncodingConfig
@@ -398,3 +399,16 @@ def test_options_and_refusals(analysed, tmp_path):
     (plain / "recipe.toml").write_text(recipe)
     with pytest.raises(UserError, match="needs a run of task.name = 'dual_frequency'"):
         st.analyse_run(plain)
+
+
+def test_the_run_is_locked_meanwhile_and_stale_temporary_files_go(analysed):
+    run, _, content = analysed
+    with hold(run, "train"):
+        code, text = run_cli("stability", run, "--triplets", 16, "--device", "cpu",
+                             "--no-progress")
+        assert code == 2 and "already in use" in text
+    stale = run / ".stability.csv.a1b2c3d4.tmp"
+    stale.write_text("iteration,")
+    assert run_cli("stability", run, "--triplets", 16, "--device", "cpu",
+                   "--no-progress")[0] == 0
+    assert not stale.exists() and (run / "stability.csv").read_bytes() == content

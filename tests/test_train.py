@@ -1,6 +1,9 @@
+import errno
 import json
 import math
+import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ from conftest import (
     tiny_overrides,
 )
 
+import perencode.io
 from perencode import runs
 from perencode.recipe import OptimConfig
 from perencode.train import learning_rate
@@ -47,7 +51,7 @@ def test_cosine_schedule_reaches_zero_at_last_iteration():
 
 
 def _train_args(out: Path, iterations: int = 30, every: int = 10) -> list[str]:
-    return ["train", str(RECIPE), "--out", str(out), "--device", "cpu", "--no-progress",
+    return ["train", str(RECIPE), "--run-dir", str(out), "--device", "cpu", "--no-progress",
             *tiny_overrides(f"train.iterations={iterations}",
                             f"train.checkpoint_every={every}", "task.vocab_size=8",
                             "task.length=6", "optim.warmup=5")]
@@ -154,9 +158,12 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
     proc.kill()
     proc.wait()
     assert not (cut / "eval.json").exists()
+    assert json.loads((cut / ".perencode.lock").read_text())["pid"] == proc.pid  # left behind
     done = subprocess.run([PYTHON, "-m", "perencode", *_train_args(cut, 40)],
                           env=subprocess_env(), capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert f"pid {proc.pid}" in done.stderr and "taking over" in done.stderr  # stale lock
+    assert not (cut / ".perencode.lock").exists()
     _assert_same_weights(_final_model(full), _final_model(cut))
     assert [r["loss"] for r in runs.read_metrics(full)] == \
         [r["loss"] for r in runs.read_metrics(cut)]
@@ -236,7 +243,7 @@ def test_checkpoint_of_another_model_is_refused(cli, tmp_path):
 
 def test_loss_decreases_on_a_small_problem(cli, tmp_path):
     out = tmp_path / "run"
-    code, text = cli("train", str(RECIPE), "--out", str(out), "--device", "cpu",
+    code, text = cli("train", str(RECIPE), "--run-dir", str(out), "--device", "cpu",
                      "--no-progress", *tiny_overrides(
                          "train.iterations=150", "task.vocab_size=4", "task.length=3",
                          "optim.lr=1e-2", "optim.warmup=10", "train.checkpoint_every=150",
@@ -317,3 +324,171 @@ def test_corrupted_env_json_is_one_line(cli, tmp_path):
     (out / "env.json").write_text("{not json")
     code, text = cli(*_train_args(out, 10))
     assert code == 2 and "env.json: not valid JSON" in text and "Traceback" not in text
+
+
+# -- one writer per run, refused writes, unreadable checkpoints, stale temporary files ----
+
+def _steps(run_dir: Path) -> list[int]:
+    return [r["step"] for r in runs.read_metrics(run_dir)]
+
+
+def test_a_second_train_or_eval_of_a_running_run_exits_2(cli, tmp_path):
+    out = tmp_path / "run"
+    first = _spawn(_train_args(out, 100_000, 50_000))
+    try:
+        _wait_for(out / "metrics.jsonl", first)
+        code, text = cli(*_train_args(out, 100_000, 50_000))
+        assert code == 2 and len(text.strip().splitlines()) == 1, text
+        assert f"in use by `train` (pid {first.pid} on {socket.gethostname()}" in text
+        assert "since 20" in text and ".perencode.lock" in text
+        code, text = cli("eval", out, "--device", "cpu")
+        assert code == 2 and f"pid {first.pid}" in text
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 130
+    steps = _steps(out)
+    assert steps == list(range(5, steps[-1] + 1, 5))  # each step once
+    assert len(json.loads((out / "env.json").read_text())["starts"]) == 1
+
+
+@pytest.mark.slow
+def test_two_train_processes_on_one_run_dir_train_once(tmp_path):
+    """Two real `perencode train` at once: the second exits 2 naming the first, whose
+    metrics have each step once. The first is paused meanwhile, so the overlap is certain."""
+    out = tmp_path / "run"
+    first = _spawn(_train_args(out, 300, 100))
+    _wait_for(out / "metrics.jsonl", first)
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        second = subprocess.run([PYTHON, "-m", "perencode", *_train_args(out, 300, 100)],
+                                env=subprocess_env(), capture_output=True, text=True,
+                                timeout=120)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    output, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, output.decode()
+    assert second.returncode == 2
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"in use by `train` (pid {first.pid}" in lines[0], lines
+    assert _steps(out) == list(range(5, 301, 5))
+    assert len(json.loads((out / "env.json").read_text())["starts"]) == 1
+    assert not (out / ".perencode.lock").exists()
+
+
+def _refuse_writes_of(monkeypatch, name: str, code: int = errno.ENOSPC) -> None:
+    """Make the filesystem refuse atomic writes of `name` (as a full disk would)."""
+    real = perencode.io.tempfile.mkstemp
+
+    def mkstemp(*args, prefix="", **kwargs):
+        if prefix == f".{name}.":
+            raise OSError(code, os.strerror(code))
+        return real(*args, prefix=prefix, **kwargs)
+
+    monkeypatch.setattr(perencode.io.tempfile, "mkstemp", mkstemp)
+
+
+def test_a_full_disk_stops_training_with_one_line_and_the_rerun_resumes(cli, tmp_path,
+                                                                          monkeypatch):
+    clean, out = tmp_path / "clean", tmp_path / "run"
+    assert cli(*_train_args(clean, 20, 5))[0] == 0
+    _refuse_writes_of(monkeypatch, "step-15.pt")
+    code, text = cli(*_train_args(out, 20, 5))
+    assert code == 2 and "Traceback" not in text
+    assert " ".join(text.split()) == (
+        f"error: {out}/checkpoints/step-15.pt: cannot write: no space left on device; "
+        f"step-15.pt was not written; the last complete checkpoint is "
+        f"{out}/checkpoints/step-10.pt: run the same command again to resume")
+    assert not (out / ".perencode.lock").exists()
+    monkeypatch.undo()
+    code, text = cli(*_train_args(out, 20, 5))
+    assert code == 0, text
+    assert _steps(out) == [5, 10, 15, 20]
+    _assert_same_weights(_final_model(clean), _final_model(out))
+
+
+def test_a_read_only_run_dir_before_any_checkpoint(cli, tmp_path, monkeypatch):
+    _refuse_writes_of(monkeypatch, "env.json", errno.EROFS)
+    code, text = cli(*_train_args(tmp_path / "run", 10))
+    assert code == 2 and "env.json: cannot write: read-only file system" in text
+    assert "no checkpoint yet" in text
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (root and a mount that works: a container may forbid it)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                           capture_output=True, text=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_disk_full_on_a_real_small_filesystem(cli, tmp_path, small_disk):
+    clean = tmp_path / "clean"
+    assert cli(*_train_args(clean, 20, 5))[0] == 0
+    checkpoint = (clean / "checkpoints" / "step-20.pt").stat().st_size
+    page = os.statvfs(small_disk).f_frsize
+    # Room for the small files and one checkpoint, not for the next one beside it.
+    room = 6 * page + checkpoint + checkpoint // 2
+    free = os.statvfs(small_disk).f_bavail * page
+    (small_disk / "filler").write_bytes(b"\0" * (free - room))
+    out = small_disk / "run"
+    code, text = cli(*_train_args(out, 20, 5))
+    line = " ".join(text.split())
+    assert code == 2 and "Traceback" not in text, text
+    assert "cannot write: no space left on device" in line
+    assert f"the last complete checkpoint is {out}/checkpoints/step-" in line
+    (small_disk / "filler").unlink()
+    assert cli(*_train_args(out, 20, 5))[0] == 0
+    assert _steps(out) == [5, 10, 15, 20]
+    _assert_same_weights(_final_model(clean), _final_model(out))
+
+
+def test_an_unreadable_latest_checkpoint_is_set_aside_and_the_run_resumes(cli, tmp_path):
+    out = tmp_path / "run"
+    keep_all = ["--set", 'train.keep_checkpoints="all"']
+    assert cli(*_train_args(out, 20, 5), *keep_all)[0] == 0
+    ckpts = out / "checkpoints"
+    final = runs.load_checkpoint(ckpts / "step-20.pt")["model"]
+    result = json.loads((out / "eval.json").read_text())
+    (out / "eval.json").unlink()
+    truncated = (ckpts / "step-20.pt").read_bytes()[:1000]
+    (ckpts / "step-20.pt").write_bytes(truncated)
+    (ckpts / "resume.pt").write_bytes(b"\x00garbage")
+    stale = [out / ".metrics.jsonl.abcd_123.tmp", ckpts / ".step-20.pt.x1y2z3w4.tmp"]
+    foreign = [out / ".mine.tmp", ckpts / "step-20.pt.bak"]
+    for path in stale + foreign:
+        path.write_bytes(b"half")
+    assert not runs.is_complete(out)
+
+    code, text = cli(*_train_args(out, 20, 5), *keep_all)
+    assert code == 0, text
+    notes = [" ".join(line.split()) for line in text.split("note:")[1:]]
+    assert any("resume.pt: not a readable perencode checkpoint" in n and
+               "kept aside as resume.pt.corrupt, resuming from step-15.pt" in n for n in notes)
+    assert any("step-20.pt: not a readable perencode checkpoint" in n and
+               "kept aside as step-20.pt.corrupt" in n for n in notes)
+    assert "\x1b" not in text
+    assert (ckpts / "step-20.pt.corrupt").read_bytes() == truncated
+    assert (ckpts / "resume.pt.corrupt").exists()
+    _assert_same_weights(final, runs.load_checkpoint(ckpts / "step-20.pt")["model"])
+    assert json.loads((out / "eval.json").read_text())["token_accuracy"] == \
+        result["token_accuracy"]
+    assert _steps(out) == [5, 10, 15, 20] and runs.is_complete(out)
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in foreign)
+
+
+def test_eval_removes_its_stale_temporary_file(cli, tmp_path):
+    out = tmp_path / "run"
+    assert cli(*_train_args(out, 10))[0] == 0
+    stale = out / ".eval.json.q8w7e6r5.tmp"
+    stale.write_text("{")
+    code, text = cli("eval", out, "--device", "cpu")
+    assert code == 0, text
+    assert not stale.exists()

@@ -37,7 +37,7 @@ import numpy as np
 
 from perencode.console import console
 from perencode.errors import UserError
-from perencode.io import fsync_dir
+from perencode.io import disk_errors, fsync_dir
 from perencode.lm.data import (
     FORMAT,
     FORMAT_VERSION,
@@ -383,17 +383,20 @@ def prepare(source: str | None = None, out: str | Path = "data/wikitext103",
         umask = os.umask(0)
         os.umask(umask)
         build.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the data from other users
+        kept = (f"{out} keeps its previous build" if out.exists()
+                else f"{out} was not created")
         try:
-            manifest = _build(src, build, vocab_size, max_tokens, threads, fingerprint,
-                              progress)
-            if out.exists():
-                old = build.with_name(build.name.replace(".build-", ".old-"))
-                os.rename(out, old)
-                os.rename(build, out)
-                shutil.rmtree(old)
-            else:
-                os.rename(build, out)
-            fsync_dir(out.parent)
+            with disk_errors(build, kept):
+                manifest = _build(src, build, vocab_size, max_tokens, threads, fingerprint,
+                                  progress)
+                if out.exists():
+                    old = build.with_name(build.name.replace(".build-", ".old-"))
+                    os.rename(out, old)
+                    os.rename(build, out)
+                    shutil.rmtree(old)
+                else:
+                    os.rename(build, out)
+                fsync_dir(out.parent)
         finally:
             shutil.rmtree(build, ignore_errors=True)
     return manifest | {"status": "built" if previous is None else "rebuilt"}

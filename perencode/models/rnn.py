@@ -86,7 +86,10 @@ def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: ModelSizes) -> Recu
                           cfg.hidden_size, encoding, sizes.max_positions, sizes.padding_idx)
 
 
+# saved_per_step (perencode.preflight): a GRU keeps its input and hidden gate
+# pre-activations (3H + 3H), the reset and update gates and the output; an LSTM its four
+# gates from input and state, their activations, the cell state and its tanh.
 register_model(ModelKind("gru", build, label="GRU", summary="single-layer nn.GRU",
-                         jacobians=rnn_jacobians))
+                         jacobians=rnn_jacobians, saved_per_step=10))
 register_model(ModelKind("lstm", build, label="LSTM", summary="single-layer nn.LSTM",
-                         jacobians=rnn_jacobians))
+                         jacobians=rnn_jacobians, saved_per_step=15))

@@ -1,0 +1,130 @@
+"""perencode.preflight: the memory a recipe needs, checked before anything is written."""
+
+import itertools
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import ROOT, tiny_overrides
+
+from perencode import preflight, train
+from perencode.errors import UserError
+from perencode.experiment import build
+from perencode.models import build_model
+from perencode.recipe import validate
+from perencode.tasks import make
+
+RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
+TASKS = {
+    "reverse": {}, "sort": {}, "reverse_add": {}, "predecessor": {},
+    "dual_frequency": {"held_out_per_cell": 2}, "variable_length": {"min_length": 3},
+}
+
+
+def recipe(arch="gru", task="reverse", kind="sinusoidal", mode="concat", **train_cfg):
+    t = {"name": task, "vocab_size": 16, "length": 6, **TASKS[task]}
+    if task != "dual_frequency":
+        t["held_out"] = 8
+    return validate({"task": t, "encoding": {"kind": kind, "mode": mode},
+                     "model": {"arch": arch, "hidden_size": 12, "embed_size": 8, "d_state": 6},
+                     "train": train_cfg}, "test")
+
+
+@pytest.mark.parametrize("arch", ["gru", "lstm", "s4d"])
+def test_parameter_count_is_exact(arch):
+    for task, (kind, mode) in itertools.product(TASKS, [
+            ("none", "concat"), ("sinusoidal", "concat"), ("sinusoidal", "add"),
+            ("random", "concat"), ("learnable", "concat"), ("learnable", "add"),
+            ("duplicate", "concat")]):
+        r = recipe(arch, task, kind, mode)
+        model = build_model(r, make(r.task, 0))
+        assert preflight.parameter_count(r) == sum(p.numel() for p in model.parameters()), \
+            (task, kind, mode)
+        assert preflight.buffer_bytes(r) == sum(b.numel() * 4 for b in model.buffers())
+        assert preflight.estimate(r, train.CHUNK_LOGITS).state_bytes == \
+            16 * sum(p.numel() for p in model.parameters())
+
+
+def saved_bytes(r) -> int:
+    """Bytes autograd keeps for the backward pass of one training step (parameters aside)."""
+    task, model = build(r, torch.device("cpu"))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    batch = task.sample(r.train.batch_size, train.training_generator(r, torch.device("cpu")))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        train.loss_fn(model, batch)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("arch", ["gru", "lstm", "s4d"])
+@pytest.mark.parametrize("task", ["reverse", "predecessor"])
+def test_activation_estimate_is_near_what_autograd_keeps(arch, task):
+    r = validate({"task": {"name": task, "vocab_size": 64, "length": 32, "held_out": 8},
+                  "model": {"arch": arch, "hidden_size": 128, "embed_size": 64, "d_state": 16},
+                  "train": {"batch_size": 32, "eval_batch_size": 8}}, "test")
+    ratio = preflight.estimate(r, train.CHUNK_LOGITS).activation_bytes / saved_bytes(r)
+    assert 0.75 < ratio < 2.0, ratio
+
+
+def test_the_head_is_counted_in_chunks_as_the_loss_computes_it():
+    r = recipe(batch_size=8)
+    chunk = train.CHUNK_LOGITS
+    assert preflight._head(1 << 20, 1 << 12, chunk) == 2 * chunk
+    assert preflight._head(1 << 20, 1 << 12, None) == 2 << 32
+    assert preflight._head(8 * 6, 16, chunk) == 2 * 8 * 6 * 16
+    # Evaluation scores the held-out rows in batches of eval_batch_size, without gradients.
+    small, large = (preflight.estimate(recipe(batch_size=1, eval_batch_size=n), chunk)
+                    for n in (1, 8))
+    assert large.activation_bytes > small.activation_bytes
+    whole = preflight.estimate(r, chunk)
+    assert whole.total > whole.state_bytes
+
+
+def test_memory_of_the_devices(monkeypatch):
+    have, where = preflight.device_memory(torch.device("cpu"))
+    assert 0 < have and "{}" in where
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(total_memory=8 << 30, name="Fake GPU"))
+    have, where = preflight.device_memory(torch.device("cuda"))
+    assert have == 8 << 30 and where.format("8.0 GiB") == "cuda (Fake GPU) has 8.0 GiB"
+
+
+def test_a_recipe_that_cannot_fit_is_refused_before_anything_is_written(cli, tmp_path):
+    out = tmp_path / "run"
+    t0 = time.perf_counter()
+    code, text = cli("train", RECIPE, "--run-dir", out, "--device", "cpu", "--no-progress",
+                     "--set", "model.hidden_size=65536")
+    seconds = time.perf_counter() - t0
+    assert code == 2 and "not enough memory for this recipe" in text, text
+    assert "model.hidden_size (65536)" in text and "--force" in text
+    assert len(text.strip().splitlines()) == 1, text
+    assert seconds < 1.0, seconds
+    assert not out.exists()
+
+
+def test_force_skips_the_check(cli, tmp_path, monkeypatch):
+    args = ["train", RECIPE, "--device", "cpu", "--no-progress",
+            *tiny_overrides("train.iterations=5", "task.vocab_size=8", "task.length=6")]
+    monkeypatch.setattr(preflight, "device_memory", lambda device: (1 << 10, "a toy has {}"))
+    code, text = cli(*args, "--run-dir", tmp_path / "a")
+    assert code == 2 and "a toy has 0.0 GiB" in text and not (tmp_path / "a").exists()
+    code, text = cli(*args, "--run-dir", tmp_path / "b", "--force")
+    assert code == 0, text
+    assert (tmp_path / "b" / "eval.json").exists()
+
+
+def test_check_raises_a_user_error_naming_the_fields(monkeypatch):
+    monkeypatch.setattr(preflight, "device_memory", lambda device: (1 << 10, "x has {}"))
+    with pytest.raises(UserError, match=r"train.batch_size \(8\)"):
+        preflight.check(recipe(batch_size=8), torch.device("cpu"), train.CHUNK_LOGITS)
+    monkeypatch.setattr(preflight, "device_memory", lambda device: None)  # unknown: no check
+    assert preflight.check(recipe(batch_size=8), torch.device("cpu"),
+                           train.CHUNK_LOGITS).total > 0
