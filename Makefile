@@ -22,17 +22,30 @@ help:
 	@echo "make test-slurm   the sweep tests on a real single-node SLURM cluster (root; apt-get)"
 	@echo "make install      create $(VENV) and install perencode into it"
 	@echo "make reproduce-all  every paper grid, then figures and verify (GPU; EXECUTOR=slurm)"
-	@echo "make test-compat  the tests under Python 3.10 + torch 2.1.1 (the container's stack)"
+	@echo "make test-compat  the tests under Python 3.10 + torch 2.1.1 (the container's stack),"
+	@echo "                  then make rehearsal from a wheel install without a checkout"
+	@echo "make rehearsal    make reproduce-all at CPU size in minutes (EXECUTOR=slurm too)"
 	@echo "make docker-build / docker-quickstart / docker-reproduce / apptainer-build"
 
-$(VENV)/.installed: pyproject.toml
+# torch 2.1.1 (the paper's) supports NumPy 1 only: it installs with the container's pins.
+TORCH_CONSTRAINTS = $(if $(filter torch==2.1.1,$(TORCH)),--constraint constraints/py310-torch2.1.1.txt)
+# One stamp per TORCH: `make install TORCH=torch==2.1.1` over an existing .venv replaces its
+# torch (and re-resolves the rest under the pins) instead of finding the venv up to date.
+INSTALL_STAMP = $(VENV)/.installed-$(subst =,,$(subst <,,$(subst >,,$(TORCH))))
+
+$(INSTALL_STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev]"
+	@want=$$(echo '$(TORCH)' | sed -n 's/^torch==//p'); \
+	have=$$($(PY) -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null); \
+	if [ -z "$$have" ] || { [ -n "$$want" ] && [ "$$have" != "$$want" ]; }; then \
+		echo "installing $(TORCH) (found: $${have:-none})"; \
+		$(PY) -m pip install -q $(TORCH_CONSTRAINTS) "$(TORCH)"; fi
+	$(PY) -m pip install -q $(TORCH_CONSTRAINTS) -e ".[dev,hf]"
+	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-install: $(VENV)/.installed
+install: $(INSTALL_STAMP)
 
 test: install
 	$(PY) -m pytest

@@ -26,8 +26,11 @@ COMPAT_STAMP = $(COMPAT_VENV)/.installed
 
 .PHONY: docker-build docker-reproduce docker-quickstart apptainer-build test-compat
 
+# The commit goes into the image (label and PERENCODE_GIT_COMMIT, read into each env.json).
+GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+
 docker-build:
-	$(DOCKER) build -t $(DOCKER_IMAGE) .
+	$(DOCKER) build --build-arg GIT_COMMIT=$(GIT_COMMIT) -t $(DOCKER_IMAGE) .
 
 docker-reproduce: docker-build
 	$(MAKE) reproduce-all PERENCODE_DEPS= \
@@ -37,7 +40,7 @@ docker-quickstart: docker-build
 	$(MAKE) quickstart PERENCODE_DEPS= PERENCODE='$(DOCKER_RUN) $(DOCKER_IMAGE)'
 
 apptainer-build:
-	$(APPTAINER) build $(APPTAINER_IMAGE) apptainer.def
+	$(APPTAINER) build --build-arg GIT_COMMIT=$(GIT_COMMIT) $(APPTAINER_IMAGE) apptainer.def
 
 # The PyPI build of torch 2.1.1 (CUDA wheels included, about 2.5 GB; it runs on CPU) with the
 # container's pins, then the whole test suite. PIP_CONSTRAINT also pins the editable build's
@@ -56,3 +59,33 @@ test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -m ruff check --target-version py310 --select E9 perencode tests
 	@$(COMPAT_VENV)/bin/python -c 'import sys, torch, numpy; print(f"test-compat: python {sys.version.split()[0]}, torch {torch.__version__}, numpy {numpy.__version__}")'
 	$(COMPAT_VENV)/bin/python -m pytest
+	$(MAKE) --no-print-directory rehearsal-wheel
+
+# The container's install, rehearsed without a container: the package's wheel installed (not
+# editable, [hf] included) with the constraints into its own venv, and `make rehearsal` run
+# with that venv's `perencode` from an export of the repository that has no .git, as the
+# image has none (the commit comes from PERENCODE_GIT_COMMIT, as the image sets it).
+WHEEL_VENV ?= .venv-wheel
+WHEEL_TREE ?= $(CURDIR)/.rehearsal-tree
+
+$(WHEEL_VENV)/.installed: pyproject.toml $(COMPAT_CONSTRAINTS) $(COMPAT_STAMP)
+	@test -n "$(COMPAT_PYTHON)" || { echo "rehearsal-wheel: no python3.10 or python3.11 found"; exit 1; }
+	rm -rf $(WHEEL_VENV) $(WHEEL_VENV).whl
+	$(COMPAT_PYTHON) -m venv $(WHEEL_VENV)
+	PIP_CONSTRAINT=$(abspath $(COMPAT_CONSTRAINTS)) $(COMPAT_VENV)/bin/python -m pip wheel \
+		--no-deps -q --wheel-dir $(WHEEL_VENV).whl .
+	PIP_CONSTRAINT=$(abspath $(COMPAT_CONSTRAINTS)) $(WHEEL_VENV)/bin/python -m pip install -q \
+		--constraint $(COMPAT_CONSTRAINTS) torch==2.1.1 $(WHEEL_VENV).whl/perencode-*.whl datasets
+	touch $@
+
+.PHONY: rehearsal-wheel
+rehearsal-wheel: $(WHEEL_VENV)/.installed
+	rm -rf $(WHEEL_TREE) && mkdir -p $(WHEEL_TREE)
+	git archive HEAD | tar -x -C $(WHEEL_TREE)
+	@$(WHEEL_VENV)/bin/python -c 'import perencode, sys; assert "site-packages" in perencode.__file__, perencode.__file__; print("rehearsal-wheel:", perencode.__file__)'
+	cd $(WHEEL_TREE) && PERENCODE_GIT_COMMIT=$$(git -C $(CURDIR) rev-parse HEAD) \
+		$(MAKE) --no-print-directory rehearsal PERENCODE=$(abspath $(WHEEL_VENV))/bin/perencode \
+		PERENCODE_DEPS=
+	@grep -q "\"git_commit\": \"$$(git rev-parse HEAD)\"" \
+		$$(find $(WHEEL_TREE)/rehearsal/runs -name env.json | head -1) && \
+		echo "rehearsal-wheel: env.json records the commit from PERENCODE_GIT_COMMIT"

@@ -51,9 +51,11 @@ quickstart:
 	echo "make quickstart took $$(( took / 60 )) min $$(( took % 60 )) s (install included)"; \
 	exit $$status
 
+lm_prepare = test -f $(LM_DATA)/manifest.json || $(PERENCODE) lm-prepare --out $(LM_DATA) \
+	$(if $(LM_SOURCE),--source $(LM_SOURCE)) $(LM_PREPARE_ARGS)
+
 lm-data: $(PERENCODE_DEPS)
-	@test -f $(LM_DATA)/manifest.json || $(PERENCODE) lm-prepare --out $(LM_DATA) \
-		$(if $(LM_SOURCE),--source $(LM_SOURCE)) $(LM_PREPARE_ARGS)
+	@$(lm_prepare)
 
 # The sweep of one grid: $(call sweep,GRID,EXTRA ARGS).
 sweep = $(PERENCODE) sweep $(1) --runs $(RUNS) --executor $(EXECUTOR) --jobs $(JOBS) \
@@ -66,7 +68,7 @@ sweep = $(PERENCODE) sweep $(1) --runs $(RUNS) --executor $(EXECUTOR) --jobs $(J
 # target fails at the end if any did, or if a claim fails.
 reproduce-all: $(PERENCODE_DEPS)
 	@status=0; \
-	$(MAKE) --no-print-directory lm-data PERENCODE_DEPS= || status=1; \
+	$(lm_prepare) || status=1; \
 	$(if $(filter slurm,$(EXECUTOR)),\
 	$(foreach grid,$(PAPER_GRIDS),$(call sweep,$(grid),--no-wait) || status=1;)) \
 	$(if $(SUBMIT_ONLY),\

@@ -4,10 +4,12 @@
 #
 #   make test-slurm     start the cluster, run the tests marked `slurm`, stop it (also when a
 #                       test fails); the tests fail rather than skip if no cluster answers
+#   make rehearsal-slurm  the same for `make rehearsal EXECUTOR=slurm` (the reviewer's path
+#                       on a real scheduler); a cluster already running is used and kept
 
 SLURM_DIR ?= /tmp/perencode-slurm
 
-.PHONY: test-slurm slurm-start slurm-stop
+.PHONY: test-slurm rehearsal-slurm slurm-start slurm-stop
 
 slurm-start:
 	PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster start
@@ -23,6 +25,18 @@ test-slurm: install
 	if [ $$status -eq 0 ]; then \
 		SLURM_CONF=$(SLURM_DIR)/etc/slurm.conf PERENCODE_REQUIRE_SLURM=1 \
 			$(PY) -m pytest -m slurm -p no:cacheprovider --durations=0 || status=$$?; \
+	fi; \
+	if [ $$started -eq 1 ]; then PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster stop; fi; \
+	exit $$status
+
+rehearsal-slurm: install
+	@started=0; status=0; \
+	if ! PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster status >/dev/null 2>&1; then \
+		started=1; PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster start || status=$$?; \
+	fi; \
+	if [ $$status -eq 0 ]; then \
+		SLURM_CONF=$(SLURM_DIR)/etc/slurm.conf $(MAKE) --no-print-directory rehearsal \
+			EXECUTOR=slurm || status=$$?; \
 	fi; \
 	if [ $$started -eq 1 ]; then PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster stop; fi; \
 	exit $$status

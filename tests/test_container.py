@@ -270,6 +270,33 @@ def test_entrypoint_volumes_and_no_healthcheck(final_stage):
     assert not [ins for ins in final_stage if ins.keyword == "HEALTHCHECK"]
 
 
+def test_image_records_the_commit_it_was_built_from(final_stage):
+    """The wheel in the image has no checkout: the commit comes in as a build argument, is
+    labelled, and reaches every env.json through PERENCODE_GIT_COMMIT."""
+    args = [ins.args for ins in final_stage if ins.keyword == "ARG"]
+    assert any(a.split("=")[0] == "GIT_COMMIT" for a in args)
+    labels = " ".join(ins.args for ins in final_stage if ins.keyword == "LABEL")
+    assert 'org.opencontainers.image.revision="${GIT_COMMIT}"' in labels
+    env = " ".join(ins.args for ins in final_stage if ins.keyword == "ENV")
+    assert "PERENCODE_GIT_COMMIT=${GIT_COMMIT}" in env
+    make = (ROOT / "make" / "container.mk").read_text()
+    assert "build --build-arg GIT_COMMIT=$(GIT_COMMIT) -t $(DOCKER_IMAGE)" in make
+    assert "build --build-arg GIT_COMMIT=$(GIT_COMMIT) $(APPTAINER_IMAGE)" in make
+    sections = apptainer_sections()
+    assert "GIT_COMMIT=" in sections["arguments"]
+    assert "PERENCODE_GIT_COMMIT={{ GIT_COMMIT }}" in sections["environment"]
+    assert "org.opencontainers.image.revision {{ GIT_COMMIT }}" in sections["labels"]
+
+
+def test_image_can_prepare_the_corpus_and_finds_the_claims(final_stage):
+    """`datasets` installed beside the wheel (lm-prepare from the Hub), and the build checks
+    that the bundled claims resolve without a checkout."""
+    runs = " ".join(ins.args for ins in final_stage if ins.keyword == "RUN")
+    assert "/tmp/wheels/perencode-*.whl datasets" in runs
+    assert "claims_file('paper')" in runs and "claims_file('paper')" in \
+        apptainer_sections()["post"]
+
+
 def dockerignored(path: str, patterns: list[str]) -> bool:
     """Whether .dockerignore leaves `path` out of the build context (last match wins)."""
     ignored = False
