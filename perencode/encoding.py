@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from perencode import kinds
+from perencode.kinds import EncodingKind, register_encoding
 from perencode.recipe import EncodingConfig
 
 
@@ -32,33 +34,39 @@ def sinusoidal(num_positions: int, dim: int) -> Tensor:
     return pe.float()
 
 
+def random_unit(num_positions: int, dim: int) -> Tensor:
+    """i.i.d. normal rows scaled onto the unit sphere (Appendix C), [num_positions, dim]."""
+    return F.normalize(torch.randn(num_positions, dim), p=2.0, dim=-1)
+
+
 class PositionalEncoding(nn.Module):
-    """Embedding -> cell input. `none` passes through; the others concat (default) or add."""
+    """Embedding -> cell input, as the registered `encoding.kind` says (perencode.kinds):
+    vanilla passes through; a per-position table is concatenated (default) or added; the
+    duplicate kind concatenates a second copy of the embedding."""
 
     def __init__(self, cfg: EncodingConfig, dim: int, max_positions: int):
         super().__init__()
+        kind = kinds.get("encoding", cfg.kind)
         self.kind, self.mode, self.dim = cfg.kind, cfg.mode, dim
+        self.duplicate = kind.duplicate
         self.table: Tensor | None
-        if cfg.kind == "sinusoidal":
-            # Recomputed at construction, so it is not stored in checkpoints.
-            self.register_buffer("table", sinusoidal(max_positions, dim), persistent=False)
-        elif cfg.kind == "random":
-            # Fixed, not trained: i.i.d. normal rows on the unit sphere (Appendix C).
-            table = F.normalize(torch.randn(max_positions, dim), p=2.0, dim=-1)
-            self.register_buffer("table", table)
-        elif cfg.kind == "learnable":
-            self.table = nn.Parameter(torch.randn(max_positions, dim))
-        else:  # none, duplicate
+        if kind.table is None:
             self.table = None
-        widens = cfg.kind != "none" and cfg.mode == "concat"
+        elif kind.trained:
+            self.table = nn.Parameter(kind.table(max_positions, dim))
+        else:
+            # A table recomputed at construction is not stored in checkpoints.
+            self.register_buffer("table", kind.table(max_positions, dim),
+                                 persistent=kind.stored)
+        widens = kind.adds_input and cfg.mode == "concat"
         self.out_features = 2 * dim if widens else dim
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x: [B, T, E] embeddings of time steps offset..offset+T-1 -> [B, T, out_features]."""
-        if self.kind == "none":
-            return x
-        if self.kind == "duplicate":
+        if self.duplicate:
             return torch.cat([x, x], dim=-1)  # [B, T, 2E], "double vanilla" (Appendix D)
+        if self.table is None:
+            return x
         T = x.shape[1]
         if offset + T > self.table.shape[0]:
             raise ValueError(f"sequence of {offset + T} steps exceeds the encoding's "
@@ -67,3 +75,17 @@ class PositionalEncoding(nn.Module):
         if self.mode == "add":
             return x + pe
         return torch.cat([x, pe.expand(x.shape[0], T, self.dim)], dim=-1)  # [B, T, 2E]
+
+
+register_encoding(EncodingKind("none", label="Vanilla", summary="vanilla, no encoding"))
+register_encoding(EncodingKind("sinusoidal", label="Position-Encoded",
+                               summary="sinusoidal, unit norm", table=sinusoidal,
+                               stored=False))
+register_encoding(EncodingKind("random", label="Random PE",
+                               summary="random fixed vectors of unit norm", table=random_unit))
+register_encoding(EncodingKind("learnable", label="Learnable PE",
+                               summary="a trained table, N(0, 1) at init", table=torch.randn,
+                               trained=True))
+register_encoding(EncodingKind("duplicate", label="Double vanilla",
+                               summary="a second copy of the embedding ('double vanilla')",
+                               duplicate=True, modes=("concat",)))

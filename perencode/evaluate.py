@@ -10,9 +10,9 @@ from torch import nn
 from perencode import runs
 from perencode.device import resolve_device
 from perencode.errors import UserError
+from perencode.experiment import build, output_logits
 from perencode.io import CorruptCheckpoint, atomic_write_json, remove_stale_temps
 from perencode.lock import hold
-from perencode.models import build, output_logits
 from perencode.recipe import Recipe, identity
 
 

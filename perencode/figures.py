@@ -7,8 +7,10 @@ the grid that made them, so a run shared by several figures is drawn in each. Ru
 settings differ beyond a figure's own axes (a quick demo next to the paper's grids) go to
 separate files, suffixed with the differing settings, except a setting that takes one value
 in every cell of the figure's axes (the quick demo's iterations, set per vocabulary size):
-those runs stay one figure and a note names the setting. Error bars: 95% percentile-bootstrap
-CI of the mean over seeds, 10,000 resamples (perencode.stats).
+those runs stay one figure and a note names the setting. Finished runs that no figure of
+the paper draws (a task or an encoding of a study's own) get one of their own,
+other_<task>_vocabulary. Error bars: 95% percentile-bootstrap CI of the mean over seeds,
+10,000 resamples (perencode.stats).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perencode import kinds
 from perencode.console import console
 from perencode.grid import format_value, short_key, short_names
 from perencode.io import atomic_write_bytes, atomic_write_text, remove_stale_temps
@@ -30,9 +33,9 @@ from perencode.lock import hold
 from perencode.results import BOOKKEEPING, Results, collect, results_table
 from perencode.stats import bootstrap_ci
 
-ENCODINGS = {"none": "Vanilla", "sinusoidal": "Position-Encoded", "random": "Random PE",
-             "learnable": "Learnable PE", "duplicate": "Double vanilla"}
-ARCHS = {"gru": "GRU", "lstm": "LSTM", "s4d": "S4D"}
+# Labels and orders of tasks, models and encodings come from their registrations
+# (perencode.kinds); a kind no registration knows is drawn under its raw name, last.
+LABELLED = {"task.name": "task", "model.arch": "model", "encoding.kind": "encoding"}
 METRICS = {"token_accuracy": "Token accuracy", "dl_distance": "Damerau-Levenshtein distance",
            "accuracy": "Accuracy"}
 
@@ -52,10 +55,8 @@ def group_ci(df: pd.DataFrame, by: list[str], metric: str) -> pd.DataFrame:
 
 
 def _label(column: str, value) -> str:
-    if column == "encoding.kind":
-        return ENCODINGS.get(value, value)
-    if column == "model.arch":
-        return ARCHS.get(value, value)
+    if column in LABELLED:
+        return kinds.label(LABELLED[column], value)
     return str(value)
 
 
@@ -86,7 +87,11 @@ def _save(fig, stem: Path) -> list[Path]:
 
 
 def _encoding_order(values) -> list[str]:
-    return [e for e in ENCODINGS if e in set(values)]
+    return kinds.order("encoding", values)
+
+
+def _archs(df: pd.DataFrame) -> list[str]:
+    return kinds.order("model", df["model.arch"])
 
 
 def _lines(ax, s: pd.DataFrame, x: str, hue: str, log2: bool = False) -> None:
@@ -123,7 +128,7 @@ def _bars(ax, s: pd.DataFrame, x: str, hue: str, x_order: list) -> None:
 def draw_vocabulary(metrics: list[str]) -> Callable[[pd.DataFrame, Path], list[Path]]:
     """Fig. 2, 7, 8, 10: metric vs vocabulary size (log2), vanilla vs PE, one column per arch."""
     def draw(df: pd.DataFrame, stem: Path) -> list[Path]:
-        archs = [a for a in ARCHS if a in set(df["model.arch"])]
+        archs = _archs(df)
         fig, axes = _subplots(len(metrics), len(archs))
         for j, arch in enumerate(archs):
             part = df[df["model.arch"] == arch]
@@ -131,7 +136,7 @@ def draw_vocabulary(metrics: list[str]) -> Callable[[pd.DataFrame, Path], list[P
                 ax = axes[i, j]
                 s = group_ci(part, ["task.vocab_size", "encoding.kind"], metric)
                 _lines(ax, s, "task.vocab_size", "encoding.kind", log2=True)
-                ax.set_title(ARCHS[arch])
+                ax.set_title(_label("model.arch", arch))
                 ax.set_xlabel("Vocabulary size")
                 ax.set_ylabel(METRICS.get(metric, metric))
         axes[0, 0].legend()
@@ -142,7 +147,7 @@ def draw_vocabulary(metrics: list[str]) -> Callable[[pd.DataFrame, Path], list[P
 def draw_dual_frequency(df: pd.DataFrame, stem: Path) -> list[Path]:
     """Fig. 3: target-token accuracy per target-position band, one panel per arch and
     condition (target x disturbants FREQUENT/RARE)."""
-    archs = [a for a in ARCHS if a in set(df["model.arch"])]
+    archs = _archs(df)
     conditions = sorted(set(zip(df["target"], df["disturbants"])))
     bands = df.drop_duplicates("band").sort_values("first")["band"].tolist()
     fig, axes = _subplots(len(archs), len(conditions), width=3.4)
@@ -154,7 +159,8 @@ def draw_dual_frequency(df: pd.DataFrame, stem: Path) -> list[Path]:
             _bars(ax, group_ci(part, ["band", "encoding.kind"], "accuracy"), "band",
                   "encoding.kind", bands)
             ax.set_ylim(0, 1.05)
-            ax.set_title(f"{ARCHS[arch]}: target {target}\ndisturbants {disturbants}")
+            ax.set_title(f"{_label('model.arch', arch)}: target {target}\n"
+                         f"disturbants {disturbants}")
             ax.set_xlabel("Target position")
             ax.set_ylabel("Target accuracy")
     axes[0, 0].legend(fontsize="small")
@@ -165,7 +171,7 @@ def draw_stability(df: pd.DataFrame, stem: Path) -> list[Path]:
     """Fig. 5: stability (common-target comparison) over training; one row per model, one
     column per encoding; colour = target type, line style = disturbant type."""
     df = df[df["comparison"] == "target"]
-    archs = [a for a in ARCHS if a in set(df["model.arch"])]
+    archs = _archs(df)
     encodings = _encoding_order(df["encoding.kind"])
     fig, axes = _subplots(len(archs), len(encodings))
     colours = {"FREQUENT": "tab:blue", "RARE": "tab:red"}
@@ -181,7 +187,7 @@ def draw_stability(df: pd.DataFrame, stem: Path) -> list[Path]:
                                                          f"{disturbants}")
                 ax.fill_between(line["iteration"], line["low"], line["high"],
                                 color=colours.get(target), alpha=0.15)
-            ax.set_title(f"{ARCHS[arch]}, {ENCODINGS[encoding]}")
+            ax.set_title(f"{_label('model.arch', arch)}, {_label('encoding.kind', encoding)}")
             ax.set_xlabel("Training iterations")
             ax.set_ylabel("Gradient stability")
     axes[0, 0].legend(fontsize="small")
@@ -221,7 +227,7 @@ def draw_lm_training(df: pd.DataFrame, stem: Path) -> list[Path]:
     colours = {"none": "tab:blue", "sinusoidal": "tab:orange"}
     for (encoding, seed), part in df.groupby(["encoding.kind", "train.seed"]):
         ax.plot(part["step"], part["train_perplexity"], color=colours.get(encoding),
-                alpha=0.8, lw=1, label=f"{ENCODINGS.get(encoding, encoding)} (seed {seed})")
+                alpha=0.8, lw=1, label=f"{_label('encoding.kind', encoding)} (seed {seed})")
     ax.set_yscale("log")
     ax.set_xlabel("Training iterations")
     ax.set_ylabel("Training perplexity")
@@ -234,7 +240,7 @@ def table_perplexity(df: pd.DataFrame, stem: Path) -> list[Path]:
     rows = []
     for encoding in _encoding_order(df["encoding.kind"]):
         part = df[df["encoding.kind"] == encoding]
-        row = {"model": f"{ENCODINGS[encoding]} LSTM", "runs": len(part)}
+        row = {"model": f"{_label('encoding.kind', encoding)} LSTM", "runs": len(part)}
         for split in ("test", "valid"):
             values = part.get(f"{split}_perplexity", pd.Series(dtype=float)).dropna()
             for stat in ("min", "mean", "max"):
@@ -387,29 +393,50 @@ def _make_figures(results: Results, out: Path) -> list[Path]:
         if name != "curves":
             written.append(out / f"results_{name}.csv")
             atomic_write_text(written[-1], table.to_csv(index=False))
+    drawn: set = set()
     for figure in FIGURES:
-        chosen = results.runs[figure.select(results.runs)]
-        if figure.complete:
-            chosen = chosen[chosen["complete"]]
-        if figure.requires:  # only settings with such a run; a suffix only if several do
-            chosen = pd.concat([chosen.iloc[:0]] + [
-                part for _, part in settings(chosen, results.recipe_columns, figure.axes)[0]
-                if part["encoding.kind"].isin(figure.requires).any()])
-        parts, tied = settings(chosen, results.recipe_columns, figure.axes)
-        for suffix, part in parts:
-            rows = results.table(figure.table)
-            rows = rows[rows["run"].isin(part["run"])]
-            if rows.empty:
-                continue
-            note = tied_note(part, tied, figure.axes)
-            if note:
-                console.print(f"{figure.name}{suffix}: one figure although {note}",
-                              highlight=False, soft_wrap=True)
-            lacking = missing_runs(part[part["run"].isin(rows["run"])], figure.axes)
-            if lacking:
-                shown = "; ".join(lacking[:8]) + (f"; and {len(lacking) - 8} more"
-                                                  if len(lacking) > 8 else "")
-                _warn(f"{figure.name}{suffix}: drawn without {len(lacking)} missing run(s): "
-                      f"{shown}")
-            written += figure.draw(rows, out / f"{figure.name}{suffix}")
+        written += _draw(figure, results, out, drawn)
+    for figure in other_figures(results.runs, drawn):
+        written += _draw(figure, results, out, drawn)
+    return written
+
+
+def other_figures(runs: pd.DataFrame, drawn: set) -> list[Figure]:
+    """A vocabulary figure per task for the finished runs no paper figure drew (a task or
+    an encoding the paper does not have), so that no run is left out of the figures."""
+    left = runs[runs["complete"] & ~runs["run"].isin(drawn)]
+    metrics = [m for m in METRICS if m in left.columns and left[m].notna().any()]
+    return [Figure(f"other_{name}_vocabulary", "runs", _is("task.name", name), VOCAB_AXES,
+                   draw_vocabulary(metrics[:2]))
+            for name in kinds.order("task", left["task.name"])] if metrics else []
+
+
+def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
+    """Draw one figure from its runs, one file per setting; adds the runs drawn to `drawn`."""
+    written: list[Path] = []
+    chosen = results.runs[figure.select(results.runs)]
+    if figure.complete:
+        chosen = chosen[chosen["complete"]]
+    if figure.requires:  # only settings with such a run; a suffix only if several do
+        chosen = pd.concat([chosen.iloc[:0]] + [
+            part for _, part in settings(chosen, results.recipe_columns, figure.axes)[0]
+            if part["encoding.kind"].isin(figure.requires).any()])
+    parts, tied = settings(chosen, results.recipe_columns, figure.axes)
+    for suffix, part in parts:
+        rows = results.table(figure.table)
+        rows = rows[rows["run"].isin(part["run"])]
+        if rows.empty:
+            continue
+        note = tied_note(part, tied, figure.axes)
+        if note:
+            console.print(f"{figure.name}{suffix}: one figure although {note}",
+                          highlight=False, soft_wrap=True)
+        lacking = missing_runs(part[part["run"].isin(rows["run"])], figure.axes)
+        if lacking:
+            shown = "; ".join(lacking[:8]) + (f"; and {len(lacking) - 8} more"
+                                              if len(lacking) > 8 else "")
+            _warn(f"{figure.name}{suffix}: drawn without {len(lacking)} missing run(s): "
+                  f"{shown}")
+        written += figure.draw(rows, out / f"{figure.name}{suffix}")
+        drawn.update(rows["run"])
     return written

@@ -5,7 +5,7 @@
   their gradients and Adam's two moments;
 - the activations one training step keeps for its backward pass: embedding and encoding
   [B, T, E + D_in], the sequence model's saved state [B, T, c * H] (c per architecture,
-  below), and the head's logits and their log-softmax [B, T_out, K] (at most two chunks
+  `saved_per_step`), and the head's logits and their log-softmax [B, T_out, K] (at most two chunks
   of train.CHUNK_LOGITS each when train.loss_fn chunks them);
 - or the held-out evaluation at train.eval_batch_size, without gradients, where that is
   larger (its logits are never chunked).
@@ -23,16 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
+from perencode import kinds
 from perencode.errors import UserError
+from perencode.models import ModelSizes
 from perencode.recipe import Recipe
 
 FLOAT = 4  # bytes: every parameter and activation is fp32
-# Floats per sample and time step that the sequence model keeps for its backward pass, in
-# units of H: a GRU's input and hidden gate pre-activations (3H + 3H), the reset and update
-# gates and the output; an LSTM's four gates from input and state, their activations, the
-# cell state and its tanh; the S4D's in_proj output, the FFT spectra and products, the
-# 2L-long inverse, the GELU input and output, out_proj's 2H output and the GLU's output.
-SAVED_PER_STEP = {"gru": 10, "lstm": 15, "s4d": 13}
 # Without gradients only a step's input and output of the sequence model are alive at once.
 LIVE_PER_STEP_EVAL = 2
 GIB = 1 << 30
@@ -70,7 +66,7 @@ def cell_inputs(recipe: Recipe) -> int:
     """D_in: embedding joined with the encoding (perencode.encoding.PositionalEncoding)."""
     e = recipe.encoding
     E = recipe.model.embed_size
-    return 2 * E if e.kind != "none" and e.mode == "concat" else E
+    return 2 * E if kinds.get("encoding", e.kind).adds_input and e.mode == "concat" else E
 
 
 def parameter_count(recipe: Recipe) -> int:
@@ -78,8 +74,10 @@ def parameter_count(recipe: Recipe) -> int:
     m, shapes = recipe.model, task_shapes(recipe)
     E, H, D = m.embed_size, m.hidden_size, cell_inputs(recipe)
     count = shapes.num_embeddings * E + H * shapes.num_classes + shapes.num_classes
-    if recipe.encoding.kind == "learnable":
+    if kinds.get("encoding", recipe.encoding.kind).trained:
         count += shapes.positions * E
+    if m.arch not in FORMULAS:
+        return _built_parameter_count(recipe, shapes)
     if m.arch == "s4d":
         modes = m.d_state // 2
         count += D * H + H  # in_proj
@@ -91,9 +89,33 @@ def parameter_count(recipe: Recipe) -> int:
     return count
 
 
+# The models whose parameters `parameter_count` counts by formula (a check on the models:
+# tests compare it with the built model); any other registered model is built to count.
+FORMULAS = ("gru", "lstm", "s4d")
+
+
+def _built_parameter_count(recipe: Recipe, shapes: Shapes) -> int:
+    """Trainable parameters of the registered model, built on the meta device (no memory)."""
+    sizes = ModelSizes(shapes.num_embeddings, shapes.num_classes, shapes.positions)
+    with torch.device("meta"):
+        model = kinds.get("model", recipe.model.arch).build(recipe.model, recipe.encoding,
+                                                            sizes)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def saved_per_step(arch: str) -> int:
+    """Floats per sample and step, in units of H, that the model keeps for its backward pass
+    (its registration, perencode.kinds; else the largest of the registered models')."""
+    saved = kinds.get("model", arch).saved_per_step
+    if saved is None:
+        saved = max(k.saved_per_step or 0 for k in kinds.registry("model").values())
+    return saved
+
+
 def buffer_bytes(recipe: Recipe) -> int:
     """Fixed encoding tables (sinusoidal, random), which are not trained."""
-    if recipe.encoding.kind in ("sinusoidal", "random"):
+    encoding = kinds.get("encoding", recipe.encoding.kind)
+    if encoding.table is not None and not encoding.trained:
         return task_shapes(recipe).positions * recipe.model.embed_size * FLOAT
     return 0
 
@@ -123,9 +145,9 @@ def estimate(recipe: Recipe, chunk_logits: int) -> Estimate:
     at a time above that many (train.CHUNK_LOGITS)."""
     m, tc, shapes = recipe.model, recipe.train, task_shapes(recipe)
     E, H, D = m.embed_size, m.hidden_size, cell_inputs(recipe)
-    per_step_in = E + (D if recipe.encoding.kind != "none" else 0)
+    per_step_in = E + (D if kinds.get("encoding", recipe.encoding.kind).adds_input else 0)
     B, T, T_out, K = tc.batch_size, shapes.steps, shapes.outputs, shapes.num_classes
-    train = B * T * (per_step_in + SAVED_PER_STEP[m.arch] * H) + \
+    train = B * T * (per_step_in + saved_per_step(m.arch) * H) + \
         _head(B * T_out, K, chunk_logits)
     B_eval = min(tc.eval_batch_size, shapes.held_out_rows)
     evaluation = B_eval * T * (per_step_in + LIVE_PER_STEP_EVAL * H) + \

@@ -7,14 +7,22 @@ values are one option away (e.g. `optim.betas = [0.9, 0.999]`, `optim.schedule =
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from rapidfuzz import process
 
+from perencode import kinds
 from perencode.errors import UserError
 
 if sys.version_info >= (3, 11):
@@ -43,17 +51,50 @@ class Section(BaseModel):
         return data
 
 
-TASK_NAMES = ("reverse", "sort", "reverse_add", "predecessor", "dual_frequency",
-              "variable_length", "lm")
+def registered(kind: str, name: str, info: ValidationInfo) -> str:
+    """A field validator's check that `name` is a registered kind (perencode.kinds), unless
+    the validation reads results (context `any_kind`: a run made with a kind the reader has
+    not imported is still a result, under its raw name)."""
+    if name not in kinds.registry(kind) and not (info.context or {}).get("any_kind"):
+        raise ValueError(f"Input should be {kinds.choices(kind)}")
+    return name
+
+
+class KindNames:
+    """`json_schema_extra` of a field that names a registered kind: the JSON schema lists
+    the names registered when it is generated, and `schema_rows` their summaries."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __call__(self, schema: dict) -> None:
+        schema["enum"] = kinds.names(self.kind)
+        schema["description"] = self.describe(schema.get("description", ""))
+
+    def describe(self, description: str) -> str:
+        """The field's description followed by each registered kind's summary."""
+        return description + ": " + "; ".join(
+            f"{k.name} = {k.summary or k.label}" for k in kinds.registry(self.kind).values()
+        ) + "."
+
+
+def options_of_others(kind: str, chosen: str, section: BaseModel) -> None:
+    """An option of another kind that is set here (not None) is a mistake worth a line."""
+    for other in kinds.registry(kind).values():
+        for option in other.options:
+            if other.name != chosen and getattr(section, option, None) is not None and \
+                    type(section).model_fields[option].default is None and \
+                    option not in kinds.get(kind, chosen).options:
+                owners = [k.name for k in kinds.registry(kind).values() if option in k.options]
+                raise ValueError(f"field '{option}': not an option of {kinds.FIELDS[kind]} = "
+                                 f"'{chosen}' (only of {', '.join(map(repr, owners))})")
 
 
 class TaskConfig(Section):
-    name: Literal[TASK_NAMES] = Field(
+    name: str = Field(
         "reverse",
-        description="Task: reverse ordering, sort, reverse + delayed addition, predecessor "
-        "query, reverse with a dual-frequency vocabulary, variable-length reverse, or "
-        "WikiText-103 language modelling (docs/paper-facts.md#tasks and "
-        "#language-modelling).",
+        description="Task (docs/paper-facts.md#tasks and #language-modelling)",
+        json_schema_extra=KindNames("task"),
     )
     vocab_size: int = Field(
         256, ge=2, le=1 << 20,
@@ -91,6 +132,11 @@ class TaskConfig(Section):
         None, description="Prepared data folder for `lm` (made by `perencode lm-prepare`)."
     )
 
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str, info: ValidationInfo) -> str:
+        return registered("task", name, info)
+
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
@@ -106,65 +152,34 @@ class TaskConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TaskConfig:
-        if self.name == "lm" and self.data is None:
-            raise ValueError("field 'data': task.name = 'lm' needs task.data (a folder "
-                             "made by `perencode lm-prepare`)")
-        if self.name == "variable_length":
-            if self.min_length is None:
-                raise ValueError("field 'min_length': task.name = 'variable_length' needs "
-                                 "task.min_length (the paper: 32 with length 64)")
-            if self.min_length > self.length:
-                raise ValueError(f"field 'min_length': {self.min_length} > task.length "
-                                 f"= {self.length}")
-        elif self.min_length is not None:
-            raise ValueError(f"field 'min_length': not an option of task.name = '{self.name}' "
-                             "(only of 'variable_length')")
-        if self.name == "lm":
+        """The task's own rules (its registration), then: held-out rows must leave some to
+        train on."""
+        kind = kinds.registry("task").get(self.name)
+        if kind is None:  # read as a result only (`registered`): its rules are unknown
             return self
-        if self.name == "dual_frequency":
-            if self.vocab_size % 2:
-                raise ValueError(f"field 'vocab_size': dual frequency needs an even K "
-                                 f"(got {self.vocab_size})")
-            if self.length < 2:
-                raise ValueError("field 'length': dual frequency needs L >= 2 (a target "
-                                 "among disturbants)")
-            # A pure condition (all FREQUENT, or all RARE) needs L * per_cell distinct
-            # sequences of one half of the vocabulary: (K/2)^L exist.
-            per_half = (self.vocab_size // 2) ** self.length
-            if self.held_out_per_cell * self.length > per_half:
+        options_of_others("task", self.name, self)
+        if kind.check is not None:
+            kind.check(self)
+        if kind.distinct is not None:
+            distinct = kind.distinct(self)
+            if self.held_out >= distinct:
                 raise ValueError(
-                    f"field 'held_out_per_cell': {self.held_out_per_cell} per cell needs "
-                    f"{self.held_out_per_cell * self.length} distinct sequences of one half of "
-                    f"the vocabulary, but only (K/2)^L = {per_half} exist")
-            return self
-        if self.name == "predecessor" and self.vocab_size < self.length:
-            raise ValueError(f"field 'vocab_size': predecessor query needs K >= L distinct "
-                             f"tokens (K = {self.vocab_size}, L = {self.length})")
-        if self.name == "predecessor" and self.length < 2:
-            raise ValueError("field 'length': predecessor query needs L >= 2")
-        distinct = self.distinct_sequences()
-        if self.held_out >= distinct:
-            raise ValueError(
-                f"field 'held_out': {self.held_out} held-out sequences leave nothing to "
-                f"train on: only {distinct} distinct sequences exist (must be < {distinct})"
-            )
+                    f"field 'held_out': {self.held_out} held-out sequences leave nothing to "
+                    f"train on: only {distinct} distinct sequences exist (must be < {distinct})"
+                )
         return self
 
-    def distinct_sequences(self) -> int:
-        """How many distinct held-out rows the task can draw: sequences (per length for
-        variable length), (sequence, query) pairs for predecessor query."""
-        K, L = self.vocab_size, self.length
-        if self.name == "reverse_add":
-            return K ** (2 * L)
-        if self.name == "predecessor":
-            return math.perm(K, L) * (L - 1)
-        return K ** (self.min_length or L)
+    def distinct_sequences(self) -> int | None:
+        """How many distinct held-out rows the task can draw (its registration says; None
+        where the task has no held-out count)."""
+        kind = kinds.get("task", self.name)
+        return kind.distinct(self) if kind.distinct is not None else None
 
 
 class ModelConfig(Section):
-    arch: Literal["gru", "lstm", "s4d"] = Field(
-        "gru", description="Sequence model: GRU, LSTM or S4D (single layer; "
-        "docs/paper-facts.md#common-model and #s4d-model)."
+    arch: str = Field(
+        "gru", description="Sequence model, single layer (docs/paper-facts.md#common-model "
+        "and #s4d-model)", json_schema_extra=KindNames("model"),
     )
     hidden_size: int = Field(
         512, ge=1, le=65536, description="Hidden size of the RNN, d_model of the S4D layer."
@@ -177,30 +192,43 @@ class ModelConfig(Section):
         description="S4D state size N (N/2 complex conjugate-pair modes per channel).",
     )
 
+    @field_validator("arch")
+    @classmethod
+    def _registered(cls, arch: str, info: ValidationInfo) -> str:
+        return registered("model", arch, info)
+
     @model_validator(mode="after")
     def _even(self) -> ModelConfig:
         if self.embed_size % 2:
             raise ValueError(f"field 'embed_size': must be even (sines and cosines), got "
                              f"{self.embed_size}")
-        if self.arch == "s4d" and self.d_state % 2:
-            raise ValueError(f"field 'd_state': must be even, got {self.d_state}")
+        kind = kinds.registry("model").get(self.arch)
+        if kind is not None and kind.check is not None:
+            kind.check(self)
         return self
 
 
 class EncodingConfig(Section):
-    kind: Literal["none", "sinusoidal", "random", "learnable", "duplicate"] = Field(
-        "sinusoidal",
-        description="Positional encoding: none (vanilla), sinusoidal, random (fixed, unit "
-        "norm), learnable, or duplicate (a second copy of the embedding, 'double vanilla').",
+    kind: str = Field(
+        "sinusoidal", description="Positional encoding (docs/paper-facts.md#positional-encodings)",
+        json_schema_extra=KindNames("encoding"),
     )
     mode: Literal["concat", "add"] = Field(
         "concat", description="Combine the encoding with the embedding by concat or add."
     )
 
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str, info: ValidationInfo) -> str:
+        return registered("encoding", kind, info)
+
     @model_validator(mode="after")
-    def _duplicate_concat(self) -> EncodingConfig:
-        if self.kind == "duplicate" and self.mode != "concat":
-            raise ValueError("field 'mode': encoding.kind = 'duplicate' needs mode = 'concat'")
+    def _mode(self) -> EncodingConfig:
+        kind = kinds.registry("encoding").get(self.kind)
+        modes = kind.modes if kind is not None else (self.mode,)
+        if self.mode not in modes:
+            raise ValueError(f"field 'mode': encoding.kind = '{self.kind}' needs mode = "
+                             f"{' or '.join(repr(m) for m in modes)}")
         return self
 
 
@@ -383,19 +411,20 @@ def format_validation_error(exc: ValidationError, source: str,
 
 
 def validate_table(model: type[BaseModel], data: Any, source: str, table: str = "",
-                   top: str = "the top level"):
-    """`model.model_validate(data)`, any mistake as a one-line UserError."""
+                   top: str = "the top level", context: dict | None = None):
+    """`model.model_validate(data, context=context)`, any mistake as a one-line UserError."""
     if not isinstance(data, dict):
         name = f"[{table}]" if table else "it"
         raise UserError(f"{source}: {name} must be a table, got {data!r}")
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as exc:
         raise UserError(format_validation_error(exc, source, model, table, top)) from None
 
 
-def validate(data: dict[str, Any], source: str) -> Recipe:
-    return validate_table(Recipe, data, source)
+def validate(data: dict[str, Any], source: str, any_kind: bool = False) -> Recipe:
+    """A recipe; `any_kind` accepts kinds no registration knows (reading results)."""
+    return validate_table(Recipe, data, source, context={"any_kind": any_kind})
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -429,6 +458,10 @@ def schema_rows() -> list[tuple[str, str, str, str]]:
             type_name = getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
             if "Literal" in str(ann):
                 type_name = " | ".join(repr(a) for a in ann.__args__)
-            default = field.default
-            rows.append((f"{section}.{name}", type_name, repr(default), field.description or ""))
+            description = field.description or ""
+            names = field.json_schema_extra
+            if isinstance(names, KindNames):  # whatever registered them
+                type_name = " | ".join(repr(n) for n in kinds.names(names.kind))
+                description = names.describe(description)
+            rows.append((f"{section}.{name}", type_name, repr(field.default), description))
     return rows

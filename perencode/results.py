@@ -97,7 +97,7 @@ def collect(paths: list[Path]) -> Results:
     rows, tables, kept = [], {}, {}
     duplicates = []
     for run_dir in runs.find_runs(paths):
-        recipe = runs.read_recipe(run_dir)
+        recipe = runs.read_recipe(run_dir, any_kind=True)
         key = run_key(recipe)
         if key in kept:
             duplicates.append(f"{run_dir} (same recipe as {kept[key]})")

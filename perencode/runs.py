@@ -68,11 +68,13 @@ def default_run_dir(recipe_path: str | Path, seed: int) -> Path:
     return Path("runs") / Path(recipe_path).stem / f"seed-{seed}"
 
 
-def read_recipe(run_dir: str | Path) -> Recipe:
+def read_recipe(run_dir: str | Path, any_kind: bool = False) -> Recipe:
+    """The run's resolved recipe; `any_kind` for reading its results (a task, model or
+    encoding the reader has not registered keeps its name; perencode.recipe.validate)."""
     path = Path(run_dir) / "recipe.toml"
     if not path.is_file():
         raise UserError(f"{run_dir}: not a perencode run directory (no recipe.toml)")
-    return validate(read_toml(path), str(path))
+    return validate(read_toml(path), str(path), any_kind)
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -255,7 +257,7 @@ def is_complete(run_dir: str | Path) -> bool:
     if not (run_dir / "eval.json").exists() or not (run_dir / "recipe.toml").exists():
         return False
     steps = list_checkpoints(run_dir)
-    return bool(steps) and steps[-1][0] == read_recipe(run_dir).train.iterations
+    return bool(steps) and steps[-1][0] == read_recipe(run_dir, any_kind=True).train.iterations
 
 
 def read_json(path: str | Path) -> dict[str, Any]:

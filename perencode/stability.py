@@ -18,15 +18,13 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from torch.func import jacrev, vmap
 
-from perencode import runs
+from perencode import kinds, runs
 from perencode.device import resolve_device
 from perencode.errors import UserError
 from perencode.evaluate import load_run
 from perencode.io import atomic_write_text, remove_stale_temps
 from perencode.lock import hold
-from perencode.models.rnn import RecurrentModel
 from perencode.progress import Reporter
 from perencode.recipe import Recipe
 from perencode.tasks.dual_frequency import TYPES, half_tokens
@@ -157,9 +155,6 @@ def stability_metrics(jac_a: Tensor, jac_b: Tensor) -> dict[str, Tensor]:
 # The analysis draws its own stream: the held-out set uses the plain seed and training
 # batches seed + 1,000,003 (perencode.train).
 _SEED_OFFSET = 2_000_003
-# S4D: target at t = 23 (1-based), after a 22-token prefix (Fig. 5 caption;
-# docs/paper-facts.md#s4d-stability).
-S4D_PREFIX = 22
 
 
 @dataclass(frozen=True)
@@ -219,74 +214,21 @@ def make_triplets(vocab_size: int, length: int, count: int, seed: int,
 # --------------------------------------------------------------------------------------
 
 
-@torch.no_grad()  # torch.func transforms still differentiate; no graph on the parameters
-def rnn_jacobians(model: RecurrentModel, tokens: Tensor, target_step: int = 0,
-                  chunk_size: int = 128) -> tuple[Tensor, Tensor]:
-    """tokens [B, T] -> (J [B, H, D_z], h_T [B, H]), J = d h_T / d z.
-
-    z is the state right after the (0-based) `target_step` (`RecurrentModel.step`'s state:
-    h for the GRU, D_z = H; [h; c] for the LSTM, D_z = 2H).
-    """
-    x = model.cell_inputs(tokens)  # [B, T, D_in]
-    z = model.initial_state(x.shape[0])  # [B, D_z]
-    for t in range(target_step + 1):
-        _, z = model.step(x[:, t], z)
-
-    def last_hidden(suffix: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-        """One sequence: suffix [T', D_in], state [D_z] -> h_T [H] (twice: J and aux)."""
-        for x_t in suffix.unbind(0):
-            h, state = model.step(x_t, state)
-        return h, h
-
-    jac = jacrev(last_hidden, argnums=1, has_aux=True, chunk_size=chunk_size)
-    return vmap(jac)(x[:, target_step + 1:], z)
-
-
-@torch.no_grad()  # torch.func transforms still differentiate; no graph on the parameters
-def s4d_jacobians(model, tokens: Tensor, target_step: int,
-                  chunk_size: int = 128) -> tuple[Tensor, Tensor]:
-    """tokens [B, T] -> (J [B, H, 2HN], y_T [B, H]), J = d y_T / d z for an S4DModel.
-
-    z = the complex state right after `target_step` (0-based), [H, N] complex, as a real
-    vector in `view_as_real` layout (re/im interleaved per mode; docs/paper-facts.md#s4d-stability).
-    y_T = the S4D block's output at the last step (after GELU and Linear + GLU, before the head).
-    """
-    layer = model.s4d
-    u = model.in_proj(model.cell_inputs(tokens))  # [B, T, H]
-    B, T, H = u.shape
-    z = layer.initial_state(B)  # [B, H, N] complex
-    for t in range(target_step + 1):
-        z = layer.step_state(u[:, t], z)
-    # After the target the state is linear in z: state_T = dA^k z + w, with w the state the
-    # later inputs reach from zero and dA^k = k zero-input steps from an all-ones state.
-    # This equals stepping from z (the authors' `AL * state + v`) but differentiates
-    # one product instead of k steps.
-    w = layer.initial_state(B)
-    decay = torch.ones_like(w[0])  # [H, N]
-    no_input = u.new_zeros(H)
-    for t in range(target_step + 1, T):
-        w = layer.step_state(u[:, t], w)
-        decay = layer.step_state(no_input, decay)
-    z_real = torch.view_as_real(z).flatten(1)  # [B, H*N*2]
-
-    def last_output(u_T: Tensor, w_real: Tensor, z_real: Tensor) -> tuple[Tensor, Tensor]:
-        """One sequence: u_T [H], w_real [H, N, 2], z_real [2HN] -> y_T [H] (twice)."""
-        z = torch.view_as_complex(z_real.view(*decay.shape, 2))  # [H, N]
-        y = layer.readout(u_T, decay * z + torch.view_as_complex(w_real))
-        return y, y
-
-    # jacrev takes real inputs only (even those it does not differentiate): w goes real too.
-    jac = jacrev(last_output, argnums=2, has_aux=True, chunk_size=chunk_size)
-    return vmap(jac)(u[:, -1], torch.view_as_real(w), z_real)
-
-
-JACOBIANS = {"gru": rnn_jacobians, "lstm": rnn_jacobians, "s4d": s4d_jacobians}
-
-
 def jacobians(model, tokens: Tensor, target_step: int,
               chunk_size: int = 128) -> tuple[Tensor, Tensor]:
-    """(J [B, D_out, D_z], output [B, D_out]) for any of the package's models."""
-    return JACOBIANS[model.arch](model, tokens, target_step, chunk_size)
+    """(J [B, D_out, D_z], output [B, D_out]) for any model whose registration has a
+    `jacobians` hook (perencode.kinds; the GRU/LSTM's is beside its step function in
+    models/rnn.py, the S4D's in models/s4d.py)."""
+    return _hook(model.arch)(model, tokens, target_step, chunk_size)
+
+
+def _hook(arch: str) -> Callable:
+    hook = kinds.get("model", arch).jacobians
+    if hook is None:
+        able = [k.name for k in kinds.registry("model").values() if k.jacobians is not None]
+        raise UserError(f"model.arch = '{arch}': no gradient-stability hook is registered "
+                        f"for it (models with one: {', '.join(able)})")
+    return hook
 
 
 # --------------------------------------------------------------------------------------
@@ -393,7 +335,7 @@ def analyse_run(run_dir: str | Path, triplets: int = 1024, metric: str = "weight
         raise UserError(f"{run_dir}: gradient stability needs a run of task.name = "
                         "'dual_frequency' (docs/paper-facts.md#gradient-stability), this one "
                         f"is '{task.name}'")
-    prefix = S4D_PREFIX if recipe.model.arch == "s4d" else 0
+    prefix = kinds.get("model", recipe.model.arch).stability_prefix
     if prefix and task.length <= prefix + 1:
         raise UserError(f"{run_dir}: the S4D analysis puts the target at t = {prefix + 1}; "
                         f"task.length = {task.length} is too short")

@@ -16,9 +16,9 @@ from torch.utils.checkpoint import checkpoint
 from perencode import preflight, runs
 from perencode.device import resolve_device
 from perencode.evaluate import evaluate_model, write_eval
+from perencode.experiment import build, output_features
 from perencode.io import WriteError, remove_stale_temps
 from perencode.lock import hold
-from perencode.models import build, output_features
 from perencode.progress import Reporter
 from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import Batch

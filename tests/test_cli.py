@@ -9,11 +9,10 @@ import typer.main
 from conftest import ROOT, run_cli, tiny_overrides
 from typer.testing import CliRunner
 
-from perencode import quickstart, sweep
+from perencode import kinds, quickstart, sweep
 from perencode.cli import app
 from perencode.recipe import (
     SECTIONS,
-    TASK_NAMES,
     Recipe,
     load_recipe,
     schema_rows,
@@ -210,7 +209,7 @@ def test_recipe_schema_json_is_the_json_schema(cli):
         ref = schema["properties"][section]["$ref"].rsplit("/", 1)[1]
         assert name in defs[ref]["properties"], key
     task = defs[schema["properties"]["task"]["$ref"].rsplit("/", 1)[1]]
-    assert set(task["properties"]["name"]["enum"]) == set(TASK_NAMES)
+    assert task["properties"]["name"]["enum"] == kinds.names("task")
     assert task["properties"]["vocab_size"]["minimum"] == 2
 
 

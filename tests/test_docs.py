@@ -1,6 +1,6 @@
-"""The repository is self-contained: every anchor of docs/paper-facts.md cited by the package,
-the recipes, the claims, the docs or the tests is a heading of that file, and no text points
-at a document the repository does not hold."""
+"""The repository is self-contained: every anchor of docs/paper-facts.md cited by the package
+(its claims files included), the recipes, the docs or the tests is a heading of that file,
+and no text points at a document the repository does not hold."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def anchors(markdown: str) -> set[str]:
 
 def cited_files() -> list:
     files = [ROOT / "README.md", ROOT / "REPRODUCE.md"]
-    for folder, pattern in [("perencode", "*.py"), ("docs", "*.md"), ("tests", "*.py"),
-                            ("recipes", "*.toml"), ("data", "*.toml")]:
+    for folder, pattern in [("perencode", "*.py"), ("perencode", "*.toml"), ("docs", "*.md"),
+                            ("tests", "*.py"), ("recipes", "*.toml"), ("data", "*.md")]:
         files += sorted((ROOT / folder).rglob(pattern))
     return files
 

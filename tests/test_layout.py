@@ -126,6 +126,18 @@ def test_imports_have_no_cycle():
                                  "perencode.results", "perencode.cli"}, low
 
 
+def test_models_and_tasks_do_not_know_each_other():
+    """A model is sized by ModelSizes and a task knows no model: perencode.experiment pairs
+    them, so a new model or task is one module that imports neither side."""
+    graph = {name: {t for node in ast.walk(tree) for t in imported(node)}
+             for name, tree in modules().items()}
+    for name, deps in graph.items():
+        if name.startswith("perencode.models"):
+            assert not any(d.startswith("perencode.tasks") for d in deps), name
+        if name.startswith("perencode.tasks"):
+            assert not any(d.startswith("perencode.models") for d in deps), name
+
+
 def test_verify_does_not_import_the_sweep_machinery():
     code = ("import sys, perencode.verify; "
             "print(sorted(m for m in ('submitit', 'rich.live', 'perencode.sweep', "

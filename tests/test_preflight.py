@@ -10,7 +10,8 @@ from conftest import ROOT, tiny_overrides
 
 from perencode import preflight, train
 from perencode.errors import UserError
-from perencode.models import build, build_model
+from perencode.experiment import build
+from perencode.models import build_model
 from perencode.recipe import validate
 from perencode.tasks import make
 

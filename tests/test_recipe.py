@@ -111,3 +111,16 @@ def test_every_field_is_documented():
                 "train.seed"):
         assert key in keys
     assert all(r[3] for r in rows)
+
+
+def test_schema_lists_every_field_and_the_registered_kinds():
+    rows = {key: (kind, description) for key, kind, _, description in schema_rows()}
+    for section in ("task", "model", "encoding", "optim", "train"):
+        fields = Recipe.model_fields[section].annotation.model_fields
+        assert {k for k in rows if k.startswith(section + ".")} == {
+            f"{section}.{name}" for name in fields}
+    assert rows["model.arch"][0] == "'gru' | 'lstm' | 's4d'"
+    assert rows["encoding.kind"][0] == \
+        "'none' | 'sinusoidal' | 'random' | 'learnable' | 'duplicate'"
+    assert "dual_frequency = reverse with a dual-frequency vocabulary" in rows["task.name"][1]
+    assert "s4d = one S4D layer" in rows["model.arch"][1]

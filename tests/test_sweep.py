@@ -177,7 +177,7 @@ def test_dry_run_is_instant_trains_nothing_and_writes_nothing(tmp_path, monkeypa
 def test_disk_estimate_is_the_size_of_the_kept_checkpoints(tmp_path):
     """Exact for the parameters: 12 bytes each (weights, Adam's two moments) plus the
     bookkeeping, times the checkpoints kept; and the LSTM of Fig. 2 at K = 16,384."""
-    from perencode.models import build
+    from perencode.experiment import build
 
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY + AXES)

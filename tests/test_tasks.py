@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from perencode.errors import UserError
-from perencode.models import output_logits
-from perencode.recipe import TASK_NAMES, TaskConfig, validate
+from perencode.experiment import output_logits
+from perencode.recipe import TaskConfig, validate
 from perencode.tasks import TASKS, make
 from perencode.tasks.base import Exclusion, duplicated, redraw_duplicates, sequence_hash
 from perencode.tasks.dual_frequency import DualFrequencyTask, structured_cells
@@ -325,8 +325,11 @@ def test_evaluate_rejects_language_model_options():
         t.evaluate(perfect, 8, per_position=True)
 
 
-def test_every_task_name_has_a_task():
-    assert set(TASKS) == set(TASK_NAMES)
+def test_the_package_registers_its_seven_tasks():
+    assert set(TASKS) == {"reverse", "sort", "reverse_add", "predecessor", "dual_frequency",
+                          "variable_length", "lm"}
+    for name, kind in TASKS.items():
+        assert kind.name == name and kind.label and kind.make.__name__.endswith("Task")
 
 
 # -- validation -------------------------------------------------------------------------------

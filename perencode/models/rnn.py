@@ -6,28 +6,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import jacrev, vmap
 
-from perencode.encoding import PositionalEncoding
-from perencode.recipe import EncodingConfig
+from perencode.kinds import ModelKind, register_model
+from perencode.models.base import ModelSizes, SequenceModel
+from perencode.recipe import EncodingConfig, ModelConfig
+
+CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
 
 
-class RecurrentModel(nn.Module):
+class RecurrentModel(SequenceModel):
     def __init__(self, arch: str, num_embeddings: int, num_classes: int, embed_size: int,
                  hidden_size: int, encoding: EncodingConfig, max_positions: int,
                  padding_idx: int | None = None):
-        super().__init__()
+        super().__init__(num_embeddings, embed_size, encoding, max_positions, padding_idx)
         self.arch = arch
-        # padding_idx: a zero row that is never trained (the authors' LM embedding,
-        # docs/paper-facts.md#language-modelling).
-        self.embedding = nn.Embedding(num_embeddings, embed_size, padding_idx=padding_idx)
-        self.encoding = PositionalEncoding(encoding, embed_size, max_positions)
-        cell = {"gru": nn.GRU, "lstm": nn.LSTM}[arch]
-        self.rnn = cell(self.encoding.out_features, hidden_size, batch_first=True)
+        self.rnn = CELLS[arch](self.in_features, hidden_size, batch_first=True)
         self.head = nn.Linear(hidden_size, num_classes)
-
-    def cell_inputs(self, tokens: Tensor) -> Tensor:
-        """tokens [B, T] -> recurrent-cell inputs [B, T, D_in] (embedding + encoding)."""
-        return self.encoding(self.embedding(tokens))
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> hidden states [B, T, H] (apply `self.head` for logits)."""
@@ -60,3 +55,41 @@ class RecurrentModel(nn.Module):
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
         return h, torch.cat([h, c], dim=-1)
+
+
+@torch.no_grad()  # torch.func transforms still differentiate; no graph on the parameters
+def rnn_jacobians(model: RecurrentModel, tokens: Tensor, target_step: int = 0,
+                  chunk_size: int = 128) -> tuple[Tensor, Tensor]:
+    """tokens [B, T] -> (J [B, H, D_z], h_T [B, H]), J = d h_T / d z.
+
+    z is the state right after the (0-based) `target_step` (`RecurrentModel.step`'s state:
+    h for the GRU, D_z = H; [h; c] for the LSTM, D_z = 2H).
+    """
+    x = model.cell_inputs(tokens)  # [B, T, D_in]
+    z = model.initial_state(x.shape[0])  # [B, D_z]
+    for t in range(target_step + 1):
+        _, z = model.step(x[:, t], z)
+
+    def last_hidden(suffix: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """One sequence: suffix [T', D_in], state [D_z] -> h_T [H] (twice: J and aux)."""
+        for x_t in suffix.unbind(0):
+            h, state = model.step(x_t, state)
+        return h, h
+
+    jac = jacrev(last_hidden, argnums=1, has_aux=True, chunk_size=chunk_size)
+    return vmap(jac)(x[:, target_step + 1:], z)
+
+
+def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: ModelSizes) -> RecurrentModel:
+    """The model of a recipe's [model] and [encoding] tables, sized by the task."""
+    return RecurrentModel(cfg.arch, sizes.num_embeddings, sizes.num_classes, cfg.embed_size,
+                          cfg.hidden_size, encoding, sizes.max_positions, sizes.padding_idx)
+
+
+# saved_per_step (perencode.preflight): a GRU keeps its input and hidden gate
+# pre-activations (3H + 3H), the reset and update gates and the output; an LSTM its four
+# gates from input and state, their activations, the cell state and its tanh.
+register_model(ModelKind("gru", build, label="GRU", summary="single-layer nn.GRU",
+                         jacobians=rnn_jacobians, saved_per_step=10))
+register_model(ModelKind("lstm", build, label="LSTM", summary="single-layer nn.LSTM",
+                         jacobians=rnn_jacobians, saved_per_step=15))

@@ -15,9 +15,11 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import jacrev, vmap
 
-from perencode.encoding import PositionalEncoding
-from perencode.recipe import EncodingConfig
+from perencode.kinds import ModelKind, register_model
+from perencode.models.base import ModelSizes, SequenceModel
+from perencode.recipe import EncodingConfig, ModelConfig
 
 
 class S4D(nn.Module):
@@ -102,26 +104,81 @@ class S4D(nn.Module):
         return self.readout(u_t, state), state
 
 
-class S4DModel(nn.Module):
+class S4DModel(SequenceModel):
     """Tokens [B, T] -> S4D features [B, T, H]; `head` (Linear H -> K) gives the logits.
-    Same interface as `RecurrentModel`; the S4D block's input is `in_proj(cell_inputs(.))`."""
+    The S4D block's input is `in_proj(cell_inputs(.))`."""
 
     arch = "s4d"
 
     def __init__(self, num_embeddings: int, num_classes: int, embed_size: int,
                  hidden_size: int, d_state: int, encoding: EncodingConfig, max_positions: int,
                  padding_idx: int | None = None):
-        super().__init__()
-        self.embedding = nn.Embedding(num_embeddings, embed_size, padding_idx=padding_idx)
-        self.encoding = PositionalEncoding(encoding, embed_size, max_positions)
-        self.in_proj = nn.Linear(self.encoding.out_features, hidden_size)
+        super().__init__(num_embeddings, embed_size, encoding, max_positions, padding_idx)
+        self.in_proj = nn.Linear(self.in_features, hidden_size)
         self.s4d = S4D(hidden_size, d_state)
         self.head = nn.Linear(hidden_size, num_classes)
-
-    def cell_inputs(self, tokens: Tensor) -> Tensor:
-        """tokens [B, T] -> embedding + encoding [B, T, D_in] (before `in_proj`)."""
-        return self.encoding(self.embedding(tokens))
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> S4D block outputs [B, T, H] (apply `self.head` for logits)."""
         return self.s4d(self.in_proj(self.cell_inputs(tokens)))  # [B, T, H]
+
+
+@torch.no_grad()  # torch.func transforms still differentiate; no graph on the parameters
+def s4d_jacobians(model, tokens: Tensor, target_step: int,
+                  chunk_size: int = 128) -> tuple[Tensor, Tensor]:
+    """tokens [B, T] -> (J [B, H, 2HN], y_T [B, H]), J = d y_T / d z for an S4DModel.
+
+    z = the complex state right after `target_step` (0-based), [H, N] complex, as a real
+    vector in `view_as_real` layout (re/im interleaved per mode; docs/paper-facts.md#s4d-stability).
+    y_T = the S4D block's output at the last step (after GELU and Linear + GLU, before the head).
+    """
+    layer = model.s4d
+    u = model.in_proj(model.cell_inputs(tokens))  # [B, T, H]
+    B, T, H = u.shape
+    z = layer.initial_state(B)  # [B, H, N] complex
+    for t in range(target_step + 1):
+        z = layer.step_state(u[:, t], z)
+    # After the target the state is linear in z: state_T = dA^k z + w, with w the state the
+    # later inputs reach from zero and dA^k = k zero-input steps from an all-ones state.
+    # This equals stepping from z (the authors' `AL * state + v`) but differentiates
+    # one product instead of k steps.
+    w = layer.initial_state(B)
+    decay = torch.ones_like(w[0])  # [H, N]
+    no_input = u.new_zeros(H)
+    for t in range(target_step + 1, T):
+        w = layer.step_state(u[:, t], w)
+        decay = layer.step_state(no_input, decay)
+    z_real = torch.view_as_real(z).flatten(1)  # [B, H*N*2]
+
+    def last_output(u_T: Tensor, w_real: Tensor, z_real: Tensor) -> tuple[Tensor, Tensor]:
+        """One sequence: u_T [H], w_real [H, N, 2], z_real [2HN] -> y_T [H] (twice)."""
+        z = torch.view_as_complex(z_real.view(*decay.shape, 2))  # [H, N]
+        y = layer.readout(u_T, decay * z + torch.view_as_complex(w_real))
+        return y, y
+
+    # jacrev takes real inputs only (even those it does not differentiate): w goes real too.
+    jac = jacrev(last_output, argnums=2, has_aux=True, chunk_size=chunk_size)
+    return vmap(jac)(u[:, -1], torch.view_as_real(w), z_real)
+
+
+def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: ModelSizes) -> S4DModel:
+    """The S4D model of a recipe's [model] and [encoding] tables, sized by the task."""
+    return S4DModel(sizes.num_embeddings, sizes.num_classes, cfg.embed_size, cfg.hidden_size,
+                    cfg.d_state, encoding, sizes.max_positions, sizes.padding_idx)
+
+
+def _check(cfg: ModelConfig) -> None:
+    if cfg.d_state % 2:
+        raise ValueError(f"field 'd_state': must be even, got {cfg.d_state}")
+
+
+register_model(ModelKind(
+    "s4d", build, label="S4D", summary="one S4D layer (state size model.d_state)",
+    options=("d_state",), check=_check, jacobians=s4d_jacobians,
+    # Stability pairs share 22 steps before the target at t = 23 (Fig. 5 caption;
+    # docs/paper-facts.md#s4d-stability).
+    stability_prefix=22,
+    # Kept for backward (perencode.preflight): in_proj's output, the FFT spectra and
+    # products, the 2L-long inverse, the GELU input and output, out_proj's 2H output and
+    # the GLU's output.
+    saved_per_step=13))

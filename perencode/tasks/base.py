@@ -125,7 +125,6 @@ def redraw_duplicates(rows: Tensor, redraw: Callable[[Tensor], Tensor]) -> Tenso
 class SyntheticTask:
     """Base of the synthetic tasks: held-out drawn from the seed, excluded from training."""
 
-    name = "synthetic"
     has_command_token = True
     pad_id = None  # every embedding row is a token (the LM task has a padding row)
 
@@ -180,7 +179,7 @@ class SyntheticTask:
                  **options) -> dict:
         """Score the held-out set; `logits_fn(batch)` gives logits at the outputs [B, T_out, K]."""
         if options:
-            raise UserError(f"{', '.join(options)}: not an option of the {self.name} task "
+            raise UserError(f"{', '.join(options)}: not an option of the {self.cfg.name} task "
                             f"(only language models have one)")
         batches, predictions = [], []
         for batch in self.held_out_batches(batch_size):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from perencode.kinds import TaskKind, register_task
 from perencode.metrics import sequence_scores
 from perencode.tasks.base import Batch, redraw_duplicates
 from perencode.tasks.reverse import ReverseTask
@@ -53,8 +54,6 @@ def structured_rows(cells: Tensor, K: int, length: int, generator: torch.Generat
 
 
 class DualFrequencyTask(ReverseTask):
-    name = "dual-frequency reverse"
-
     def draw(self, n: int, generator: torch.Generator) -> Tensor:
         rare = torch.rand((n, self.L), generator=generator,
                           device=generator.device) < self.cfg.rarity  # [n, L]
@@ -99,3 +98,26 @@ class DualFrequencyTask(ReverseTask):
 
 def _accuracy(hit: Tensor, select: Tensor) -> dict:
     return {"accuracy": float(hit[select].mean()), "n": int(select.sum())}
+
+
+def _check(cfg) -> None:
+    if cfg.vocab_size % 2:
+        raise ValueError(f"field 'vocab_size': dual frequency needs an even K "
+                         f"(got {cfg.vocab_size})")
+    if cfg.length < 2:
+        raise ValueError("field 'length': dual frequency needs L >= 2 (a target among "
+                         "disturbants)")
+    # A pure condition (all FREQUENT, or all RARE) needs L * per_cell distinct sequences of
+    # one half of the vocabulary: (K/2)^L exist.
+    per_half = (cfg.vocab_size // 2) ** cfg.length
+    if cfg.held_out_per_cell * cfg.length > per_half:
+        raise ValueError(
+            f"field 'held_out_per_cell': {cfg.held_out_per_cell} per cell needs "
+            f"{cfg.held_out_per_cell * cfg.length} distinct sequences of one half of the "
+            f"vocabulary, but only (K/2)^L = {per_half} exist")
+
+
+register_task(TaskKind(
+    "dual_frequency", DualFrequencyTask, label="Dual-frequency reverse",
+    summary="reverse with a dual-frequency vocabulary (Fig. 3, 5)",
+    options=("rarity", "held_out_per_cell"), check=_check, distinct=None))

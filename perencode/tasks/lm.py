@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from perencode.kinds import TaskKind, register_task
 from perencode.lm.data import Split, load
 from perencode.recipe import TaskConfig
 from perencode.tasks.base import Batch
@@ -43,8 +44,6 @@ class LanguageModelTask:
     over 300,000 x 512 draws (over 100 passes through the training paragraphs) the two
     differ mainly in how evenly paragraphs recur.
     """
-
-    name = "lm"
 
     def __init__(self, cfg: TaskConfig, seed: int, device: torch.device | str = "cpu"):
         # `seed` is part of the task interface; nothing is drawn before training here:
@@ -127,3 +126,14 @@ class LanguageModelTask:
                     math.exp(s / c) if c else None for s, c in zip(loss, count)]
                 result[f"{name}_tokens_by_position"] = count
         return result
+
+
+def _check(cfg) -> None:
+    if cfg.data is None:
+        raise ValueError("field 'data': task.name = 'lm' needs task.data (a folder made by "
+                         "`perencode lm-prepare`)")
+
+
+register_task(TaskKind("lm", LanguageModelTask, label="Language model",
+                       summary="WikiText-103 language modelling (Table 1, Fig. 15)",
+                       check=_check, distinct=None))

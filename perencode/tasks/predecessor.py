@@ -12,14 +12,16 @@ training is of (x, query) pairs.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
+from perencode.kinds import TaskKind, register_task
 from perencode.tasks.base import Batch, SyntheticTask
 
 
 class PredecessorTask(SyntheticTask):
-    name = "predecessor"
     has_command_token = False
 
     @property
@@ -50,3 +52,18 @@ class PredecessorTask(SyntheticTask):
                           for b, p in zip(batches, predictions)])
         accuracy = float(hits.double().mean())
         return {"accuracy": accuracy, "token_accuracy": accuracy, "n_sequences": len(hits)}
+
+
+def _check(cfg) -> None:
+    if cfg.vocab_size < cfg.length:
+        raise ValueError(f"field 'vocab_size': predecessor query needs K >= L distinct "
+                         f"tokens (K = {cfg.vocab_size}, L = {cfg.length})")
+    if cfg.length < 2:
+        raise ValueError("field 'length': predecessor query needs L >= 2")
+
+
+register_task(TaskKind(
+    "predecessor", PredecessorTask, label="Predecessor query",
+    summary="predecessor query (Fig. 10)", check=_check,
+    # held-out rows are (sequence, query) pairs
+    distinct=lambda cfg: math.perm(cfg.vocab_size, cfg.length) * (cfg.length - 1)))

@@ -11,13 +11,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from perencode.kinds import TaskKind, register_task
 from perencode.metrics import row_scores, summarise
 from perencode.tasks.base import Batch, SyntheticTask, redraw_duplicates
 
 
 class ReverseTask(SyntheticTask):
-    name = "reverse"
-
     def draw(self, n: int, generator: torch.Generator) -> Tensor:
         return torch.randint(0, self.K, (n, self.L), generator=generator,
                              device=generator.device)  # [n, L]
@@ -45,8 +44,6 @@ class VariableLengthReverseTask(ReverseTask):
     code's test with exactly l command tokens. The held-out set holds `held_out` distinct sequences
     of each length.
     """
-
-    name = "variable-length reverse"
 
     def _rows(self, lengths: Tensor, generator: torch.Generator) -> Tensor:
         """Random rows of the given lengths [n] -> [n, L], -1 beyond each length."""
@@ -95,3 +92,20 @@ class VariableLengthReverseTask(ReverseTask):
                               "sequence_accuracy": part["sequence_accuracy"],
                               "dl_distance": part["dl_distance"], "n": part["n_sequences"]})
         return summarise(rows) | {"by_length": by_length}
+
+
+def _check_variable_length(cfg) -> None:
+    if cfg.min_length is None:
+        raise ValueError("field 'min_length': task.name = 'variable_length' needs "
+                         "task.min_length (the paper: 32 with length 64)")
+    if cfg.min_length > cfg.length:
+        raise ValueError(f"field 'min_length': {cfg.min_length} > task.length = {cfg.length}")
+
+
+register_task(TaskKind("reverse", ReverseTask, label="Reverse",
+                       summary="reverse ordering (Fig. 2)"))
+register_task(TaskKind(
+    "variable_length", VariableLengthReverseTask, label="Variable-length reverse",
+    summary="reverse with lengths min_length..length (Fig. 11, 14)", options=("min_length",),
+    check=_check_variable_length,
+    distinct=lambda cfg: cfg.vocab_size ** (cfg.min_length or cfg.length)))

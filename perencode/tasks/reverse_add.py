@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from perencode.kinds import TaskKind, register_task
 from perencode.tasks.base import Batch, SyntheticTask
 
 
 class ReverseAddTask(SyntheticTask):
-    name = "reverse_add"
     has_command_token = False
 
     def draw(self, n: int, generator: torch.Generator) -> Tensor:
@@ -26,3 +26,8 @@ class ReverseAddTask(SyntheticTask):
         x, y = rows[:, :self.L], rows[:, self.L:]  # [B, L] each
         targets = (x.flip(1) + y) % self.K  # [B, L], emitted at the last L steps
         return Batch(sequences=rows, inputs=rows, targets=targets, output_targets=targets)
+
+
+register_task(TaskKind("reverse_add", ReverseAddTask, label="Reverse + delayed addition",
+                       summary="reverse ordering + delayed addition (Fig. 7)",
+                       distinct=lambda cfg: cfg.vocab_size ** (2 * cfg.length)))

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from perencode.kinds import TaskKind, register_task
 from perencode.tasks.reverse import ReverseTask
 
 
 class SortTask(ReverseTask):
     """Reverse ordering's layout and draws; only the target differs."""
 
-    name = "sort"
-
     def transform(self, rows: Tensor) -> Tensor:
         return rows.sort(dim=1).values  # [B, L], stable for ties
+
+
+register_task(TaskKind("sort", SortTask, label="Sort", summary="sorting (Fig. 8, 12)"))

@@ -1,0 +1,158 @@
+"""One registry per kind of thing a recipe names: tasks (`task.name`), models (`model.arch`)
+and positional encodings (`encoding.kind`).
+
+Each kind is registered once, beside its code (a `register_*` call at the end of its
+module), and everything that lists kinds reads these registries: the recipe's allowed values,
+rules and schema, the figures' labels and orders, the stability analysis's hooks, bench's
+guard. A study that adds a kind registers it from its own module and touches no other file;
+code that meets a name no registry holds (runs made by an extension that is not imported)
+shows the raw name instead of dropping the run.
+
+The package's own kinds register when their modules are imported. The registries import
+those modules on first use (by name, as plug-in entry points are loaded), so that
+`perencode.recipe`, which the kinds' modules import, can validate a recipe without
+importing them back.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+# The modules whose import registers the package's own kinds.
+BUILTIN_MODULES = ("perencode.tasks", "perencode.models", "perencode.encoding")
+
+
+def every_sequence(cfg: Any) -> int:
+    """K^L: the distinct held-out rows of a task whose row is L free tokens."""
+    return cfg.vocab_size ** cfg.length
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    """A task: `make(task_cfg, seed, device)` builds it (its held-out set drawn from seed)."""
+
+    name: str
+    make: Callable[..., Any]
+    label: str                      # figures and reports
+    summary: str = ""               # one phrase for `perencode recipe-schema`
+    options: tuple[str, ...] = ()   # [task] fields that only this task reads
+    # More rules on the [task] table: raise ValueError("field 'x': why") on a mistake.
+    check: Callable[[Any], None] | None = None
+    # How many distinct held-out rows exist (held_out must stay below it); None: the task
+    # has no `held_out` count to check (its test set is structured, or a data split).
+    distinct: Callable[[Any], int] | None = every_sequence
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """A sequence model: `build(model_cfg, encoding_cfg, sizes)` -> nn.Module (models/)."""
+
+    name: str
+    build: Callable[..., Any]
+    label: str
+    summary: str = ""
+    options: tuple[str, ...] = ()   # [model] fields that only this model reads
+    check: Callable[[Any], None] | None = None
+    # Gradient-stability hook: (model, tokens [B, T], target_step, chunk_size) ->
+    # (J [B, D_out, D_z], output [B, D_out]); None: `perencode stability` refuses the model.
+    jacobians: Callable[..., Any] | None = None
+    # Steps shared by a stability pair before the target (the S4D's 22-token prefix).
+    stability_prefix: int = 0
+    # Memory preflight: floats per sample and time step, in units of H, that the model keeps
+    # for its backward pass; None: the largest of the registered models' is assumed.
+    saved_per_step: int | None = None
+
+
+@dataclass(frozen=True)
+class EncodingKind:
+    """A positional encoding: how the embedding [B, T, E] becomes the cell input."""
+
+    name: str
+    label: str
+    summary: str = ""
+    # One vector per position: (positions, dim) -> [positions, dim]; None: no table.
+    table: Callable[[int, int], Any] | None = None
+    trained: bool = False           # the table is a parameter
+    stored: bool = True             # a fixed table is saved in checkpoints (False: recomputed)
+    duplicate: bool = False         # no table: concatenate a second copy of the embedding
+    modes: tuple[str, ...] = ("concat", "add")
+
+    @property
+    def adds_input(self) -> bool:
+        """Whether it changes the cell input at all (False for vanilla)."""
+        return self.table is not None or self.duplicate
+
+
+TASKS: dict[str, TaskKind] = {}
+MODELS: dict[str, ModelKind] = {}
+ENCODINGS: dict[str, EncodingKind] = {}
+REGISTRIES = {"task": TASKS, "model": MODELS, "encoding": ENCODINGS}
+FIELDS = {"task": "task.name", "model": "model.arch", "encoding": "encoding.kind"}
+_loaded: list[bool] = []
+
+
+def _register(registry: dict, kind):
+    if not kind.name or not kind.name.replace("_", "").isalnum():
+        raise ValueError(f"kind name {kind.name!r}: letters, digits and '_' only")
+    registry[kind.name] = kind
+    return kind
+
+
+def register_task(kind: TaskKind) -> TaskKind:
+    """Add (or replace) a task: recipes may then name it in `task.name`."""
+    return _register(TASKS, kind)
+
+
+def register_model(kind: ModelKind) -> ModelKind:
+    """Add (or replace) a model: recipes may then name it in `model.arch`."""
+    return _register(MODELS, kind)
+
+
+def register_encoding(kind: EncodingKind) -> EncodingKind:
+    """Add (or replace) a positional encoding: recipes may then name it in `encoding.kind`."""
+    return _register(ENCODINGS, kind)
+
+
+def registry(kind: str) -> dict:
+    """The registry of `kind` ("task", "model" or "encoding"), the package's own kinds
+    loaded."""
+    if not _loaded:
+        _loaded.append(True)  # before the imports: their own look-ups must not recurse
+        for module in BUILTIN_MODULES:
+            importlib.import_module(module)
+    return REGISTRIES[kind]
+
+
+def names(kind: str) -> list[str]:
+    return list(registry(kind))
+
+
+def choices(kind: str) -> str:
+    """"'gru', 'lstm' or 's4d'": the registered names, for messages."""
+    return " or ".join(", ".join(repr(n) for n in names(kind)).rsplit(", ", 1))
+
+
+def get(kind: str, name: str):
+    """The registered kind, or a ValueError naming the allowed values."""
+    found = registry(kind).get(name)
+    if found is None:
+        raise ValueError(f"{FIELDS[kind]} = {name!r} is not registered: expected "
+                         f"{choices(kind)}")
+    return found
+
+
+def label(kind: str, name) -> str:
+    """How figures and reports name it: the registered label, else the raw name."""
+    found = registry(kind).get(name)
+    return found.label if found is not None else str(name)
+
+
+def order(kind: str, values: Iterable) -> list:
+    """The distinct `values` in registration order, unregistered ones after them (sorted by
+    name): nothing is dropped."""
+    present = set(values)
+    known = [n for n in registry(kind) if n in present]
+    return known + sorted(present - set(known), key=str)

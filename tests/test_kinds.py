@@ -1,0 +1,221 @@
+"""Registries (perencode.kinds): a study adds a task, an encoding and a model from its own
+file, touching nothing under perencode/, and the new kinds go through the whole path: the
+recipe and its schema, training and evaluation through the CLI, the figures and verify.
+Kinds no registration knows keep their raw names in the figures and are never dropped."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import assert_scores_consistent, run_cli, tiny_overrides
+from torch import Tensor, nn
+
+from perencode import figures, kinds
+from perencode.errors import UserError
+from perencode.models import ModelSizes, SequenceModel, build_model
+from perencode.recipe import Recipe, schema_rows, validate
+from perencode.stability import jacobians
+from perencode.tasks.reverse import ReverseTask
+
+# -- the study's own kinds: all of it lives in this file ---------------------------------------
+
+
+class CopyTask(ReverseTask):
+    """Reverse's layout, but the model repeats the input in order."""
+
+    def transform(self, rows: Tensor) -> Tensor:
+        return rows  # [B, L]
+
+
+def ramp(num_positions: int, dim: int) -> Tensor:
+    """Position t as t / (T - 1) in every dimension, scaled to norm <= 1: [T, dim]."""
+    t = torch.linspace(0.0, 1.0, num_positions)[:, None]  # [T, 1]
+    return t.expand(num_positions, dim) / math.sqrt(dim)
+
+
+class ElmanModel(SequenceModel):
+    """The shared front end (embedding + encoding) -> single-layer tanh nn.RNN -> head: the
+    model contract and nothing else."""
+
+    arch = "elman"
+
+    def __init__(self, cfg, encoding, sizes: ModelSizes):
+        super().__init__(sizes.num_embeddings, cfg.embed_size, encoding, sizes.max_positions,
+                         sizes.padding_idx)
+        self.rnn = nn.RNN(self.in_features, cfg.hidden_size, batch_first=True)
+        self.head = nn.Linear(cfg.hidden_size, sizes.num_classes)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        out, _ = self.rnn(self.cell_inputs(tokens))  # [B, T, H]
+        return out
+
+
+@pytest.fixture(scope="module")
+def registered():
+    """The three registrations a study makes, removed again after this module."""
+    kinds.register_task(kinds.TaskKind("copy", CopyTask, label="Copy",
+                                       summary="repeat the input in order"))
+    kinds.register_encoding(kinds.EncodingKind("ramp", label="Ramp PE",
+                                               summary="t / (T - 1)", table=ramp))
+    kinds.register_model(kinds.ModelKind("elman", ElmanModel, label="Elman RNN"))
+    yield
+    for kind, name in (("task", "copy"), ("encoding", "ramp"), ("model", "elman")):
+        del kinds.registry(kind)[name]
+
+
+RECIPE = """description = "A study's own task, encoding and model."
+[task]
+name = "copy"
+vocab_size = 4
+length = 3
+held_out = 8
+[model]
+arch = "elman"
+[encoding]
+kind = "ramp"
+[optim]
+lr = 1e-2
+warmup = 10
+[train]
+iterations = 150
+checkpoint_every = 150
+log_every = 50
+batch_size = 32
+"""
+
+CLAIMS = """[[claim]]
+id = "copy-learnt"
+statement = "The Elman RNN with the ramp encoding learns to copy three tokens"
+where = { "task.name" = "copy", "encoding.kind" = "ramp", "model.arch" = "elman" }
+metric = "token_accuracy"
+test = "threshold"
+op = ">"
+value = 0.5
+"""
+
+
+@pytest.fixture(scope="module")
+def study(registered, tmp_path_factory):
+    """Two seeds of the study's recipe trained and evaluated through the CLI, then its
+    figures and its claim: (root, figures folder, verify exit code)."""
+    root = tmp_path_factory.mktemp("study")
+    recipe = root / "copy_ramp_elman.toml"
+    recipe.write_text(RECIPE)
+    for seed in (111, 222):
+        run = root / "runs" / f"seed{seed}"
+        code, text = run_cli("train", recipe, "--out", run, "--device", "cpu", "--no-progress",
+                             *tiny_overrides(f"train.seed={seed}", "model.hidden_size=32",
+                                             "train.batch_size=32", "task.held_out=8"))
+        assert code == 0, text
+        code, text = run_cli("eval", run, "--device", "cpu")
+        assert code == 0, text
+    code, text = run_cli("figures", root / "runs", "--out", root / "figures")
+    assert code == 0, text
+    (root / "claims.toml").write_text(CLAIMS)
+    code, text = run_cli("verify", root / "runs", "--claims", root / "claims.toml", "--out",
+                         root / "figures")
+    return root, root / "figures", code
+
+
+def test_the_new_kinds_are_allowed_values_of_the_recipe(registered):
+    r = validate({"task": {"name": "copy", "vocab_size": 4, "length": 3, "held_out": 8},
+                  "model": {"arch": "elman"}, "encoding": {"kind": "ramp"}}, "r.toml")
+    assert (r.task.name, r.model.arch, r.encoding.kind) == ("copy", "elman", "ramp")
+    rows = {key: (kind, description) for key, kind, _, description in schema_rows()}
+    assert "'copy'" in rows["task.name"][0] and "copy = repeat the input in order" in \
+        rows["task.name"][1]
+    assert "'ramp'" in rows["encoding.kind"][0] and "ramp = t / (T - 1)" in \
+        rows["encoding.kind"][1]
+    assert "'elman'" in rows["model.arch"][0] and "elman = Elman RNN" in rows["model.arch"][1]
+
+
+def test_the_registered_builders_are_the_ones_used(registered):
+    recipe = Recipe.model_validate({"task": {"name": "copy", "vocab_size": 4, "length": 3,
+                                             "held_out": 8},
+                                    "model": {"arch": "elman", "hidden_size": 8,
+                                              "embed_size": 4},
+                                    "encoding": {"kind": "ramp"}})
+    task = kinds.get("task", "copy").make(recipe.task, 111, "cpu")
+    batch = task.sample(5, torch.Generator().manual_seed(0))
+    assert torch.equal(batch.output_targets, batch.sequences)  # copy, not reverse
+    model = build_model(recipe, task)
+    assert isinstance(model, ElmanModel) and model.rnn.input_size == 8  # ramp concatenated
+    torch.testing.assert_close(model.encoding.table, ramp(6, 4))
+
+
+def test_a_study_trains_evaluates_draws_and_verifies_its_kinds(study):
+    root, figures_dir, verify_code = study
+    for seed in (111, 222):
+        result = json.loads((root / "runs" / f"seed{seed}" / "eval.json").read_text())
+        assert (result["task"], result["arch"], result["encoding"]) == ("copy", "elman", "ramp")
+        assert result["n_sequences"] == 8 and result["n_tokens"] == 24
+        assert_scores_consistent(result)
+    table = (figures_dir / "results.csv").read_text()
+    assert table.count("copy") == 2 and table.count("ramp") == 2
+    # No paper figure draws this task: a figure of its own does, under the study's labels.
+    assert (figures_dir / "other_copy_vocabulary.png").stat().st_size > 0
+    report = json.loads((figures_dir / "verify.json").read_text())["results"]
+    assert [(r["id"], r["verdict"]) for r in report] == [("copy-learnt", "pass")]
+    assert verify_code == 0
+
+
+def test_runs_of_kinds_nobody_registered_are_still_drawn_and_verified(study, monkeypatch,
+                                                                      tmp_path):
+    """`perencode figures` / `verify` run without the study's module: its runs are results
+    all the same, under their raw names."""
+    root, _, _ = study
+    for registry, name in ((kinds.TASKS, "copy"), (kinds.ENCODINGS, "ramp"),
+                           (kinds.MODELS, "elman")):
+        monkeypatch.delitem(registry, name)
+    code, text = run_cli("figures", root / "runs", "--out", tmp_path)
+    assert code == 0, text
+    assert (tmp_path / "other_copy_vocabulary.png").stat().st_size > 0
+    code, text = run_cli("verify", root / "runs", "--claims", root / "claims.toml", "--out",
+                         tmp_path)
+    assert code == 0, text
+    report = json.loads((tmp_path / "verify.json").read_text())["results"]
+    assert [(r["id"], r["verdict"]) for r in report] == [("copy-learnt", "pass")]
+    # Training or evaluating one needs the kind's code: refused in one line.
+    code, text = run_cli("eval", root / "runs" / "seed111", "--device", "cpu")
+    assert code == 2 and "task.name: Input should be" in text.replace("\n", "")
+
+
+def test_unregistered_kinds_keep_their_raw_names_and_come_last():
+    assert figures._label("encoding.kind", "sinusoidal") == "Position-Encoded"
+    assert figures._label("encoding.kind", "nowhere") == "nowhere"
+    assert figures._label("model.arch", "nowhere") == "nowhere"
+    assert figures._label("task.name", "nowhere") == "nowhere"
+    assert figures._encoding_order(["zeta", "sinusoidal", "alpha", "none", "zeta"]) == [
+        "none", "sinusoidal", "alpha", "zeta"]
+    assert kinds.order("model", ["s4d", "mamba", "gru"]) == ["gru", "s4d", "mamba"]
+
+
+def test_an_unknown_name_is_one_line_naming_the_registered_ones(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_text('[encoding]\nkind = "spiral"\n')
+    code, text = run_cli("train", path, "--out", tmp_path / "run")
+    assert code == 2
+    assert "encoding.kind: Input should be 'none', 'sinusoidal', 'random', 'learnable'" in \
+        text.replace("\n", "")
+    assert "(got 'spiral')" in text.replace("\n", "")
+
+
+def test_a_model_without_a_stability_hook_is_refused_in_one_line(registered):
+    with pytest.raises(UserError, match="model.arch = 'elman': no gradient-stability hook "
+                                        "is registered for it \\(models with one: gru, lstm, "
+                                        "s4d\\)"):
+        jacobians(SimpleNamespace(arch="elman"), torch.zeros(1, 2, dtype=torch.long), 0)
+
+
+def test_bench_refuses_a_baseline_for_a_model_it_has_no_reference_loop_for(registered,
+                                                                          tmp_path):
+    recipe = tmp_path / "study.toml"
+    recipe.write_text(RECIPE.replace('name = "copy"', 'name = "reverse"'))
+    code, text = run_cli("bench", recipe, "--baseline", "--iterations", 1, "--device", "cpu")
+    assert code == 2
+    assert "--baseline: the bare reference loop exists for gru and lstm" in \
+        text.replace("\n", "")
