@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# perencode on the paper's stack: PyTorch 2.1.1, CUDA 12.1, cuDNN 8, Python 3.10 (SPEC: the
-# authors' code ran on PyTorch 2.1.1). Build: `make docker-build`; use: docs/container.md.
+# perencode on the paper's stack: PyTorch 2.1.1, CUDA 12.1, cuDNN 8, Python 3.10 (the paper's
+# experiments ran on PyTorch 2.1.1: docs/paper-facts.md#training-settings). Build:
+# `make docker-build`; use: docs/container.md.
 
 # Stage 1: build the package's wheel. Nothing of this stage reaches the final image.
 FROM pytorch/pytorch:2.1.1-cuda12.1-cudnn8-runtime AS wheel
