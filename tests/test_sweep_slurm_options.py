@@ -18,9 +18,9 @@ n=$(ls "{log}" | wc -l)
 cp "$1" "{log}/sbatch-$n.sh"
 echo "Submitted batch job $((4242 + n))"
 """
-# Every job of the first array still pending.
+# Every job of the first two arrays still pending.
 FAKE_SQUEUE = """#!/bin/sh
-for i in 0 1 2 3 4 5 6 7; do echo "4242_$i|PENDING"; done
+for i in 0 1 2 3 4 5 6 7; do echo "4242_$i|PENDING"; echo "4243_$i|PENDING"; done
 """
 
 
@@ -125,3 +125,8 @@ def test_a_grid_reusing_runs_still_training_waits_for_their_jobs(fake_slurm, tmp
     assert linked.is_symlink()
     assert linked.resolve() == (out / "tiny" / "vocab_size=8/encoding=none/seed=111").resolve()
     assert "#SBATCH --dependency=afterany:4242_0:4242_1:4242_2:4242_3" in second.read_text()
+    # Its own jobs, still queued, are collected by a rerun, not submitted again.
+    code, output = sweep(twin, "--runs", out, "--executor", "slurm", "--no-wait",
+                         "--only", "seed=111")
+    assert code == 0 and "4 queued" in output, output
+    assert len(list(fake_slurm.iterdir())) == 2

@@ -103,7 +103,7 @@ def _slurm(ready: list[Run], planned: list[Run], board: Board, grid, out: Path,
     still training), then wait for those and for the jobs of earlier sweeps."""
     pairs = []
     if ready:
-        dependency = sorted({r.job for r in ready if r.twin is not None and r.job})
+        dependency = sorted({r.twin_job for r in ready if r.twin_job})
         if dependency:
             live = live_jobs(dependency) if options.cluster == "slurm" else {}
             dependency = [j for j in dependency if j in live]

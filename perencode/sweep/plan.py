@@ -53,6 +53,7 @@ class Run:
     eta_s: float | None = None
     twin: Path | None = None         # a run of the same recipe elsewhere under OUT
     job: str | None = None           # its SLURM job id, recorded in OUT/<grid>/.submitit
+    twin_job: str | None = None      # the twin's, recorded by the twin's own grid
     commands: list[list[str]] = field(default_factory=list)  # perencode commands, no --device
     proc: Any = None                 # the local executor's subprocess.Popen
     log: Any = None
@@ -191,7 +192,7 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[Run]:
                 run.twin = None
         if run.twin is not None:
             run.state, run.message = RunState.REUSE, f"same recipe as {run.twin}"
-            run.job = run.job or twin_job(out, run.twin)
+            run.twin_job = twin_job(out, run.twin)
         elif (run_dir / "recipe.toml").exists():
             try:
                 same = run_key(runs.read_recipe(run_dir)) == run_key(cell.recipe)
@@ -217,7 +218,7 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[Run]:
 def mark_queued(planned: list[Run]) -> None:
     """Runs whose SLURM job (of an earlier sweep) is still queued or running: nothing to
     submit, only to wait for."""
-    waiting = [r for r in planned if r.job and r.commands and r.twin is None]
+    waiting = [r for r in planned if r.job and r.commands]
     live = live_jobs(sorted({r.job for r in waiting}))
     for run in waiting:
         if run.job in live:
