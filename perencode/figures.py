@@ -27,9 +27,9 @@ import pandas as pd
 
 from perencode import kinds
 from perencode.console import console
-from perencode.grid import format_value, short_key, short_names
 from perencode.io import atomic_write_bytes, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
+from perencode.naming import format_value, short_key, short_names
 from perencode.results import BOOKKEEPING, Results, collect, results_table
 from perencode.stats import bootstrap_ci
 

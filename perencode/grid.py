@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perencode.errors import UserError
+from perencode.naming import format_value, short_names
 from perencode.recipe import (
     SECTIONS,
     Recipe,
@@ -134,30 +134,6 @@ class Grid:
     cells: list[Cell]
     slurm: SlurmConfig
     sweep: SweepConfig
-
-
-def short_key(key: str) -> str:
-    """`task.vocab_size` -> `vocab_size`; `encoding.kind` -> `encoding`; `task.name` -> `task`."""
-    section, _, name = key.rpartition(".")
-    return section if name in ("kind", "name") and section else name
-
-
-def short_names(keys) -> dict[str, str]:
-    """Short names for dotted keys; keys whose short names collide keep their dotted form."""
-    short = {k: short_key(k) for k in keys}
-    counts = Counter(short.values())
-    return {k: s if counts[s] == 1 else k for k, s in short.items()}
-
-
-def format_value(value: Any) -> str:
-    """An axis value as it appears in a directory name (stable, no path separators)."""
-    if isinstance(value, bool):
-        text = str(value).lower()
-    elif isinstance(value, (list, tuple)):
-        text = ",".join(format_value(v) for v in value)
-    else:
-        text = str(value)  # floats: shortest repr, 1e-3 -> 0.001
-    return text.replace(os.sep, "-").replace(" ", "_")
 
 
 def _merge(base: dict, top: dict) -> dict:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from perencode import runs
 from perencode.errors import UserError
-from perencode.grid import format_value, short_names
+from perencode.naming import format_value, short_names
 from perencode.recipe import SECTIONS, run_key
 
 # Recipe fields that change nothing a figure compares: never a reason to split a figure.

@@ -35,8 +35,8 @@ from rich.table import Table
 
 from perencode.console import console
 from perencode.errors import UserError
-from perencode.grid import short_key
 from perencode.io import atomic_write_json, atomic_write_text
+from perencode.naming import short_key
 from perencode.recipe import read_toml, validate_table
 from perencode.results import BOOKKEEPING, Results, collect
 from perencode.stats import bootstrap_ci, bootstrap_diff_ci
