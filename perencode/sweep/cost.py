@@ -12,6 +12,7 @@ import datetime as _dt
 import json
 import math
 import platform
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -157,6 +158,27 @@ def measure(planned: list[Run], out: Path, device: str, jobs: int) -> None:
         torch.set_num_threads(previous)
 
 
+def matmul_rate(device: torch.device, threads: int, n: int = 1024, repeats: int = 4) -> float:
+    """FLOP/s of this device on a fp32 [n, n] x [n, n] product (a tenth of a second; no
+    training step): the most any training step can run at, so FLOPs / rate is a floor on its
+    time. Recurrent steps are small products and run well below it."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a = torch.randn(n, n, device=device)
+        torch.mm(a, a)  # warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            torch.mm(a, a)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return repeats * 2 * n ** 3 / (time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _gb(n: float) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
 
@@ -215,7 +237,12 @@ def print_plan(grid, planned: list[Run], out: Path, device: str, jobs: int) -> d
                   f"({len(sizes)} shape(s); checkpoints kept per run: train.keep_checkpoints)",
                   highlight=False)
     if totals["unknown"] == len(planned):
-        console.print(f"device-hours on {label}: not measured yet; `--estimate` times "
+        rate = matmul_rate(dev, threads)
+        floor = pflop * 1e15 / rate / 3600
+        totals["floor_hours"] = floor
+        console.print(f"device-hours on {label}: not measured yet; at least {_hours(floor)} "
+                      f"(the FLOPs at this device's matmul rate, {rate / 1e12:.3g} TFLOP/s: "
+                      f"recurrent steps run well below it). `--estimate` times "
                       f"{len(sizes)} shape(s) (3 iterations each) and caches them in "
                       f"{cache.path}", highlight=False)
     else:
