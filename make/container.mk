@@ -64,23 +64,27 @@ test-compat: $(COMPAT_STAMP)
 # The container's install, rehearsed without a container: the package's wheel installed (not
 # editable, [hf] included) with the constraints into its own venv, and `make rehearsal` run
 # with that venv's `perencode` from an export of the repository that has no .git, as the
-# image has none (the commit comes from PERENCODE_GIT_COMMIT, as the image sets it).
-WHEEL_VENV ?= .venv-wheel
-WHEEL_TREE ?= $(CURDIR)/.rehearsal-tree
+# image has none (the commit comes from PERENCODE_GIT_COMMIT, as the image sets it). Both live
+# outside the checkout, where no `git rev-parse` can find it.
+WHEEL_VENV ?= $(or $(TMPDIR),/tmp)/perencode-venv-wheel
+WHEEL_TREE ?= $(or $(TMPDIR),/tmp)/perencode-rehearsal-tree
 
 $(WHEEL_VENV)/.installed: pyproject.toml $(COMPAT_CONSTRAINTS) $(COMPAT_STAMP)
 	@test -n "$(COMPAT_PYTHON)" || { echo "rehearsal-wheel: no python3.10 or python3.11 found"; exit 1; }
 	rm -rf $(WHEEL_VENV) $(WHEEL_VENV).whl
 	$(COMPAT_PYTHON) -m venv $(WHEEL_VENV)
-	PIP_CONSTRAINT=$(abspath $(COMPAT_CONSTRAINTS)) $(COMPAT_VENV)/bin/python -m pip wheel \
-		--no-deps -q --wheel-dir $(WHEEL_VENV).whl .
 	PIP_CONSTRAINT=$(abspath $(COMPAT_CONSTRAINTS)) $(WHEEL_VENV)/bin/python -m pip install -q \
-		--constraint $(COMPAT_CONSTRAINTS) torch==2.1.1 $(WHEEL_VENV).whl/perencode-*.whl datasets
+		--constraint $(COMPAT_CONSTRAINTS) torch==2.1.1 '.[hf]'
 	touch $@
 
+# The wheel itself is rebuilt and reinstalled (without its dependencies) every time.
 .PHONY: rehearsal-wheel
 rehearsal-wheel: $(WHEEL_VENV)/.installed
-	rm -rf $(WHEEL_TREE) && mkdir -p $(WHEEL_TREE)
+	rm -rf $(WHEEL_VENV).whl $(WHEEL_TREE) && mkdir -p $(WHEEL_TREE)
+	PIP_CONSTRAINT=$(abspath $(COMPAT_CONSTRAINTS)) $(WHEEL_VENV)/bin/python -m pip wheel \
+		--no-deps -q --wheel-dir $(WHEEL_VENV).whl .
+	$(WHEEL_VENV)/bin/python -m pip install -q --no-deps --force-reinstall \
+		$(WHEEL_VENV).whl/perencode-*.whl
 	git archive HEAD | tar -x -C $(WHEEL_TREE)
 	rm -rf $(WHEEL_TREE)/perencode $(WHEEL_TREE)/tests  # as in the image: recipes, no sources
 	@cd $(WHEEL_TREE) && $(abspath $(WHEEL_VENV))/bin/python -c 'import perencode, sys; assert "site-packages" in perencode.__file__, perencode.__file__; print("rehearsal-wheel:", perencode.__file__)'
