@@ -82,7 +82,8 @@ $(WHEEL_VENV)/.installed: pyproject.toml $(COMPAT_CONSTRAINTS) $(COMPAT_STAMP)
 rehearsal-wheel: $(WHEEL_VENV)/.installed
 	rm -rf $(WHEEL_TREE) && mkdir -p $(WHEEL_TREE)
 	git archive HEAD | tar -x -C $(WHEEL_TREE)
-	@$(WHEEL_VENV)/bin/python -c 'import perencode, sys; assert "site-packages" in perencode.__file__, perencode.__file__; print("rehearsal-wheel:", perencode.__file__)'
+	rm -rf $(WHEEL_TREE)/perencode $(WHEEL_TREE)/tests  # as in the image: recipes, no sources
+	@cd $(WHEEL_TREE) && $(abspath $(WHEEL_VENV))/bin/python -c 'import perencode, sys; assert "site-packages" in perencode.__file__, perencode.__file__; print("rehearsal-wheel:", perencode.__file__)'
 	cd $(WHEEL_TREE) && PERENCODE_GIT_COMMIT=$$(git -C $(CURDIR) rev-parse HEAD) \
 		$(MAKE) --no-print-directory rehearsal PERENCODE=$(abspath $(WHEEL_VENV))/bin/perencode \
 		PERENCODE_DEPS=

@@ -138,14 +138,33 @@ def test_grid_runs_as_one_job_array_with_accounting(tmp_path):
     assert text.count("done") >= 4
 
 
+def iterations_for(seconds: float, tmp_path: Path) -> int:
+    """Iterations of the TINY recipe that train for about `seconds` on this machine (timed
+    on 2,000 of them from metrics.jsonl's clock), in thousands, at least 20,000."""
+    probe = write_grid(tmp_path, "probe", '[grid]\n"train.seed" = [111]\n',
+                       replace={"iterations = 10": "iterations = 2000",
+                                "checkpoint_every = 10": "checkpoint_every = 2000",
+                                "log_every = 5": "log_every = 500"})
+    recipe = tmp_path / "probe-recipe.toml"
+    recipe.write_text(probe.read_text().split("[slurm]")[0])
+    run = tmp_path / "probe-run"
+    subprocess.run([PYTHON, "-m", "perencode", "train", str(recipe), "--run-dir", str(run),
+                    "--device", "cpu", "--no-progress"], env=subprocess_env(), check=True,
+                   capture_output=True, timeout=300)
+    rate = 2000 / runs.read_metrics(run)[-1]["seconds"]
+    return max(20, int(rate * seconds / 1000) + 1) * 1000
+
+
 def test_time_limit_signals_checkpoints_requeues_and_resumes(tmp_path):
-    # About 2 minutes of training against a 2-minute limit with the signal 40 s before it:
-    # SLURM may send it up to 60 s earlier, so between 20 and 80 s into the job (a signal in
-    # the first seconds would find no handler yet). submitit checkpoints the run and
-    # requeues the job, which resumes from checkpoints/resume.pt, maybe more than once.
+    # About 2 minutes of training (timed on this machine) against a 2-minute limit with the
+    # signal 40 s before it: SLURM may send it up to 60 s earlier, so between 20 and 80 s into
+    # the job (a signal in the first seconds would find no handler yet). submitit checkpoints
+    # the run and requeues the job, which resumes from checkpoints/resume.pt, maybe more than
+    # once.
+    n = iterations_for(120, tmp_path)
     grid = write_grid(tmp_path, "long", '[grid]\n"train.seed" = [111]\n', time_min=2,
-                      signal=40, replace={"iterations = 10": "iterations = 20000",
-                                         "checkpoint_every = 10": "checkpoint_every = 10000",
+                      signal=40, replace={"iterations = 10": f"iterations = {n}",
+                                         "checkpoint_every = 10": f"checkpoint_every = {n // 2}",
                                          "log_every = 5": "log_every = 500"})
     out = tmp_path / "runs"
     holder = {}
@@ -165,13 +184,16 @@ def test_time_limit_signals_checkpoints_requeues_and_resumes(tmp_path):
     assert "this job is timed-out" in submitit_logs and "Requeued job" in submitit_logs
     assert_identical(run_dir, ref)
     steps = [row["step"] for row in runs.read_metrics(run_dir)]
-    assert steps == list(range(500, 20001, 500))  # every logged step once
+    assert steps == list(range(500, n + 1, 500))  # every logged step once
 
 
 def test_cancelled_job_resumes_with_the_next_sweep(tmp_path):
+    # Long enough (about 30 s here) that the job is cancelled well after its first
+    # checkpoint and well before its end.
+    n = iterations_for(30, tmp_path)
     grid = write_grid(tmp_path, "cancel", '[grid]\n"train.seed" = [222]\n',
-                      replace={"iterations = 10": "iterations = 6000",
-                               "checkpoint_every = 10": "checkpoint_every = 1500",
+                      replace={"iterations = 10": f"iterations = {n}",
+                               "checkpoint_every = 10": f"checkpoint_every = {n // 4}",
                                "log_every = 5": "log_every = 500"})
     out = tmp_path / "runs"
     holder = {}

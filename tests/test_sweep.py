@@ -312,3 +312,22 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
         steps = [r["step"] for r in runs.read_metrics(cell)]
         assert steps == sorted(set(steps)) and steps[-1] == 300
     assert not lock.exists()  # released on exit
+
+
+def test_children_run_the_installed_perencode_not_a_checkout_in_the_working_dir(
+        tmp_path, monkeypatch):
+    """A container started with a checkout mounted at its working directory, or the
+    rehearsal's export: the sweep's children must run the package their parent runs."""
+    from perencode.sweep.local import launch, perencode_command, thread_env
+
+    (tmp_path / "perencode").mkdir()
+    (tmp_path / "perencode" / "__init__.py").write_text("raise SystemExit(7)\n")
+    (tmp_path / "perencode" / "__main__.py").write_text("raise SystemExit(7)\n")
+    monkeypatch.chdir(tmp_path)
+    assert perencode_command()[0].endswith("perencode")  # the console script of this venv
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc, log = launch(["--version"], run_dir, thread_env(1))
+    assert proc.wait(timeout=60) == 0
+    log.close()
+    assert "perencode" in (run_dir / "train.log").read_text().splitlines()[-1]

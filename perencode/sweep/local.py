@@ -17,9 +17,18 @@ from perencode.sweep.board import Board
 from perencode.sweep.plan import Run, RunState, refresh
 
 
+def perencode_command() -> list[str]:
+    """How children run the perencode this process runs: the console script beside the
+    interpreter, else `python -m perencode`. The script puts its own folder first on
+    sys.path, where `-m` puts the working directory: a checkout there (a container started
+    with it mounted at /work) would otherwise run instead of the installed package."""
+    script = Path(sys.executable).with_name("perencode")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "perencode"]
+
+
 def launch(command: list[str], run_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Any]:
-    """Start `python -m perencode COMMAND...`, appending its output to RUN_DIR/train.log."""
-    argv = [sys.executable, "-m", "perencode", *command]
+    """Start `perencode COMMAND...`, appending its output to RUN_DIR/train.log."""
+    argv = [*perencode_command(), *command]
     log = open(run_dir / "train.log", "a", encoding="utf-8")  # noqa: SIM115 - closed by caller
     log.write(f"# {runs.now()} {' '.join(argv)}\n")
     log.flush()
