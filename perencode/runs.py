@@ -16,7 +16,7 @@ and the run resumes from the newest readable one.
 `Run` owns all of it: train, evaluate and stability read and write a run directory through
 it, and it alone knows the checkpoint format (version 1): a dict with format, version,
 iteration, recipe, model, optimizer and rng (the batch generator's and the CPU RNG's
-state). Checkpoints written before Run also hold "scheduler" ({"step": iteration}, the
+state). Those of earlier perencode versions also hold "scheduler" ({"step": iteration}, the
 iteration again: the learning rate is a function of it); it is ignored.
 """
 

@@ -137,7 +137,7 @@ def test_checkpoint_format_and_a_version_1_checkpoint_with_a_scheduler_entry(tmp
     assert (state["format"], state["version"], state["iteration"]) == \
         ("perencode-checkpoint", 1, 30)
     assert state["recipe"] == recipe.to_dict()
-    # Written before Run: the same entries plus "scheduler"; it still loads and resumes.
+    # Earlier versions wrote the same entries plus "scheduler": it still loads and resumes.
     torch.save({**state, "scheduler": {"step": 30}}, path)
     assert Run(run.dir).load()[1]["iteration"] == 30
     assert Run(run.dir).resume(*_state(seed=1)) == 30
