@@ -24,7 +24,7 @@ from perencode.recipe import SECTIONS, run_key
 # Recipe fields that change nothing a figure compares: never a reason to split a figure.
 BOOKKEEPING = ("train.seed", "train.log_every", "train.checkpoint_every",
                "train.eval_batch_size", "train.keep_checkpoints")
-IDENTITY = ("task.name", "model.arch", "encoding.kind", "task.vocab_size", "train.seed")
+IDENTITY = tuple(runs.EVAL_IDENTITY.values())
 
 @dataclass
 class Results:
@@ -72,9 +72,9 @@ def _read_eval(run_dir: Path) -> tuple[dict, dict[str, list[dict]]]:
     if not path.exists():
         return {}, {}
     data = runs.read_json(path)
-    # task, arch, encoding, vocab_size and seed repeat recipe fields: the recipe's are kept.
+    # eval.json's identity fields repeat recipe fields: the recipe's are kept.
     scalars = {k: v for k, v in data.items() if isinstance(v, (int, float, str, bool))
-               and k not in ("task", "arch", "encoding", "vocab_size", "seed")}
+               and k not in runs.EVAL_IDENTITY}
     nested = {k: v for k, v in data.items()
               if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)}
     return scalars, nested

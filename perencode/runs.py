@@ -12,6 +12,12 @@
 
 A checkpoint found unreadable when resuming is renamed step-K.pt.corrupt (never deleted)
 and the run resumes from the newest readable one.
+
+`Run` owns all of it: train, evaluate and stability read and write a run directory through
+it, and it alone knows the checkpoint format (version 1): a dict with format, version,
+iteration, recipe, model, optimizer and rng (the batch generator's and the CPU RNG's
+state). Those of earlier perencode versions also hold "scheduler" ({"step": iteration}, the
+iteration again: the learning rate is a function of it); it is ignored.
 """
 
 from __future__ import annotations
@@ -37,11 +43,32 @@ from perencode.io import (
     safe_torch_load,
 )
 from perencode.lock import LOCK_NAME
-from perencode.recipe import Recipe, read_toml, validate
+from perencode.recipe import Recipe, identity, read_toml, validate
 
 CHECKPOINT_FORMAT = "perencode-checkpoint"
 CHECKPOINT_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d+)\.pt$")
+
+# A run's random streams are seeded from train.seed, each with its own offset so that no two
+# draw the same numbers: the initial weights and the held-out set take the plain seed
+# (perencode.experiment, perencode.tasks.base), the training batches and the gradient
+# stability triplets these.
+TRAINING_SEED_OFFSET = 1_000_003
+STABILITY_SEED_OFFSET = 2_000_003
+
+# eval.json opens with the run's identity, eval key -> recipe field (results.py reads the
+# recipe's own copy and leaves these out of the metrics).
+EVAL_IDENTITY = {"task": "task.name", "arch": "model.arch", "encoding": "encoding.kind",
+                 "vocab_size": "task.vocab_size", "seed": "train.seed"}
+
+
+def eval_identity(recipe: Recipe) -> dict[str, Any]:
+    """The identity fields eval.json opens with (EVAL_IDENTITY)."""
+    out = {}
+    for key, field in EVAL_IDENTITY.items():
+        section, name = field.split(".")
+        out[key] = getattr(getattr(recipe, section), name)
+    return out
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -88,128 +115,271 @@ def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def claim(run_dir: Path, recipe: Recipe) -> bool:
-    """Make `run_dir` this recipe's run. Returns True if it already held this recipe's run.
+class Run:
+    """One run directory (layout above) and its checkpoint format.
 
-    A different recipe in an existing run directory is refused: a finished run is never
-    silently overwritten.
+        run = Run(run_dir)
+        existed = run.claim(recipe)          # recipe.toml; another recipe's run is refused
+        run.start(device)                    # env.json: provenance of this (re)start
+        start = run.resume(model, optimizer, generator, device) if existed else 0
+        run.log(row)                         # a metrics.jsonl row
+        run.save(k, model, optimizer, generator)   # checkpoints/step-K.pt, older ones pruned
+        run.finish(result)                   # eval.json and the end time
+        path, state = run.load()             # the newest (or a given) checkpoint's state
+
+    `recipe` is the claimed recipe, or else the one in recipe.toml (read when first needed).
+    Locking is the caller's (perencode.lock.hold around whatever writes).
     """
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"{run_dir}: exists and is not a directory; choose another --out")
-    path = run_dir / "recipe.toml"
-    if path.exists():
-        existing = read_recipe(run_dir)
-        diff = _differences(existing.identity(), recipe.identity())
-        if diff:
-            raise UserError(f"{run_dir}: holds a run of a different recipe ({diff[0]}"
-                            f"{'; ...' if len(diff) > 1 else ''}); choose another --out")
-        return True
-    if run_dir.exists() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
-        raise UserError(f"{run_dir}: exists and is not a perencode run directory; "
-                        "choose another --out")
-    atomic_write_text(path, recipe.to_toml())
-    return False
+
+    def __init__(self, path: str | Path):
+        self.dir = Path(path)
+        self._recipe: Recipe | None = None
+
+    @property
+    def recipe(self) -> Recipe:
+        if self._recipe is None:
+            self._recipe = read_recipe(self.dir)
+        return self._recipe
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.dir / "checkpoints"
+
+    @property
+    def resume_path(self) -> Path:
+        return self.checkpoint_dir / "resume.pt"
+
+    def checkpoint_path(self, iteration: int) -> Path:
+        return self.checkpoint_dir / f"step-{iteration}.pt"
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """The periodic checkpoints `step-K.pt`, sorted by iteration K."""
+        if not self.checkpoint_dir.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.checkpoint_dir.iterdir()
+                 if (m := _STEP_RE.match(p.name))]
+        return sorted(found)
+
+    def is_complete(self) -> bool:
+        """eval.json written and the last iteration's checkpoint present."""
+        if not (self.dir / "eval.json").exists() or not (self.dir / "recipe.toml").exists():
+            return False
+        steps = self.checkpoints()
+        return bool(steps) and \
+            steps[-1][0] == read_recipe(self.dir, any_kind=True).train.iterations
+
+    def claim(self, recipe: Recipe) -> bool:
+        """Make the directory this recipe's run. Returns True if it already held this
+        recipe's run.
+
+        A different recipe in an existing run directory is refused: a finished run is never
+        silently overwritten.
+        """
+        run_dir = self.dir
+        if run_dir.exists() and not run_dir.is_dir():
+            raise UserError(f"{run_dir}: exists and is not a directory; choose another --out")
+        path = run_dir / "recipe.toml"
+        if path.exists():
+            existing = read_recipe(run_dir)
+            diff = _differences(existing.identity(), recipe.identity())
+            if diff:
+                raise UserError(f"{run_dir}: holds a run of a different recipe ({diff[0]}"
+                                f"{'; ...' if len(diff) > 1 else ''}); choose another --out")
+            self._recipe = recipe
+            return True
+        if run_dir.exists() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+            raise UserError(f"{run_dir}: exists and is not a perencode run directory; "
+                            "choose another --out")
+        atomic_write_text(path, recipe.to_toml())
+        self._recipe = recipe
+        return False
+
+    def start(self, device: torch.device) -> None:
+        """env.json: provenance of the first start, plus one entry per (re)start."""
+        path = self.dir / "env.json"
+        previous = read_json(path) if path.exists() else {}
+        current = {**environment.report(device), "seed": self.recipe.train.seed}
+        starts = [*previous.get("starts", []),
+                  {"time": now(), "device": current["device"],
+                   "git_commit": current["git_commit"]}]
+        atomic_write_json(path, {**current, "start_time": starts[0]["time"], "starts": starts})
+
+    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               generator: torch.Generator, device: str | torch.device = "cpu") -> int:
+        """Restore model, optimizer and random state from the newest readable checkpoint
+        and drop the metrics rows logged after it; the iteration it was saved at (0 when
+        there is none: the run starts over)."""
+        found = self.resume_state(map_location=device)
+        if found is None:
+            self.truncate_metrics(0)
+            return 0
+        path, state = found
+        restore_model(model, state, path)
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["rng"]["generator"].cpu())
+        torch.set_rng_state(state["rng"]["torch"].cpu())
+        self.truncate_metrics(state["iteration"])
+        return state["iteration"]
+
+    def resume_state(self, map_location: str | torch.device = "cpu"
+                     ) -> tuple[Path, dict] | None:
+        """The newest readable checkpoint to resume from (the last step-K.pt, or resume.pt
+        when it is later) and its state; None when there is none.
+
+        An unreadable candidate is renamed NAME.corrupt (kept for inspection, out of every
+        listing) and the next older one is tried; one line says what happened.
+        """
+        found: tuple[Path, dict] | None = None
+        corrupt: list[tuple[Path, str]] = []
+
+        def read(path: Path) -> dict | None:
+            try:
+                return load_checkpoint(path, map_location)
+            except CorruptCheckpoint as exc:
+                aside = path.with_name(path.name + ".corrupt")
+                os.replace(path, aside)
+                corrupt.append((path, str(exc).partition(": ")[2]))
+                return None
+
+        if self.resume_path.exists():
+            state = read(self.resume_path)
+            if state is not None:
+                found = (self.resume_path, state)
+        for iteration, path in reversed(self.checkpoints()):
+            if found is not None and iteration <= found[1]["iteration"]:
+                break
+            state = read(path)
+            if state is not None:
+                found = (path, state)
+                break
+        then = f"resuming from {found[0].name}" if found else "training from the start"
+        for path, why in corrupt:
+            console.print(f"[yellow]note:[/] {path}: {why}; kept aside as {path.name}.corrupt, "
+                          f"{then}", highlight=False, soft_wrap=True)
+        return found
+
+    def save(self, iteration: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             generator: torch.Generator, interrupted: bool = False) -> Path:
+        """Checkpoint the training state after `iteration`; returns its path.
+
+        Periodic: step-K.pt, then resume.pt is dropped and all but the recipe's newest
+        train.keep_checkpoints are deleted. `interrupted`: resume.pt, the others untouched.
+        """
+        path = self.resume_path if interrupted else self.checkpoint_path(iteration)
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "iteration": iteration,
+            "recipe": self.recipe.to_dict(),
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            # Batches come from `generator` alone (no dropout): its state and the CPU RNG are
+            # all a resumed run needs to continue bit-identically.
+            "rng": {"generator": generator.get_state(), "torch": torch.get_rng_state()},
+        }
+        atomic_torch_save(path, state)
+        if not interrupted:
+            self.resume_path.unlink(missing_ok=True)
+            self.prune(self.recipe.checkpoints_kept())
+        return path
+
+    def prune(self, keep: int | None) -> list[Path]:
+        """Delete all but the newest `keep` periodic checkpoints (None: keep all); the
+        deleted paths. Called after a new one is written, so the newest always survives."""
+        if keep is None:
+            return []
+        old = [path for _, path in self.checkpoints()[:-keep]]
+        for path in old:
+            path.unlink(missing_ok=True)
+        return old
+
+    def load(self, checkpoint: str | Path | None = None,
+             map_location: str | torch.device = "cpu") -> tuple[Path, dict]:
+        """(path, state) of the newest (or the given) checkpoint, checked to be this run's."""
+        recipe = self.recipe
+        newest = checkpoint is None
+        if newest:
+            steps = self.checkpoints()
+            if not steps:
+                raise UserError(f"{self.dir}: no checkpoints yet (train it first)")
+            checkpoint = steps[-1][1]
+        try:
+            state = load_checkpoint(checkpoint, map_location=map_location)
+        except CorruptCheckpoint as exc:
+            if not newest:
+                raise
+            raise CorruptCheckpoint(f"{exc}; score an older one with --checkpoint, or run "
+                                    f"`perencode train` on the run again: it resumes from the "
+                                    f"newest readable checkpoint") from None
+        if identity(state["recipe"]) != recipe.identity():
+            raise UserError(f"{checkpoint}: checkpoint belongs to another recipe than "
+                            f"{self.dir / 'recipe.toml'}")
+        return Path(checkpoint), state
+
+    def log(self, row: dict[str, Any]) -> None:
+        """One metrics.jsonl row."""
+        append_line(self.dir / "metrics.jsonl", json.dumps(row))
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The metrics.jsonl rows, up to a line cut by a kill (everything after it is
+        untrusted)."""
+        path = self.dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        rows = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        return rows
+
+    def truncate_metrics(self, last_step: int) -> None:
+        """Drop rows written after the checkpoint a run resumes from (they will be redone)."""
+        rows = [r for r in self.metrics() if r.get("step", 0) <= last_step]
+        atomic_write_text(self.dir / "metrics.jsonl",
+                          "".join(json.dumps(r) + "\n" for r in rows))
+
+    def write_eval(self, result: dict, name: str = "eval.json") -> Path:
+        path = self.dir / name
+        atomic_write_json(path, result)
+        return path
+
+    def finish(self, result: dict) -> Path:
+        """eval.json of the final model, then the end time in env.json."""
+        path = self.write_eval(result)
+        env_path = self.dir / "env.json"
+        env = read_json(env_path) if env_path.exists() else {}
+        env["end_time"] = now()
+        atomic_write_json(env_path, env)
+        return path
 
 
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def record_start(run_dir: Path, device: torch.device, seed: int) -> None:
-    """env.json: provenance of the first start, plus one entry per (re)start."""
-    path = run_dir / "env.json"
-    previous = read_json(path) if path.exists() else {}
-    current = {**environment.report(device), "seed": seed}
-    starts = [*previous.get("starts", []),
-              {"time": now(), "device": current["device"], "git_commit": current["git_commit"]}]
-    atomic_write_json(path, {**current, "start_time": starts[0]["time"], "starts": starts})
-
-
-def record_end(run_dir: Path) -> None:
-    path = run_dir / "env.json"
-    env = read_json(path) if path.exists() else {}
-    env["end_time"] = now()
-    atomic_write_json(path, env)
+def claim(run_dir: str | Path, recipe: Recipe) -> bool:
+    """Run(run_dir).claim(recipe)."""
+    return Run(run_dir).claim(recipe)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     """The periodic checkpoints `step-K.pt`, sorted by iteration K."""
-    folder = Path(run_dir) / "checkpoints"
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_RE.match(p.name))]
-    return sorted(found)
+    return Run(run_dir).checkpoints()
 
 
-def prune_checkpoints(run_dir: Path, keep: int | None) -> list[Path]:
-    """Delete all but the newest `keep` periodic checkpoints (None: keep all); the deleted
-    paths. Called after a new one is written, so the newest always survives."""
-    if keep is None:
-        return []
-    old = [path for _, path in list_checkpoints(run_dir)[:-keep]]
-    for path in old:
-        path.unlink(missing_ok=True)
-    return old
+def is_complete(run_dir: str | Path) -> bool:
+    return Run(run_dir).is_complete()
 
 
-def resume_state(run_dir: Path, map_location: str | torch.device = "cpu"
-                 ) -> tuple[Path, dict] | None:
-    """The newest readable checkpoint to resume from (the last step-K.pt, or resume.pt when
-    it is later) and its state; None when there is none.
-
-    An unreadable candidate is renamed NAME.corrupt (kept for inspection, out of every
-    listing) and the next older one is tried; one line says what happened.
-    """
-    folder = Path(run_dir) / "checkpoints"
-    found: tuple[Path, dict] | None = None
-    corrupt: list[tuple[Path, str]] = []
-
-    def read(path: Path) -> dict | None:
-        try:
-            return load_checkpoint(path, map_location)
-        except CorruptCheckpoint as exc:
-            aside = path.with_name(path.name + ".corrupt")
-            os.replace(path, aside)
-            corrupt.append((path, str(exc).partition(": ")[2]))
-            return None
-
-    resume = folder / "resume.pt"
-    if resume.exists():
-        state = read(resume)
-        if state is not None:
-            found = (resume, state)
-    for iteration, path in reversed(list_checkpoints(run_dir)):
-        if found is not None and iteration <= found[1]["iteration"]:
-            break
-        state = read(path)
-        if state is not None:
-            found = (path, state)
-            break
-    then = f"resuming from {found[0].name}" if found else "training from the start"
-    for path, why in corrupt:
-        console.print(f"[yellow]note:[/] {path}: {why}; kept aside as {path.name}.corrupt, "
-                      f"{then}", highlight=False, soft_wrap=True)
-    return found
-
-
-def save_checkpoint(path: Path, *, iteration: int, recipe: Recipe, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, generator: torch.Generator) -> None:
-    state = {
-        "format": CHECKPOINT_FORMAT,
-        "version": CHECKPOINT_VERSION,
-        "iteration": iteration,
-        "recipe": recipe.to_dict(),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": {"step": iteration},
-        # Batches come from `generator` alone (no dropout): its state and the CPU RNG are
-        # all a resumed run needs to continue bit-identically.
-        "rng": {"generator": generator.get_state(), "torch": torch.get_rng_state()},
-    }
-    atomic_torch_save(path, state)
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    return Run(run_dir).metrics()
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """A checkpoint's state, its format and version checked (Run.load also checks that it
+    is the run's)."""
     state = safe_torch_load(path, CHECKPOINT_FORMAT, map_location)
     if state.get("version") != CHECKPOINT_VERSION:
         raise UserError(f"{path}: checkpoint format version {state.get('version')} is not "
@@ -227,37 +397,6 @@ def restore_model(model: torch.nn.Module, state: dict, path: str | Path) -> None
         first = str(exc).strip().splitlines()[0]
         raise UserError(f"{path}: checkpoint does not fit this run's model ({first[:160]})") \
             from None
-
-
-def append_metrics(run_dir: Path, row: dict[str, Any]) -> None:
-    append_line(run_dir / "metrics.jsonl", json.dumps(row))
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line cut by a kill: everything after it is untrusted
-    return rows
-
-
-def truncate_metrics(run_dir: Path, last_step: int) -> None:
-    """Drop rows written after the checkpoint a run resumes from (they will be redone)."""
-    rows = [r for r in read_metrics(run_dir) if r.get("step", 0) <= last_step]
-    atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-
-
-def is_complete(run_dir: str | Path) -> bool:
-    run_dir = Path(run_dir)
-    if not (run_dir / "eval.json").exists() or not (run_dir / "recipe.toml").exists():
-        return False
-    steps = list_checkpoints(run_dir)
-    return bool(steps) and steps[-1][0] == read_recipe(run_dir, any_kind=True).train.iterations
 
 
 def read_json(path: str | Path) -> dict[str, Any]:

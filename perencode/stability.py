@@ -26,7 +26,6 @@ from perencode.evaluate import load_run
 from perencode.io import atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.progress import Reporter
-from perencode.recipe import Recipe
 from perencode.tasks.dual_frequency import TYPES, half_tokens
 
 # --------------------------------------------------------------------------------------
@@ -152,10 +151,6 @@ def stability_metrics(jac_a: Tensor, jac_b: Tensor) -> dict[str, Tensor]:
 # Triplets (docs/paper-facts.md#stability-triplets).
 # --------------------------------------------------------------------------------------
 
-# The analysis draws its own stream: the held-out set uses the plain seed and training
-# batches seed + 1,000,003 (perencode.train).
-_SEED_OFFSET = 2_000_003
-
 
 @dataclass(frozen=True)
 class Triplets:
@@ -192,7 +187,7 @@ def make_triplets(vocab_size: int, length: int, count: int, seed: int,
                         "per target x disturbant condition)")
     if not 0 <= prefix_length < length:
         raise UserError(f"prefix of {prefix_length} tokens does not fit an input of {length}")
-    gen = torch.Generator().manual_seed(seed + _SEED_OFFSET)
+    gen = torch.Generator().manual_seed(seed + runs.STABILITY_SEED_OFFSET)
     condition = torch.arange(count) // (count // 4)  # 0..3 in blocks
     target_rare, disturbants_rare = condition >= 2, condition % 2 == 1
 
@@ -328,33 +323,33 @@ def analyse_run(run_dir: str | Path, triplets: int = 1024, metric: str = "weight
         raise UserError(f"--metric '{metric}': expected one of {', '.join(METRICS)}")
     if batch < 1 or every < 1:
         raise UserError(f"--batch {batch} / --every {every}: both must be at least 1")
-    run_dir = Path(run_dir)
-    recipe = runs.read_recipe(run_dir)
+    run = runs.Run(run_dir)
+    recipe = run.recipe
     task = recipe.task
     if task.name != "dual_frequency":
-        raise UserError(f"{run_dir}: gradient stability needs a run of task.name = "
+        raise UserError(f"{run.dir}: gradient stability needs a run of task.name = "
                         "'dual_frequency' (docs/paper-facts.md#gradient-stability), this one "
                         f"is '{task.name}'")
     prefix = kinds.get("model", recipe.model.arch).stability_prefix
     if prefix and task.length <= prefix + 1:
-        raise UserError(f"{run_dir}: the S4D analysis puts the target at t = {prefix + 1}; "
+        raise UserError(f"{run.dir}: the S4D analysis puts the target at t = {prefix + 1}; "
                         f"task.length = {task.length} is too short")
     chosen = make_triplets(task.vocab_size, task.length, triplets, recipe.train.seed, prefix)
     dev = resolve_device(device)
-    with hold(run_dir, "stability"):
-        remove_stale_temps(run_dir)
-        return _analyse(run_dir, recipe, chosen, dev, triplets, metric, every, batch,
-                        progress)
+    with hold(run.dir, "stability"):
+        remove_stale_temps(run.dir)
+        return _analyse(run, chosen, dev, triplets, metric, every, batch, progress)
 
 
-def _analyse(run_dir: Path, recipe: Recipe, chosen: Triplets, dev: torch.device,
-             triplets: int, metric: str, every: int, batch: int, progress: bool) -> Path:
+def _analyse(run: runs.Run, chosen: Triplets, dev: torch.device, triplets: int, metric: str,
+             every: int, batch: int, progress: bool) -> Path:
     """`analyse_run` inside the locked run directory."""
+    recipe = run.recipe
     task = recipe.task
-    checkpoints = runs.list_checkpoints(run_dir)[::every]
+    checkpoints = run.checkpoints()[::every]
     if not checkpoints:
-        raise UserError(f"{run_dir}: no checkpoints yet (train it first)")
-    path = run_dir / "stability.csv"
+        raise UserError(f"{run.dir}: no checkpoints yet (train it first)")
+    path = run.dir / "stability.csv"
     rows = _read_csv(path, triplets, metric)
     done = {int(row["iteration"]) for row in rows}
     todo = [(it, ckpt) for it, ckpt in checkpoints if it not in done]
@@ -365,7 +360,7 @@ def _analyse(run_dir: Path, recipe: Recipe, chosen: Triplets, dev: torch.device,
                   "encoding": recipe.encoding.kind, "seed": recipe.train.seed}
     with reporter:
         for iteration, ckpt in todo:
-            _, _, model, _ = load_run(run_dir, dev, ckpt)
+            _, _, model, _ = load_run(run, dev, ckpt)
             model.eval()
             new = analyse_triplets(model, chosen, task.vocab_size, batch, dev,
                                    on_batch=lambda it=iteration: reporter.advance(1, step=it))

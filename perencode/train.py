@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from perencode import preflight, runs
 from perencode.device import resolve_device
-from perencode.evaluate import evaluate_model, write_eval
+from perencode.evaluate import evaluate_model
 from perencode.experiment import build, output_features
 from perencode.io import WriteError, remove_stale_temps
 from perencode.lock import hold
@@ -109,8 +109,9 @@ def scored_outputs(batch: Batch) -> int:
 
 
 def training_generator(recipe: Recipe, device: torch.device) -> torch.Generator:
-    # A stream of its own: the held-out set uses the plain seed on the CPU.
-    return torch.Generator(device=device).manual_seed(recipe.train.seed + 1_000_003)
+    """The training batches' stream (seeded apart from the others: runs.TRAINING_SEED_OFFSET)."""
+    seed = recipe.train.seed + runs.TRAINING_SEED_OFFSET
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 # SIGUSR2 is SLURM's warning before a time limit (submitit's `--signal=USR2@...`): it
@@ -164,64 +165,45 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
     filesystem refuses (full disk, quota, read-only) ends it with a UserError naming the
     last complete checkpoint.
     """
-    run_dir = Path(run_dir)
-    board = TensorBoardLog(run_dir, enabled=tensorboard)
+    run = runs.Run(run_dir)
+    board = TensorBoardLog(run.dir, enabled=tensorboard)
     device = resolve_device(device) if isinstance(device, str) else device
-    if not force and not runs.is_complete(run_dir):
+    if not force and not run.is_complete():
         preflight.check(recipe, device, CHUNK_LOGITS)
-    with hold(run_dir, "train"):
+    with hold(run.dir, "train"):
         try:
-            existed = runs.claim(run_dir, recipe)
-            if existed and runs.is_complete(run_dir):
-                return runs.read_json(run_dir / "eval.json")
-            for folder in (run_dir, run_dir / "checkpoints"):
+            existed = run.claim(recipe)
+            if existed and run.is_complete():
+                return runs.read_json(run.dir / "eval.json")
+            for folder in (run.dir, run.checkpoint_dir):
                 remove_stale_temps(folder)
-            return _train(recipe, run_dir, device, progress, existed, board)
+            return _train(run, device, progress, existed, board)
         except WriteError as exc:
-            raise WriteError(f"{exc}; {_kept(run_dir)}") from None
+            raise WriteError(f"{exc}; {_kept(run)}") from None
 
 
-def _kept(run_dir: Path) -> str:
+def _kept(run: runs.Run) -> str:
     """What a run stopped by a refused write keeps, and how to go on."""
-    saved = [p for _, p in runs.list_checkpoints(run_dir)]
-    resume = run_dir / "checkpoints" / "resume.pt"
-    if resume.exists():
-        saved.append(resume)
+    saved = [p for _, p in run.checkpoints()]
+    if run.resume_path.exists():
+        saved.append(run.resume_path)
     if not saved:
         return "no checkpoint yet: run the same command again to start over"
     last = max(saved, key=lambda p: p.stat().st_mtime)
     return f"the last complete checkpoint is {last}: run the same command again to resume"
 
 
-def _train(recipe: Recipe, run_dir: Path, device: torch.device, progress: bool,
-           existed: bool, board: TensorBoardLog) -> dict:
+def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
+           board: TensorBoardLog) -> dict:
     """`train` inside the claimed, locked run directory."""
-    runs.record_start(run_dir, device, recipe.train.seed)
-
+    recipe, tc, oc = run.recipe, run.recipe.train, run.recipe.optim
+    run.start(device)
     task, model = build(recipe, device)
-    optimizer = make_optimizer(model, recipe.optim)
+    optimizer = make_optimizer(model, oc)
     generator = training_generator(recipe, device)
-    start = 0
-    found = runs.resume_state(run_dir, map_location=device) if existed else None
-    if found is not None:
-        point, state = found
-        runs.restore_model(model, state, point)
-        optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["rng"]["generator"].cpu())
-        torch.set_rng_state(state["rng"]["torch"].cpu())
-        start = state["iteration"]
-        runs.truncate_metrics(run_dir, start)
-    elif existed:
-        runs.truncate_metrics(run_dir, 0)
+    start = run.resume(model, optimizer, generator, device) if existed else 0
 
-    tc, oc = recipe.train, recipe.optim
-    ckpt_dir = run_dir / "checkpoints"
     t0 = time.perf_counter()
-
-    def save(path: Path, iteration: int) -> None:
-        runs.save_checkpoint(path, iteration=iteration, recipe=recipe, model=model,
-                             optimizer=optimizer, generator=generator)
-
     model.train()
     reporter = Reporter("train", tc.iterations, completed=start, log_every=tc.log_every,
                         enabled=progress)
@@ -238,25 +220,19 @@ def _train(recipe: Recipe, run_dir: Path, device: torch.device, progress: bool,
                 acc = int(hits) / max(scored_outputs(batch), 1)
                 row = {"step": k, "loss": float(loss.detach()), "accuracy": acc,
                        "lr": lr, "seconds": round(time.perf_counter() - t0, 3)}
-                runs.append_metrics(run_dir, row)
+                run.log(row)
                 board.log(row)
                 shown = {"loss": row["loss"], "acc": row["accuracy"]}
             reporter.advance(1, **shown)
             saved = None
             if k % tc.checkpoint_every == 0 or k == tc.iterations:
-                saved = ckpt_dir / f"step-{k}.pt"
-                save(saved, k)
-                (ckpt_dir / "resume.pt").unlink(missing_ok=True)
-                runs.prune_checkpoints(run_dir, recipe.checkpoints_kept())
+                saved = run.save(k, model, optimizer, generator)
             elif stop.signum is not None:
-                saved = ckpt_dir / "resume.pt"
-                save(saved, k)
+                saved = run.save(k, model, optimizer, generator, interrupted=True)
             if stop.signum is not None and k < tc.iterations:
                 raise Interrupted(k, saved)
 
     result = evaluate_model(model, task, recipe)
     result["iteration"] = tc.iterations
-    write_eval(run_dir, result)
-    runs.record_end(run_dir)
+    run.finish(result)
     return result
-

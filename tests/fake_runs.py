@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from perencode.recipe import Recipe, validate
+from perencode.runs import Run, eval_identity
 
 SEEDS = (111, 222, 333)
 
@@ -28,23 +28,18 @@ def fake_run(root: Path, name: str, *, task: str = "reverse", arch: str = "gru",
         recipe = validate({"task": task_cfg, "model": {"arch": arch, "hidden_size": hidden},
                            "encoding": {"kind": encoding},
                            "train": {"iterations": 200, "seed": seed, "log_every": 100}}, name)
-    task, arch, encoding = recipe.task.name, recipe.model.arch, recipe.encoding.kind
-    vocab, seed = recipe.task.vocab_size, recipe.train.seed
-    run = root / name
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "recipe.toml").write_text(recipe.to_toml())
-    losses = curve or [2.0, 1.0]
-    rows = [{"step": 100 * (i + 1), "loss": loss, "accuracy": 0.5, "lr": 1e-3,
-             "seconds": 10.0 * (i + 1)} for i, loss in enumerate(losses)]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = Run(root / name)
+    run.claim(recipe)
+    run.checkpoint_dir.mkdir()
+    for i, loss in enumerate(curve or [2.0, 1.0]):
+        run.log({"step": 100 * (i + 1), "loss": loss, "accuracy": 0.5, "lr": 1e-3,
+                 "seconds": 10.0 * (i + 1)})
     if finished:
-        (run / "checkpoints" / f"step-{recipe.train.iterations}.pt").write_bytes(b"")
-        (run / "eval.json").write_text(json.dumps(
-            {"task": task, "arch": arch, "encoding": encoding, "vocab_size": vocab,
-             "seed": seed, **(metrics or {})}))
+        run.checkpoint_path(recipe.train.iterations).write_bytes(b"")
+        run.write_eval({**eval_identity(recipe), **(metrics or {})})
     if stability is not None:
-        stability.to_csv(run / "stability.csv", index=False)
-    return run
+        stability.to_csv(run.dir / "stability.csv", index=False)
+    return run.dir
 
 
 def by_band(good: float, bad: float) -> list[dict]:

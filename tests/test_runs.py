@@ -1,0 +1,198 @@
+"""The Run object: a run directory and its checkpoint format (claim, start, resume, save, log,
+finish, load) on a hand-made model, with the answers known beforehand."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from perencode import runs
+from perencode.errors import UserError
+from perencode.experiment import build
+from perencode.io import CorruptCheckpoint
+from perencode.recipe import validate
+from perencode.runs import Run
+from perencode.train import training_generator
+
+
+def _recipe(keep=None, vocab=8, seed=111):
+    train = {"iterations": 30, "checkpoint_every": 10, "seed": seed, "log_every": 5}
+    if keep is not None:
+        train["keep_checkpoints"] = keep
+    return validate({"task": {"name": "reverse", "vocab_size": vocab, "length": 6,
+                              "held_out": 32},
+                     "model": {"arch": "gru", "hidden_size": 16, "embed_size": 16},
+                     "encoding": {"kind": "none"}, "train": train}, "test")
+
+
+def _state(seed=0):
+    """A model, its Adam optimizer after one step, and a batch generator."""
+    torch.manual_seed(seed)
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    return model, optimizer, torch.Generator().manual_seed(seed)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_claim_writes_the_recipe_once_and_refuses_another(tmp_path):
+    run = Run(tmp_path / "run")
+    assert run.claim(_recipe()) is False
+    assert runs.read_recipe(run.dir).to_toml() == _recipe().to_toml()
+    assert Run(run.dir).claim(_recipe(keep=3)) is True  # retention is not identity
+    with pytest.raises(UserError, match=r"task\.vocab_size: 8 there vs 16 now"):
+        Run(run.dir).claim(_recipe(vocab=16))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="not a perencode run directory"):
+        Run(tmp_path / "other").claim(_recipe())
+
+
+def test_save_then_resume_restores_everything_and_cuts_later_metrics(tmp_path):
+    run = Run(tmp_path / "run")
+    run.claim(_recipe(keep="all"))
+    model, optimizer, generator = _state()
+    for step in (5, 10, 15):
+        run.log({"step": step, "loss": 1.0 / step})
+    assert run.save(10, model, optimizer, generator) == run.dir / "checkpoints" / "step-10.pt"
+    expected_next = torch.rand(4, generator=torch.Generator().manual_seed(0))
+    cpu_next = torch.rand(3)
+
+    fresh, fresh_opt, fresh_gen = _state(seed=1)
+    assert not _same(fresh.state_dict(), model.state_dict())
+    torch.rand(7)  # move the CPU RNG on: resume must set it back
+    assert Run(run.dir).resume(fresh, fresh_opt, fresh_gen) == 10
+    assert _same(fresh.state_dict(), model.state_dict())
+    assert fresh_opt.state_dict()["state"][0]["step"] == 1
+    assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"],
+                       optimizer.state_dict()["state"][0]["exp_avg"])
+    assert torch.equal(torch.rand(4, generator=fresh_gen), expected_next)
+    assert torch.equal(torch.rand(3), cpu_next)
+    assert [r["step"] for r in run.metrics()] == [5, 10]  # step 15 is redone
+
+
+def test_resume_without_a_checkpoint_starts_over(tmp_path):
+    run = Run(tmp_path / "run")
+    run.claim(_recipe())
+    run.log({"step": 5, "loss": 1.0})
+    assert run.resume(*_state()) == 0
+    assert run.metrics() == []
+
+
+def test_periodic_saves_prune_and_drop_resume_pt(tmp_path):
+    run = Run(tmp_path / "run")
+    run.claim(_recipe(keep=2))
+    state = _state()
+    assert run.save(12, *state, interrupted=True) == run.resume_path
+    assert run.checkpoints() == []  # resume.pt is not a periodic checkpoint
+    for k in (10, 20, 30):
+        run.save(k, *state)
+    assert [k for k, _ in run.checkpoints()] == [20, 30]
+    assert not run.resume_path.exists()
+    assert run.prune(1) == [run.checkpoint_path(20)]
+    assert run.prune(None) == []
+
+
+def test_resume_pt_later_than_the_last_step_wins(tmp_path):
+    run = Run(tmp_path / "run")
+    run.claim(_recipe(keep="all"))
+    model, optimizer, generator = _state()
+    run.save(10, model, optimizer, generator)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    run.save(13, model, optimizer, generator, interrupted=True)
+    fresh = _state(seed=1)
+    assert run.resume(*fresh) == 13
+    assert torch.equal(fresh[0].weight, model.weight)
+
+
+def test_a_corrupt_newest_checkpoint_is_kept_aside_and_the_older_one_used(tmp_path, capsys):
+    run = Run(tmp_path / "run")
+    run.claim(_recipe(keep="all"))
+    state = _state()
+    run.save(10, *state)
+    run.save(20, *state)
+    run.checkpoint_path(20).write_bytes(b"cut short")
+    assert run.resume(*_state(seed=1)) == 10
+    assert [k for k, _ in run.checkpoints()] == [10]
+    assert (run.checkpoint_dir / "step-20.pt.corrupt").read_bytes() == b"cut short"
+    said = capsys.readouterr()
+    assert "kept aside as step-20.pt.corrupt, resuming from step-10.pt" in said.out + said.err
+
+
+def test_checkpoint_format_and_a_version_1_checkpoint_with_a_scheduler_entry(tmp_path):
+    run = Run(tmp_path / "run")
+    recipe = _recipe()
+    run.claim(recipe)
+    model, optimizer, generator = _state()
+    path = run.save(30, model, optimizer, generator)
+    state = runs.load_checkpoint(path)
+    assert sorted(state) == ["format", "iteration", "model", "optimizer", "recipe", "rng",
+                             "version"]
+    assert (state["format"], state["version"], state["iteration"]) == \
+        ("perencode-checkpoint", 1, 30)
+    assert state["recipe"] == recipe.to_dict()
+    # Earlier versions wrote the same entries plus "scheduler": it still loads and resumes.
+    torch.save({**state, "scheduler": {"step": 30}}, path)
+    assert Run(run.dir).load()[1]["iteration"] == 30
+    assert Run(run.dir).resume(*_state(seed=1)) == 30
+    torch.save({**state, "version": 2}, path)
+    with pytest.raises(UserError, match="version 2 is not supported"):
+        Run(run.dir).load()
+
+
+def test_load_checks_the_checkpoint_is_this_runs(tmp_path):
+    run = Run(tmp_path / "run")
+    run.claim(_recipe())
+    with pytest.raises(UserError, match="no checkpoints yet"):
+        run.load()
+    task, model = build(run.recipe, torch.device("cpu"))
+    optimizer = torch.optim.Adam(model.parameters())
+    path = run.save(30, model, optimizer, torch.Generator())
+    found, state = Run(run.dir).load()
+    assert found == path and _same(state["model"], model.state_dict())
+    other = Run(tmp_path / "other")
+    other.claim(_recipe(seed=222))
+    (other.checkpoint_dir).mkdir()
+    path.replace(other.checkpoint_path(30))
+    with pytest.raises(UserError, match="belongs to another recipe"):
+        other.load()
+    other.checkpoint_path(30).write_bytes(b"")
+    with pytest.raises(CorruptCheckpoint, match="score an older one with --checkpoint"):
+        other.load()
+
+
+def test_log_start_finish_and_completeness(tmp_path):
+    run = Run(tmp_path / "run")
+    recipe = _recipe()
+    run.claim(recipe)
+    run.start(torch.device("cpu"))
+    run.start(torch.device("cpu"))
+    run.log({"step": 5, "loss": 2.5})
+    with open(run.dir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 10, "lo')  # a line cut by a kill, and what follows it
+        f.write('\n{"step": 15, "loss": 1.0}\n')
+    assert run.metrics() == [{"step": 5, "loss": 2.5}]
+    model, optimizer, generator = _state()
+    run.save(30, model, optimizer, generator)
+    assert not run.is_complete()
+    result = {**runs.eval_identity(recipe), "token_accuracy": 0.5}
+    assert run.finish(result) == run.dir / "eval.json"
+    assert run.is_complete() and runs.is_complete(run.dir)
+    assert json.loads((run.dir / "eval.json").read_text()) == {
+        "task": "reverse", "arch": "gru", "encoding": "none", "vocab_size": 8, "seed": 111,
+        "token_accuracy": 0.5}
+    env = json.loads((run.dir / "env.json").read_text())
+    assert env["seed"] == 111 and len(env["starts"]) == 2
+    assert env["start_time"] == env["starts"][0]["time"] <= env["end_time"]
+
+
+def test_each_stream_is_seeded_with_its_own_offset():
+    assert len({0, runs.TRAINING_SEED_OFFSET, runs.STABILITY_SEED_OFFSET}) == 3
+    generator = training_generator(_recipe(seed=5), torch.device("cpu"))
+    assert generator.initial_seed() == 5 + runs.TRAINING_SEED_OFFSET
