@@ -92,6 +92,14 @@ def flops_per_iteration(recipe: Recipe) -> float:
     return 3 * 2 * B * (T * per_step + s.outputs * H * K)
 
 
+def _device(device: str, jobs: int) -> tuple[torch.device, int, str]:
+    """The device runs use, their torch threads (the CPU cores shared by --jobs runs), and
+    the label its measurements are cached under."""
+    dev = resolve_device(device)
+    threads = max(1, available_cores() // jobs) if dev.type == "cpu" else torch.get_num_threads()
+    return dev, threads, device_label(dev, threads)
+
+
 def device_label(device: torch.device, threads: int) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -135,9 +143,8 @@ class Estimates:
 
 def measure(planned: list[Run], out: Path, device: str, jobs: int) -> None:
     """`--estimate`: time 3 iterations (after 1 warm-up) of every shape not yet cached."""
-    dev = resolve_device(device)
-    threads = max(1, available_cores() // jobs) if dev.type == "cpu" else torch.get_num_threads()
-    label, cache = device_label(dev, threads), Estimates(out)
+    dev, threads, label = _device(device, jobs)
+    cache = Estimates(out)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     shapes = {shape_key(r.cell.recipe): r for r in planned}
@@ -190,9 +197,8 @@ def _hours(hours: float) -> str:
 def print_plan(grid, planned: list[Run], out: Path, device: str, jobs: int) -> dict:
     """`sweep --dry-run`: the run table with each run's disk and device-hours, then the
     totals. Instant: sizes are counted on the meta device, times come from the cache."""
-    dev = resolve_device(device)
-    threads = max(1, available_cores() // jobs) if dev.type == "cpu" else torch.get_num_threads()
-    label, cache = device_label(dev, threads), Estimates(out)
+    dev, threads, label = _device(device, jobs)
+    cache = Estimates(out)
     table = Table(title=f"{grid.path}: {len(planned)} runs -> {out / grid.name}")
     for col in ("run", "state", "to run", "disk", "device-h"):
         table.add_column(col, justify="left" if col in ("run", "state") else "right",

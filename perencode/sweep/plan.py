@@ -188,8 +188,6 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[Run]:
         if run_dir.is_symlink() or not (run_dir / "recipe.toml").exists():
             claimed = claimed_runs(out) if claimed is None else claimed
             run.twin = claimed.get(run_key(cell.recipe))
-            if run.twin is not None and run.twin == run_dir.resolve() and not run_dir.is_symlink():
-                run.twin = None
         if run.twin is not None:
             run.state, run.message = RunState.REUSE, f"same recipe as {run.twin}"
             run.twin_job = twin_job(out, run.twin)
@@ -205,7 +203,8 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[Run]:
                 continue
             run.state = RunState.DONE if runs.is_complete(run_dir) else RunState.PARTIAL
         refresh(run)
-        trained = runs.is_complete(run.twin or run_dir)
+        trained = run.state == RunState.DONE or (run.twin is not None
+                                                 and runs.is_complete(run.twin))
         if not trained:
             run.commands.append(["train", str(run_dir / "recipe.toml"), "--run-dir", str(run_dir),
                                  *(["--tensorboard"] if tensorboard else [])])
