@@ -17,26 +17,20 @@ slurm-start:
 slurm-stop:
 	PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster stop
 
-test-slurm: install
-	@started=0; status=0; \
+# $(call with_cluster,COMMAND): COMMAND with SLURM_CONF pointing at the cluster, which is
+# started first and stopped after (also when COMMAND fails) unless one was already running.
+with_cluster = started=0; status=0; \
 	if ! PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster status >/dev/null 2>&1; then \
 		started=1; PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster start || status=$$?; \
 	fi; \
 	if [ $$status -eq 0 ]; then \
-		SLURM_CONF=$(SLURM_DIR)/etc/slurm.conf PERENCODE_REQUIRE_SLURM=1 \
-			$(PY) -m pytest -m slurm -p no:cacheprovider --durations=0 || status=$$?; \
+		SLURM_CONF=$(SLURM_DIR)/etc/slurm.conf $(1) || status=$$?; \
 	fi; \
 	if [ $$started -eq 1 ]; then PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster stop; fi; \
 	exit $$status
 
+test-slurm: install
+	@$(call with_cluster,PERENCODE_REQUIRE_SLURM=1 $(PY) -m pytest -m slurm -p no:cacheprovider --durations=0)
+
 rehearsal-slurm: install
-	@started=0; status=0; \
-	if ! PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster status >/dev/null 2>&1; then \
-		started=1; PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster start || status=$$?; \
-	fi; \
-	if [ $$status -eq 0 ]; then \
-		SLURM_CONF=$(SLURM_DIR)/etc/slurm.conf $(MAKE) --no-print-directory rehearsal \
-			EXECUTOR=slurm || status=$$?; \
-	fi; \
-	if [ $$started -eq 1 ]; then PERENCODE_SLURM_DIR=$(SLURM_DIR) tools/slurm-cluster stop; fi; \
-	exit $$status
+	@$(call with_cluster,$(MAKE) --no-print-directory rehearsal EXECUTOR=slurm)
