@@ -189,10 +189,10 @@ def recipe_schema(
                                  "editors and validators) instead of the Markdown table."),
 ) -> None:
     """Print every recipe field (key, type, default, meaning) as a Markdown table."""
-    from perencode.recipe import Recipe, schema_rows
+    from perencode.recipe import json_schema, schema_rows
 
     if as_json:
-        print(json.dumps(Recipe.model_json_schema(), indent=2))
+        print(json.dumps(json_schema(), indent=2))
         return
     print("| key | type | default | description |\n|---|---|---|---|")
     for row in schema_rows():

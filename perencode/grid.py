@@ -42,6 +42,7 @@ from perencode.recipe import (
     SECTIONS,
     Recipe,
     apply_overrides,
+    foreign_options,
     parse_value,
     read_toml,
     validate,
@@ -250,7 +251,7 @@ def load_grid(path: str | Path, overrides: list[str] | None = None,
                                 "with --only")
         data = apply_overrides(data, overrides)
     names = short_names(values)
-    cells = []
+    cells, applied = [], set()
     for combo in itertools.product(*(rows for _, rows in groups)):
         coords = {key: value for (keys, _), row in zip(groups, combo)
                   for key, value in zip(keys, row)}
@@ -259,9 +260,24 @@ def load_grid(path: str | Path, overrides: list[str] | None = None,
         cell_data = copy.deepcopy(data)
         for key, value in coords.items():
             _set(cell_data, key, value)
+        # The grid's shared settings reach the cells whose kinds have them (a state size
+        # is the S4D's alone); an axis value is the cell's own and is always checked.
+        dropped = [key for key in foreign_options(cell_data) if key not in coords]
+        for key in dropped:
+            section, _, option = key.partition(".")
+            del cell_data[section][option]
+        applied.update(set(_set_keys(overrides)) - set(dropped))
         # Stable and independent of the free-text description: editing that text must not
         # turn finished runs into "a different recipe".
         cell_data["description"] = f"{path.stem}: {name}"
         cells.append(Cell(name, coords, validate(cell_data, f"{source} [grid] {name}")))
+    for item in overrides or []:
+        if item.partition("=")[0].strip() not in applied:
+            raise UserError(f"--set {item}: no cell of {source} has this option (it belongs "
+                            f"to another task, model or encoding than the grid's)")
     return Grid(path, path.stem, description, _select(cells, values, only or [], source), slurm,
                 sweep)
+
+
+def _set_keys(overrides: list[str] | None) -> list[str]:
+    return [item.partition("=")[0].strip() for item in overrides or []]

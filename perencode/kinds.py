@@ -25,11 +25,6 @@ from typing import Any
 BUILTIN_MODULES = ("perencode.tasks", "perencode.models", "perencode.encoding")
 
 
-def every_sequence(cfg: Any) -> int:
-    """K^L: the distinct held-out rows of a task whose row is L free tokens."""
-    return cfg.vocab_size ** cfg.length
-
-
 @dataclass(frozen=True)
 class TaskKind:
     """A task: `make(task_cfg, seed, device)` builds it (its held-out set drawn from seed)."""
@@ -38,12 +33,12 @@ class TaskKind:
     make: Callable[..., Any]
     label: str                      # figures and reports
     summary: str = ""               # one phrase for `perencode recipe-schema`
-    options: tuple[str, ...] = ()   # [task] fields that only this task reads
-    # More rules on the [task] table: raise ValueError("field 'x': why") on a mistake.
-    check: Callable[[Any], None] | None = None
-    # How many distinct held-out rows exist (held_out must stay below it); None: the task
-    # has no `held_out` count to check (its test set is structured, or a data split).
-    distinct: Callable[[Any], int] | None = every_sequence
+    # The [task] table's class: a subclass of perencode.recipe.TaskConfig holding the task's
+    # own options and rules (None: the base, which has no held-out count).
+    config: type | None = None
+    # What the task feeds a model, from its config alone (perencode.tasks.base.Shapes):
+    # (task_cfg) -> Shapes; None: the task is built once on the CPU and measured.
+    shapes: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,8 +49,13 @@ class ModelKind:
     build: Callable[..., Any]
     label: str
     summary: str = ""
-    options: tuple[str, ...] = ()   # [model] fields that only this model reads
-    check: Callable[[Any], None] | None = None
+    # The [model] table's class: a subclass of perencode.recipe.ModelConfig with the model's
+    # own options and rules (None: the base).
+    config: type | None = None
+    # Multiply-adds per sample and time step of the sequence layer: (model_cfg, inputs D,
+    # steps T) -> float, for sweep cost estimates; None: one per parameter of the model
+    # outside its embedding, encoding and head (a recurrent cell's count).
+    flops_per_step: Callable[[Any, int, int], float] | None = None
     # Gradient-stability hook: (model, tokens [B, T], target_step, chunk_size) ->
     # (J [B, D_out, D_z], output [B, D_out]); None: `perencode stability` refuses the model.
     jacobians: Callable[..., Any] | None = None
@@ -73,6 +73,9 @@ class EncodingKind:
     name: str
     label: str
     summary: str = ""
+    # The [encoding] table's class: a subclass of perencode.recipe.EncodingConfig with the
+    # encoding's own options (None: the base).
+    config: type | None = None
     # One vector per position: (positions, dim) -> [positions, dim]; None: no table.
     table: Callable[[int, int], Any] | None = None
     trained: bool = False           # the table is a parameter

@@ -1,6 +1,7 @@
 """Will this recipe fit? The memory a training run needs, estimated before any file is written.
 
-`estimate(recipe)` counts, from the recipe alone (no model is built, no data read):
+`estimate(recipe)` counts, from the recipe and its task's sizes (perencode.tasks.shapes;
+no data is read and the model is built on the meta device only):
 - the parameters, exactly as perencode.models builds them, times 16 bytes: fp32 weights,
   their gradients and Adam's two moments;
 - the activations one training step keeps for its backward pass: embedding and encoding
@@ -27,39 +28,12 @@ from perencode import kinds
 from perencode.errors import UserError
 from perencode.models import ModelSizes
 from perencode.recipe import Recipe
+from perencode.tasks import shapes
 
 FLOAT = 4  # bytes: every parameter and activation is fp32
 # Without gradients only a step's input and output of the sequence model are alive at once.
 LIVE_PER_STEP_EVAL = 2
 GIB = 1 << 30
-
-
-@dataclass(frozen=True)
-class Shapes:
-    """What the recipe's task feeds the model (perencode.tasks)."""
-
-    num_embeddings: int  # embedding rows
-    num_classes: int  # head outputs K
-    steps: int  # T, input steps of a training batch
-    outputs: int  # T_out, scored output steps
-    positions: int  # rows of a learnable or random encoding table
-    held_out_rows: int  # rows an evaluation pass batches (lm: paragraphs of L tokens)
-
-
-def task_shapes(recipe: Recipe) -> Shapes:
-    t = recipe.task
-    K, L = t.vocab_size, t.length
-    if t.name == "lm":  # <unk>/padding is embedding row K; inputs are tokens[:-1]
-        return Shapes(K, K - 1, L, L, L, recipe.train.eval_batch_size)
-    if t.name == "predecessor":  # L tokens and the query, one output
-        return Shapes(K, K, L + 1, 1, L + 1, t.held_out)
-    command = t.name != "reverse_add"  # the other tasks end with L command tokens
-    rows = t.held_out
-    if t.name == "variable_length":
-        rows = t.held_out * (L - t.min_length + 1)
-    elif t.name == "dual_frequency":  # 2 target types x 2 disturbant types x L positions
-        rows = 4 * L * t.held_out_per_cell
-    return Shapes(K + int(command), K, 2 * L, L, 2 * L, rows)
 
 
 def cell_inputs(recipe: Recipe) -> int:
@@ -70,33 +44,10 @@ def cell_inputs(recipe: Recipe) -> int:
 
 
 def parameter_count(recipe: Recipe) -> int:
-    """Trainable parameters of the model perencode.models.build_model makes for `recipe`."""
-    m, shapes = recipe.model, task_shapes(recipe)
-    E, H, D = m.embed_size, m.hidden_size, cell_inputs(recipe)
-    count = shapes.num_embeddings * E + H * shapes.num_classes + shapes.num_classes
-    if kinds.get("encoding", recipe.encoding.kind).trained:
-        count += shapes.positions * E
-    if m.arch not in FORMULAS:
-        return _built_parameter_count(recipe, shapes)
-    if m.arch == "s4d":
-        modes = m.d_state // 2
-        count += D * H + H  # in_proj
-        count += 2 * H + 4 * H * modes  # D, log_dt; C (complex), log_A_real, A_imag
-        count += H * 2 * H + 2 * H  # out_proj
-    else:
-        gates = 3 if m.arch == "gru" else 4
-        count += gates * H * (D + H) + 2 * gates * H  # weight_ih, weight_hh, two biases
-    return count
-
-
-# The models whose parameters `parameter_count` counts by formula (a check on the models:
-# tests compare it with the built model); any other registered model is built to count.
-FORMULAS = ("gru", "lstm", "s4d")
-
-
-def _built_parameter_count(recipe: Recipe, shapes: Shapes) -> int:
-    """Trainable parameters of the registered model, built on the meta device (no memory)."""
-    sizes = ModelSizes(shapes.num_embeddings, shapes.num_classes, shapes.positions)
+    """Trainable parameters of the model perencode.models.build_model makes for `recipe`,
+    built on the meta device (no memory, no initialisation) at the task's sizes."""
+    s = shapes(recipe.task)
+    sizes = ModelSizes(s.num_embeddings, s.num_classes, s.steps, s.pad_id)
     with torch.device("meta"):
         model = kinds.get("model", recipe.model.arch).build(recipe.model, recipe.encoding,
                                                             sizes)
@@ -116,7 +67,7 @@ def buffer_bytes(recipe: Recipe) -> int:
     """Fixed encoding tables (sinusoidal, random), which are not trained."""
     encoding = kinds.get("encoding", recipe.encoding.kind)
     if encoding.table is not None and not encoding.trained:
-        return task_shapes(recipe).positions * recipe.model.embed_size * FLOAT
+        return shapes(recipe.task).steps * recipe.model.embed_size * FLOAT
     return 0
 
 
@@ -143,13 +94,13 @@ class Estimate:
 def estimate(recipe: Recipe, chunk_logits: int) -> Estimate:
     """The memory a run of `recipe` needs; its loss computes the head `chunk_logits` logits
     at a time above that many (train.CHUNK_LOGITS)."""
-    m, tc, shapes = recipe.model, recipe.train, task_shapes(recipe)
+    m, tc, s = recipe.model, recipe.train, shapes(recipe.task)
     E, H, D = m.embed_size, m.hidden_size, cell_inputs(recipe)
     per_step_in = E + (D if kinds.get("encoding", recipe.encoding.kind).adds_input else 0)
-    B, T, T_out, K = tc.batch_size, shapes.steps, shapes.outputs, shapes.num_classes
+    B, T, T_out, K = tc.batch_size, s.steps, s.outputs, s.num_classes
     train = B * T * (per_step_in + saved_per_step(m.arch) * H) + \
         _head(B * T_out, K, chunk_logits)
-    B_eval = min(tc.eval_batch_size, shapes.held_out_rows)
+    B_eval = min(tc.eval_batch_size, s.held_out_rows or tc.eval_batch_size)
     evaluation = B_eval * T * (per_step_in + LIVE_PER_STEP_EVAL * H) + \
         _head(B_eval * T_out, K, None)
     params = parameter_count(recipe)

@@ -9,14 +9,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializeAsAny,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -60,6 +62,112 @@ def registered(kind: str, name: str, info: ValidationInfo) -> str:
     return name
 
 
+class KindConfig(Section):
+    """Base of a section that names a registered kind in its tag field (`task.name`,
+    `model.arch`, `encoding.kind`). The section is a union tagged by that field: each kind's
+    registration (perencode.kinds) names the config class that holds its own options, a
+    subclass of the section's base beside the kind's code (e.g. the dual-frequency task's
+    `rarity`), and `Recipe` validates a table with the class its tag names. The union is
+    open: a study's `register_*` call adds a member, which a union fixed when `Recipe` is
+    defined could not take; `json_schema` writes it as a discriminated `oneOf`."""
+
+    KIND: ClassVar[str]  # "task", "model" or "encoding"
+    TAG: ClassVar[str]   # the field that names the kind
+
+    @classmethod
+    def default(cls) -> KindConfig:
+        """The section a recipe gets when it leaves the table out (the tag's default)."""
+        return cls.class_for(cls.model_fields[cls.TAG].default)()
+
+    @classmethod
+    def class_for(cls, name: Any, any_kind: bool = False) -> type[KindConfig]:
+        """The config class of the kind named `name`; with `any_kind`, a name no
+        registration holds (a result made by a study the reader has not imported) gets a
+        class that keeps whatever options the table has."""
+        kind = kinds.registry(cls.KIND).get(name)
+        if kind is not None:
+            return kind.config or cls
+        if any_kind and isinstance(name, str):
+            return _open_class(cls)
+        raise ValueError(f"field '{cls.TAG}': Input should be {kinds.choices(cls.KIND)} "
+                         f"(got {name!r})")
+
+    @classmethod
+    def of(cls, **fields: Any) -> KindConfig:
+        """The section of the kind `fields` names, validated by its class (as in a recipe):
+        `TaskConfig.of(name="dual_frequency", rarity=0.25)`."""
+        return cls.dispatch(fields, {})
+
+    @classmethod
+    def options(cls) -> dict[str, list[str]]:
+        """Each option a kind adds to the base, with the names of the kinds that have it."""
+        out: dict[str, list[str]] = {}
+        for name, kind in kinds.registry(cls.KIND).items():
+            for option in (kind.config or cls).model_fields:
+                if option not in cls.model_fields:
+                    out.setdefault(option, []).append(name)
+        return out
+
+    @classmethod
+    def renamed(cls, data: dict) -> None:
+        """Keys of earlier versions that now have another home: a ValueError naming it."""
+
+    @classmethod
+    def dispatch(cls, data: Any, context: dict) -> Any:
+        """Validate the table `data` with the class its tag names.
+
+        An option of another kind is refused with a line naming its owners, except in a
+        stored recipe (`context["stored"]`: a run directory's or a checkpoint's), where it
+        is dropped: before each kind had its own class, every section carried every kind's
+        options, and such a file must still read as the same run."""
+        if isinstance(data, KindConfig):
+            if type(data) is cls.class_for(getattr(data, cls.TAG), True):
+                return data
+            data = data.model_dump()
+        if not isinstance(data, dict):
+            return cls.model_validate(data)  # "must be a table"
+        cls.renamed(data)
+        name = data.get(cls.TAG, cls.model_fields[cls.TAG].default)
+        chosen = cls.class_for(name, bool(context.get("any_kind")))
+        owners = cls.options() if chosen is not _OPEN.get(cls) else {}
+        for key in [k for k in data if k not in chosen.model_fields and k in owners]:
+            if context.get("stored"):
+                data = {k: v for k, v in data.items() if k != key}
+                continue
+            raise ValueError(f"field '{key}': not an option of {kinds.FIELDS[cls.KIND]} = "
+                             f"{name!r} (only of {', '.join(map(repr, owners[key]))})")
+        return chosen.model_validate(data, context=context)
+
+
+_OPEN: dict[type, type] = {}
+
+
+def _open_class(base: type[KindConfig]) -> type[KindConfig]:
+    """`base` taking any extra option: the section of a kind no registration holds."""
+    if base not in _OPEN:
+        _OPEN[base] = type(f"Unregistered{base.__name__}", (base,),
+                           {"model_config": ConfigDict(extra="allow"), "__module__": __name__})
+    return _OPEN[base]
+
+
+def foreign_options(data: dict[str, Any]) -> list[str]:
+    """The dotted keys of recipe dict `data` that are options of another kind than the one
+    its section names (e.g. `task.rarity` in a reverse task's table)."""
+    out = []
+    for section in ("task", "model", "encoding"):
+        table, base = data.get(section), Recipe.model_fields[section].annotation
+        if not isinstance(table, dict):
+            continue
+        try:
+            chosen = base.class_for(table.get(base.TAG, base.model_fields[base.TAG].default))
+        except ValueError:
+            continue  # an unknown kind: validation names it
+        owners = base.options()
+        out += [f"{section}.{key}" for key in table
+                if key not in chosen.model_fields and key in owners]
+    return out
+
+
 class KindNames:
     """`json_schema_extra` of a field that names a registered kind: the JSON schema lists
     the names registered when it is generated, and `schema_rows` their summaries."""
@@ -78,19 +186,16 @@ class KindNames:
         ) + "."
 
 
-def options_of_others(kind: str, chosen: str, section: BaseModel) -> None:
-    """An option of another kind that is set here (not None) is a mistake worth a line."""
-    for other in kinds.registry(kind).values():
-        for option in other.options:
-            if other.name != chosen and getattr(section, option, None) is not None and \
-                    type(section).model_fields[option].default is None and \
-                    option not in kinds.get(kind, chosen).options:
-                owners = [k.name for k in kinds.registry(kind).values() if option in k.options]
-                raise ValueError(f"field '{option}': not an option of {kinds.FIELDS[kind]} = "
-                                 f"'{chosen}' (only of {', '.join(map(repr, owners))})")
+class TaskConfig(KindConfig):
+    """[task]: what every task has. A task's own options are in its config class: held-out
+    counts (perencode.tasks.base.HeldOutConfig), `min_length`, `rarity`, `data`..."""
 
+    KIND: ClassVar[str] = "task"
+    TAG: ClassVar[str] = "name"
+    # Periodic checkpoints a run keeps when train.keep_checkpoints is unset: the newest one,
+    # or "all" for a task whose analysis reads every one (dual_frequency's stability).
+    KEEP_CHECKPOINTS: ClassVar[int | str] = 1
 
-class TaskConfig(Section):
     name: str = Field(
         "reverse",
         description="Task (docs/paper-facts.md#tasks and #language-modelling)",
@@ -107,76 +212,35 @@ class TaskConfig(Section):
         description="L, input length (the longest one for variable_length; for lm the "
         "maximum input tokens per paragraph, equal to `lm-prepare --max-tokens`).",
     )
-    min_length: int | None = Field(
-        None, ge=1,
-        description="variable_length only: the shortest input length (lengths uniform in "
-        "min_length..length, docs/paper-facts.md#variable-length-task).",
-    )
-    held_out: int = Field(
-        1024, ge=1,
-        description="Distinct held-out test sequences drawn before training and never "
-        "trained on (per length for variable_length; dual_frequency uses held_out_per_cell).",
-    )
-    rarity: float = Field(
-        0.125, gt=0.0, lt=1.0,
-        description="dual_frequency only: probability that a training token is RARE "
-        "(FREQUENT = first K/2 ids, RARE = the rest; "
-        "docs/paper-facts.md#dual-frequency-task).",
-    )
-    held_out_per_cell: int = Field(
-        16, ge=1,
-        description="dual_frequency only: test sequences per (target type, disturbant type, "
-        "target position) cell: 16 gives the caption's 4,096; 4 gives the authors' 1,024.",
-    )
-    data: str | None = Field(
-        None, description="Prepared data folder for `lm` (made by `perencode lm-prepare`)."
-    )
 
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str, info: ValidationInfo) -> str:
         return registered("task", name, info)
 
-    @model_validator(mode="before")
     @classmethod
-    def _renamed(cls, data: Any) -> Any:
+    def renamed(cls, data: dict) -> None:
         """The variants of reverse were flags before they were tasks: say the new name."""
-        if isinstance(data, dict):
-            if "dual_frequency" in data:
-                raise ValueError("field 'dual_frequency': the flag is gone; the task is named "
-                                 "now: task.name = \"dual_frequency\"")
-            if data.get("name", "reverse") == "reverse" and data.get("min_length") is not None:
-                raise ValueError("field 'min_length': variable length is a task of its own "
-                                 "now: task.name = \"variable_length\"")
-        return data
-
-    @model_validator(mode="after")
-    def _consistent(self) -> TaskConfig:
-        """The task's own rules (its registration), then: held-out rows must leave some to
-        train on."""
-        kind = kinds.registry("task").get(self.name)
-        if kind is None:  # read as a result only (`registered`): its rules are unknown
-            return self
-        options_of_others("task", self.name, self)
-        if kind.check is not None:
-            kind.check(self)
-        if kind.distinct is not None:
-            distinct = kind.distinct(self)
-            if self.held_out >= distinct:
-                raise ValueError(
-                    f"field 'held_out': {self.held_out} held-out sequences leave nothing to "
-                    f"train on: only {distinct} distinct sequences exist (must be < {distinct})"
-                )
-        return self
+        if "dual_frequency" in data:
+            raise ValueError("field 'dual_frequency': the flag is gone; the task is named "
+                             "now: task.name = \"dual_frequency\"")
+        if data.get("name", "reverse") == "reverse" and data.get("min_length") is not None:
+            raise ValueError("field 'min_length': variable length is a task of its own "
+                             "now: task.name = \"variable_length\"")
 
     def distinct_sequences(self) -> int | None:
-        """How many distinct held-out rows the task can draw (its registration says; None
-        where the task has no held-out count)."""
-        kind = kinds.get("task", self.name)
-        return kind.distinct(self) if kind.distinct is not None else None
+        """How many distinct held-out rows the task can draw; None where it has no
+        held-out count (its test set is structured, or a data split)."""
+        return None
 
 
-class ModelConfig(Section):
+class ModelConfig(KindConfig):
+    """[model]: what every model has; a model's own options are in its config class (the
+    S4D's `d_state`, perencode.models.s4d)."""
+
+    KIND: ClassVar[str] = "model"
+    TAG: ClassVar[str] = "arch"
+
     arch: str = Field(
         "gru", description="Sequence model, single layer (docs/paper-facts.md#common-model "
         "and #s4d-model)", json_schema_extra=KindNames("model"),
@@ -186,10 +250,6 @@ class ModelConfig(Section):
     )
     embed_size: int = Field(
         512, ge=2, le=65536, description="E, token embedding size (the PE has the same size)."
-    )
-    d_state: int = Field(
-        64, ge=2, le=4096,
-        description="S4D state size N (N/2 complex conjugate-pair modes per channel).",
     )
 
     @field_validator("arch")
@@ -202,13 +262,15 @@ class ModelConfig(Section):
         if self.embed_size % 2:
             raise ValueError(f"field 'embed_size': must be even (sines and cosines), got "
                              f"{self.embed_size}")
-        kind = kinds.registry("model").get(self.arch)
-        if kind is not None and kind.check is not None:
-            kind.check(self)
         return self
 
 
-class EncodingConfig(Section):
+class EncodingConfig(KindConfig):
+    """[encoding]: the positional encoding and how it joins the embedding."""
+
+    KIND: ClassVar[str] = "encoding"
+    TAG: ClassVar[str] = "kind"
+
     kind: str = Field(
         "sinusoidal", description="Positional encoding (docs/paper-facts.md#positional-encodings)",
         json_schema_extra=KindNames("encoding"),
@@ -284,11 +346,19 @@ class TrainConfig(Section):
 
 class Recipe(Section):
     description: str = Field("", description="What this recipe reproduces (free text).")
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    encoding: EncodingConfig = Field(default_factory=EncodingConfig)
+    # SerializeAsAny: a section dumps the fields of its kind's class, not only the base's.
+    task: SerializeAsAny[TaskConfig] = Field(default_factory=TaskConfig.default)
+    model: SerializeAsAny[ModelConfig] = Field(default_factory=ModelConfig.default)
+    encoding: SerializeAsAny[EncodingConfig] = Field(default_factory=EncodingConfig.default)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @field_validator("task", "model", "encoding", mode="wrap")
+    @classmethod
+    def _tagged(cls, data: Any, handler: Any, info: ValidationInfo) -> KindConfig:
+        """Each kind section is validated by the class its tag names (KindConfig)."""
+        base = cls.model_fields[info.field_name].annotation
+        return base.dispatch(data, info.context or {})
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
@@ -304,7 +374,7 @@ class Recipe(Section):
         """How many periodic checkpoints a run keeps; None: all (train.keep_checkpoints)."""
         keep = self.train.keep_checkpoints
         if keep is None:
-            keep = "all" if self.task.name == "dual_frequency" else 1
+            keep = self.task.KEEP_CHECKPOINTS
         return None if keep == "all" else keep
 
 
@@ -360,25 +430,34 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "-
     return out
 
 
-def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None:
-    """The Pydantic model of the table at `path` inside `model` (None if not a table)."""
+def _model_at(model: type[BaseModel], path: list[str], data: Any = None) -> type[BaseModel] | None:
+    """The Pydantic model of the table at `path` inside `model` (None if not a table); a
+    kind section's is the class its tag names in `data`, the validated input."""
     for part in path:
         field = model.model_fields.get(part)
         model = field.annotation if field is not None else None
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None
+        data = data.get(part) if isinstance(data, dict) else None
+        if issubclass(model, KindConfig) and isinstance(data, dict):
+            try:
+                model = model.class_for(data.get(model.TAG, model.model_fields[model.TAG]
+                                                 .default), any_kind=True)
+            except ValueError:
+                pass
     return model
 
 
 def format_validation_error(exc: ValidationError, source: str,
                             model: type[BaseModel] | None = None, table: str = "",
-                            top: str = "the top level") -> str:
+                            top: str = "the top level", data: Any = None) -> str:
     """One line for any of our Pydantic models (recipes, grid tables, claims): the file,
     the field and what is allowed, with "did you mean" for an unknown key.
 
     `model` is the validated class (default Recipe); `table` names it inside its file
     (e.g. "slurm" for a grid's [slurm] table) when it is not the whole file; `top` is how
-    an unknown key's place is named when it is not in a table (e.g. "the claim").
+    an unknown key's place is named when it is not in a table (e.g. "the claim"); `data`,
+    the validated input, tells which class a kind section was validated with.
     """
     model = model or Recipe
     errors = exc.errors()
@@ -393,7 +472,7 @@ def format_validation_error(exc: ValidationError, source: str,
         field, _, msg = msg[len("field '"):].partition("': ")
         where = ".".join([*loc, field])
     if err["type"] == "extra_forbidden":
-        owner = _model_at(model, loc[:-1])
+        owner = _model_at(model, loc[:-1], data)
         allowed = list(owner.model_fields) if owner is not None else []
         guess = process.extractOne(loc[-1], allowed) if allowed else None
         hint = f"; did you mean '{guess[0]}'?" if guess and guess[1] >= 70 else ""
@@ -419,12 +498,15 @@ def validate_table(model: type[BaseModel], data: Any, source: str, table: str = 
     try:
         return model.model_validate(data, context=context)
     except ValidationError as exc:
-        raise UserError(format_validation_error(exc, source, model, table, top)) from None
+        raise UserError(format_validation_error(exc, source, model, table, top, data)) from None
 
 
-def validate(data: dict[str, Any], source: str, any_kind: bool = False) -> Recipe:
-    """A recipe; `any_kind` accepts kinds no registration knows (reading results)."""
-    return validate_table(Recipe, data, source, context={"any_kind": any_kind})
+def validate(data: dict[str, Any], source: str, any_kind: bool = False,
+             stored: bool = False) -> Recipe:
+    """A recipe; `any_kind` accepts kinds no registration knows (reading results); `stored`
+    reads one a run wrote (a run directory's or a checkpoint's: see KindConfig.dispatch)."""
+    return validate_table(Recipe, data, source,
+                          context={"any_kind": any_kind, "stored": stored})
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -448,20 +530,62 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     return validate(data, source)
 
 
+def field_names() -> list[str]:
+    """Every recipe field as a dotted key, the options of every registered kind among them."""
+    out = []
+    for section in SECTIONS:
+        model = Recipe.model_fields[section].annotation
+        own = model.options() if issubclass(model, KindConfig) else {}
+        out += [f"{section}.{name}" for name in [*model.model_fields, *own]]
+    return out
+
+
+def _type_name(field) -> str:
+    ann = field.annotation
+    if "Literal" in str(ann):
+        return " | ".join(repr(a) for a in ann.__args__)
+    return getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
+
+
 def schema_rows() -> list[tuple[str, str, str, str]]:
-    """(key, type, default, description) for every recipe field, for docs and the CLI."""
+    """(key, type, default, description) for every recipe field, for docs and the CLI: a
+    kind section's own fields, then each option a registered kind adds, named with the
+    kinds that have it."""
     rows = []
     for section in SECTIONS:
         model = Recipe.model_fields[section].annotation
         for name, field in model.model_fields.items():
-            ann = field.annotation
-            type_name = getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
-            if "Literal" in str(ann):
-                type_name = " | ".join(repr(a) for a in ann.__args__)
-            description = field.description or ""
+            type_name, description = _type_name(field), field.description or ""
             names = field.json_schema_extra
             if isinstance(names, KindNames):  # whatever registered them
                 type_name = " | ".join(repr(n) for n in kinds.names(names.kind))
                 description = names.describe(description)
             rows.append((f"{section}.{name}", type_name, repr(field.default), description))
+        if issubclass(model, KindConfig):
+            for name, owners in model.options().items():
+                field = model.class_for(owners[0]).model_fields[name]
+                where = f"{kinds.FIELDS[model.KIND]} = {', '.join(owners)} only"
+                rows.append((f"{section}.{name}", _type_name(field), repr(field.default),
+                             f"({where}) {field.description or ''}".rstrip()))
     return rows
+
+
+def json_schema() -> dict[str, Any]:
+    """The recipe's JSON Schema: each kind section a `oneOf` discriminated by its tag, one
+    member per registered kind, with that kind's own fields."""
+    sections = {}
+    for section in ("task", "model", "encoding"):
+        base = Recipe.model_fields[section].annotation
+        members = []
+        for name, kind in kinds.registry(base.KIND).items():
+            tag = base.model_fields[base.TAG]
+            members.append(create_model(
+                f"{name.title().replace('_', '')}{base.__name__}", __base__=kind.config or base,
+                **{base.TAG: (Literal[name], Field(name, description=tag.description))}))
+        union = Union[tuple(members)] if len(members) > 1 else members[0]  # noqa: UP007
+        sections[section] = (Annotated[union, Field(discriminator=base.TAG)],
+                             Field(default_factory=base.default))
+    tagged = create_model("Recipe", __base__=Section, description=(str, Recipe.model_fields[
+        "description"]), **sections, optim=(OptimConfig, Field(default_factory=OptimConfig)),
+        train=(TrainConfig, Field(default_factory=TrainConfig)))
+    return tagged.model_json_schema()

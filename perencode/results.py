@@ -19,7 +19,7 @@ import pandas as pd
 from perencode import runs
 from perencode.errors import UserError
 from perencode.naming import format_value, short_names
-from perencode.recipe import SECTIONS, run_key
+from perencode.recipe import SECTIONS, field_names, run_key
 
 # Recipe fields that change nothing a figure compares: never a reason to split a figure.
 BOOKKEEPING = ("train.seed", "train.log_every", "train.checkpoint_every",
@@ -45,10 +45,14 @@ class Results:
 
 
 def flatten(recipe) -> dict:
-    """Recipe fields as dotted keys (unset ones as None); lists in their directory spelling."""
+    """Recipe fields as dotted keys, every registered kind's options among them (None where
+    the run's kind has none, or it is unset), so that a table of runs has the same columns
+    whichever kinds it holds; lists in their directory spelling."""
     data = recipe.model_dump(mode="json")
-    return {f"{section}.{key}": format_value(value) if isinstance(value, list) else value
-            for section in SECTIONS for key, value in data[section].items()}
+    out = dict.fromkeys(field_names())
+    out.update({f"{section}.{key}": format_value(value) if isinstance(value, list) else value
+                for section in SECTIONS for key, value in data[section].items()})
+    return out
 
 
 def _training_summary(rows: list[dict]) -> dict:

@@ -43,7 +43,7 @@ from perencode.io import (
     safe_torch_load,
 )
 from perencode.lock import LOCK_NAME
-from perencode.recipe import Recipe, identity, read_toml, validate
+from perencode.recipe import Recipe, read_toml, validate
 
 CHECKPOINT_FORMAT = "perencode-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -101,7 +101,7 @@ def read_recipe(run_dir: str | Path, any_kind: bool = False) -> Recipe:
     path = Path(run_dir) / "recipe.toml"
     if not path.is_file():
         raise UserError(f"{run_dir}: not a perencode run directory (no recipe.toml)")
-    return validate(read_toml(path), str(path), any_kind)
+    return validate(read_toml(path), str(path), any_kind, stored=True)
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -311,7 +311,8 @@ class Run:
             raise CorruptCheckpoint(f"{exc}; score an older one with --checkpoint, or run "
                                     f"`perencode train` on the run again: it resumes from the "
                                     f"newest readable checkpoint") from None
-        if identity(state["recipe"]) != recipe.identity():
+        if validate(state["recipe"], str(checkpoint), any_kind=True,
+                    stored=True).identity() != recipe.identity():
             raise UserError(f"{checkpoint}: checkpoint belongs to another recipe than "
                             f"{self.dir / 'recipe.toml'}")
         return Path(checkpoint), state

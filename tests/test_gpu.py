@@ -22,7 +22,8 @@ def test_train_eval_stability_on_cuda(arch, tmp_path):
     sets = tiny_overrides('task.name="dual_frequency"', "task.vocab_size=16",
                           "task.held_out_per_cell=1", f'model.arch="{arch}"',
                           "train.iterations=6", "train.checkpoint_every=3")
-    code, text = run_cli("train", ROOT / "recipes/gru_vocab256.toml", *sets, "--run-dir", run,
+    code, text = run_cli("train", ROOT / "recipes/gru_dualfreq_vocab64.toml", *sets,
+                         "--run-dir", run,
                          "--device", "cuda", "--no-progress")
     assert code == 0, text
     env = json.loads((run / "env.json").read_text())

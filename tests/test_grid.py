@@ -107,3 +107,27 @@ def test_base_chain_overrides_key_by_key(tmp_path):
     assert all(c.recipe.model.hidden_size == 24 and c.recipe.model.embed_size == 8
                for c in grid.cells)
     assert Path(grid.path) == child
+
+
+def test_shared_settings_reach_the_cells_whose_kinds_have_them(tmp_path):
+    """A grid over kinds with different options: the template's and --set's options go to
+    the cells whose kinds have them; an axis value and a --set that no cell has are refused."""
+    path = tmp_path / "grid.toml"
+    path.write_text(TINY + '[grid]\n"model.arch" = ["gru", "s4d"]\n'
+                    '"task.name+task.vocab_size" = [["reverse", 8], ["dual_frequency", 8]]\n')
+    grid = load_grid(path, overrides=["model.d_state=4", "task.held_out_per_cell=1"])
+    seen = {(c.recipe.model.arch, c.recipe.task.name): c.recipe.to_dict() for c in grid.cells}
+    assert len(seen) == 4
+    for (arch, task), data in seen.items():
+        assert ("d_state" in data["model"]) == (arch == "s4d")
+        assert data["model"].get("d_state", 4) == 4
+        assert ("held_out" in data["task"]) == (task == "reverse")  # from the template
+        assert data["task"].get("held_out_per_cell", 1) == 1
+    path.write_text(TINY + '[grid]\n"model.arch" = ["gru", "s4d"]\n')
+    with pytest.raises(UserError, match="--set task.rarity=0.25: no cell of .* has this "
+                                        "option"):
+        load_grid(path, overrides=["task.rarity=0.25"])
+    path.write_text(TINY + '[grid]\n"task.rarity" = [0.25]\n')
+    with pytest.raises(UserError, match="task.rarity: not an option of task.name = 'reverse' "
+                                        "\\(only of 'dual_frequency'\\)"):
+        load_grid(path)

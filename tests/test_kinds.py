@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from types import SimpleNamespace
+from typing import Literal
 
 import pytest
 import torch
@@ -17,8 +18,9 @@ from torch import Tensor, nn
 from perencode import figures, kinds
 from perencode.errors import UserError
 from perencode.models import ModelSizes, SequenceModel, build_model
-from perencode.recipe import Recipe, schema_rows, validate
+from perencode.recipe import ModelConfig, Recipe, schema_rows, validate
 from perencode.stability import jacobians
+from perencode.tasks.base import HeldOutConfig
 from perencode.tasks.reverse import ReverseTask
 
 # -- the study's own kinds: all of it lives in this file ---------------------------------------
@@ -37,16 +39,23 @@ def ramp(num_positions: int, dim: int) -> Tensor:
     return t.expand(num_positions, dim) / math.sqrt(dim)
 
 
+class ElmanConfig(ModelConfig):
+    """The [model] table of the Elman RNN: the common sizes and its own nonlinearity."""
+
+    nonlinearity: Literal["tanh", "relu"] = "tanh"
+
+
 class ElmanModel(SequenceModel):
-    """The shared front end (embedding + encoding) -> single-layer tanh nn.RNN -> head: the
+    """The shared front end (embedding + encoding) -> single-layer nn.RNN -> head: the
     model contract and nothing else."""
 
     arch = "elman"
 
-    def __init__(self, cfg, encoding, sizes: ModelSizes):
+    def __init__(self, cfg: ElmanConfig, encoding, sizes: ModelSizes):
         super().__init__(sizes.num_embeddings, cfg.embed_size, encoding, sizes.max_positions,
                          sizes.padding_idx)
-        self.rnn = nn.RNN(self.in_features, cfg.hidden_size, batch_first=True)
+        self.rnn = nn.RNN(self.in_features, cfg.hidden_size, nonlinearity=cfg.nonlinearity,
+                          batch_first=True)
         self.head = nn.Linear(cfg.hidden_size, sizes.num_classes)
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -57,11 +66,12 @@ class ElmanModel(SequenceModel):
 @pytest.fixture(scope="module")
 def registered():
     """The three registrations a study makes, removed again after this module."""
-    kinds.register_task(kinds.TaskKind("copy", CopyTask, label="Copy",
+    kinds.register_task(kinds.TaskKind("copy", CopyTask, label="Copy", config=HeldOutConfig,
                                        summary="repeat the input in order"))
     kinds.register_encoding(kinds.EncodingKind("ramp", label="Ramp PE",
                                                summary="t / (T - 1)", table=ramp))
-    kinds.register_model(kinds.ModelKind("elman", ElmanModel, label="Elman RNN"))
+    kinds.register_model(kinds.ModelKind("elman", ElmanModel, label="Elman RNN",
+                                         config=ElmanConfig))
     yield
     for kind, name in (("task", "copy"), ("encoding", "ramp"), ("model", "elman")):
         del kinds.registry(kind)[name]
@@ -75,6 +85,7 @@ length = 3
 held_out = 8
 [model]
 arch = "elman"
+nonlinearity = "tanh"
 [encoding]
 kind = "ramp"
 [optim]
@@ -131,6 +142,23 @@ def test_the_new_kinds_are_allowed_values_of_the_recipe(registered):
     assert "'ramp'" in rows["encoding.kind"][0] and "ramp = t / (T - 1)" in \
         rows["encoding.kind"][1]
     assert "'elman'" in rows["model.arch"][0] and "elman = Elman RNN" in rows["model.arch"][1]
+    assert rows["model.nonlinearity"] == ("'tanh' | 'relu'", "(model.arch = elman only)")
+
+
+def test_a_kinds_own_options_live_in_its_config_class(registered):
+    r = validate({"model": {"arch": "elman", "nonlinearity": "relu"}}, "r.toml")
+    assert type(r.model) is ElmanConfig and r.model.nonlinearity == "relu"
+    assert r.to_dict()["model"] == {"arch": "elman", "hidden_size": 512, "embed_size": 512,
+                                    "nonlinearity": "relu"}
+    with pytest.raises(UserError, match="r.toml: model.nonlinearity: not an option of "
+                                        "model.arch = 'gru' \\(only of 'elman'\\)"):
+        validate({"model": {"arch": "gru", "nonlinearity": "relu"}}, "r.toml")
+    with pytest.raises(UserError, match="model.nonlinearity: Input should be 'tanh' or 'relu'"):
+        validate({"model": {"arch": "elman", "nonlinearity": "sigmoid"}}, "r.toml")
+    # A run directory written with the option, read where the study is not imported.
+    kept = validate({"model": {"arch": "nobody", "nonlinearity": "relu"}}, "r.toml",
+                    any_kind=True)
+    assert kept.to_dict()["model"]["nonlinearity"] == "relu"
 
 
 def test_the_registered_builders_are_the_ones_used(registered):

@@ -5,9 +5,11 @@ loading what it runs), `verify` stays light and the CLI starts without torch."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, subprocess_env
 
 PACKAGE = ROOT / "perencode"
@@ -22,6 +24,7 @@ HEAVY = ("torch", "numpy", "pandas", "matplotlib", "seaborn", "submitit", "sente
          "tensorboard")
 
 
+@functools.cache
 def modules() -> dict[str, ast.Module]:
     out = {}
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -138,10 +141,46 @@ def test_models_and_tasks_do_not_know_each_other():
             assert not any(d.startswith("perencode.models") for d in deps), name
 
 
+def module_level_imports(tree: ast.Module) -> set[str]:
+    """What importing a module imports itself: its imports outside function bodies."""
+    found, todo = set(), list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        found.update(imported(node))
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+LIGHT_VERIFY = ("submitit", "rich.live", "perencode.sweep", "matplotlib")
+
+
 def test_verify_does_not_import_the_sweep_machinery():
+    """The package modules `import perencode.verify` loads, and what each of them imports:
+    no sweep machinery and no plotting (read from the sources; the slow twin below imports
+    it in a fresh interpreter)."""
+    trees = modules()
+    seen, todo, reached = set(), ["perencode.verify"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in trees:
+            continue
+        seen.add(name)
+        for target in module_level_imports(trees[name]):
+            reached.add(target)
+            parts = target.split(".")
+            # importing a.b.c runs the __init__ of a and a.b first
+            todo.extend(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    assert "perencode.results" in seen and "pandas" in reached  # the walk follows imports
+    assert sorted(t for t in reached if any(t == m or t.startswith(m + ".")
+                                             for m in LIGHT_VERIFY)) == []
+
+
+@pytest.mark.slow
+def test_verify_imports_no_sweep_machinery_in_a_fresh_interpreter():
     code = ("import sys, perencode.verify; "
-            "print(sorted(m for m in ('submitit', 'rich.live', 'perencode.sweep', "
-            "'matplotlib') if m in sys.modules))")
+            f"print(sorted(m for m in {LIGHT_VERIFY!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=subprocess_env(), check=True).stdout.strip()
     assert out == "[]"

@@ -64,7 +64,7 @@ def prepared(corpus, tmp_path_factory) -> Path:
 
 
 def task_config(out: Path, **changes) -> TaskConfig:
-    return TaskConfig(name="lm", vocab_size=VOCAB, length=MAX_TOKENS, data=str(out), **changes)
+    return TaskConfig.of(name="lm", vocab_size=VOCAB, length=MAX_TOKENS, data=str(out), **changes)
 
 
 def test_prepare_cleans_truncates_and_counts(corpus, prepared):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, tiny_model
 
 from perencode import kinds
 from perencode.models import ModelSizes, SequenceModel, build_model
@@ -18,7 +18,7 @@ ENCODINGS = ["none", "sinusoidal", "random", "learnable", "duplicate"]
 
 
 def model_of(arch: str, encoding: str, mode: str = "concat") -> SequenceModel:
-    recipe = Recipe.model_validate({"model": {**TINY_MODEL, "arch": arch},
+    recipe = Recipe.model_validate({"model": tiny_model(arch),
                                     "encoding": {"kind": encoding, "mode": mode}})
     torch.manual_seed(0)
     return build_model(recipe, SimpleTask())

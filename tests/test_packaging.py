@@ -1,5 +1,6 @@
 """The installed package, as the container and a plain `pip install` have it: a wheel, no
-checkout. What `verify` and `quickstart` need must be inside it."""
+checkout. What `verify` and `quickstart` need must be inside it. Building the wheel takes
+seconds: these run with the slow tests (`make test`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import zipfile
 
 import pytest
 from conftest import ROOT
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,8 @@ def recipe(arch="gru", task="reverse", kind="sinusoidal", mode="concat", **train
     if task != "dual_frequency":
         t["held_out"] = 8
     return validate({"task": t, "encoding": {"kind": kind, "mode": mode},
-                     "model": {"arch": arch, "hidden_size": 12, "embed_size": 8, "d_state": 6},
+                     "model": {"arch": arch, "hidden_size": 12, "embed_size": 8,
+                               **({"d_state": 6} if arch == "s4d" else {})},
                      "train": train_cfg}, "test")
 
 
@@ -67,7 +68,8 @@ def saved_bytes(r) -> int:
 @pytest.mark.parametrize("task", ["reverse", "predecessor"])
 def test_activation_estimate_is_near_what_autograd_keeps(arch, task):
     r = validate({"task": {"name": task, "vocab_size": 64, "length": 32, "held_out": 8},
-                  "model": {"arch": arch, "hidden_size": 128, "embed_size": 64, "d_state": 16},
+                  "model": {"arch": arch, "hidden_size": 128, "embed_size": 64,
+                            **({"d_state": 16} if arch == "s4d" else {})},
                   "train": {"batch_size": 32, "eval_batch_size": 8}}, "test")
     ratio = preflight.estimate(r, train.CHUNK_LOGITS).activation_bytes / saved_bytes(r)
     assert 0.75 < ratio < 2.0, ratio

@@ -116,9 +116,15 @@ def test_every_field_is_documented():
 def test_schema_lists_every_field_and_the_registered_kinds():
     rows = {key: (kind, description) for key, kind, _, description in schema_rows()}
     for section in ("task", "model", "encoding", "optim", "train"):
-        fields = Recipe.model_fields[section].annotation.model_fields
+        base = Recipe.model_fields[section].annotation
+        kinds_own = base.options() if section in ("task", "model", "encoding") else {}
         assert {k for k in rows if k.startswith(section + ".")} == {
-            f"{section}.{name}" for name in fields}
+            f"{section}.{name}" for name in [*base.model_fields, *kinds_own]}
+    # A kind's own option says whose it is.
+    assert rows["task.rarity"][1].startswith("(task.name = dual_frequency only) Probability")
+    assert rows["model.d_state"][1].startswith("(model.arch = s4d only) S4D state size")
+    assert rows["task.held_out"][1].startswith(
+        "(task.name = reverse, variable_length, predecessor, reverse_add, sort only) Distinct")
     assert rows["model.arch"][0] == "'gru' | 'lstm' | 's4d'"
     assert rows["encoding.kind"][0] == \
         "'none' | 'sinusoidal' | 'random' | 'learnable' | 'duplicate'"

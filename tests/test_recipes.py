@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ROOT, TINY, assert_scores_consistent
+from conftest import ROOT, TINY, assert_scores_consistent, fitting
 from typer.testing import CliRunner
 
 from perencode.cli import app
@@ -18,8 +18,7 @@ PE_VARIANTS = ("_random_pe", "_learnable_pe", "_double_vanilla")
 
 # Tiny sizes: the recipe's task, model kind and encoding are kept, its width and vocabulary
 # shrunk so each run takes well under a second on one CPU core.
-TINY_RUN = [*TINY, "train.iterations=5", "train.checkpoint_every=5", "task.vocab_size=16",
-            "task.held_out=4", "task.held_out_per_cell=1"]
+TINY_RUN = [*TINY, "train.iterations=5", "train.checkpoint_every=5", "task.vocab_size=16"]
 
 
 def metrics_of(recipe) -> set[str]:
@@ -49,7 +48,10 @@ def test_recipe_has_paper_settings(path):
     if r.task.name == "lm":  # its own naming and settings: tests/test_lm.py
         return
     assert r.task.length == (16 if r.task.name in ("reverse_add", "predecessor") else 64)
-    assert r.task.held_out == 1024 and r.task.held_out_per_cell == 16
+    if r.task.name == "dual_frequency":
+        assert (r.task.held_out_per_cell, r.task.rarity) == (16, 0.125)
+    else:
+        assert r.task.held_out == 1024
     if r.model.arch == "s4d":
         assert r.model.d_state == 64
     if path.stem.endswith("_vanilla") and not path.stem.endswith("_double_vanilla"):
@@ -71,7 +73,9 @@ SYNTHETIC = [p for p in RECIPES if load_recipe(p).task.name != "lm"]
 def test_recipe_trains_and_evaluates(path, tmp_path):
     r = load_recipe(path)
     run_dir = tmp_path / path.stem
-    options = [arg for item in TINY_RUN for arg in ("--set", item)]
+    own = ["task.held_out=4"] if "held_out" in type(r.task).model_fields else \
+        ["task.held_out_per_cell=1"] if r.task.name == "dual_frequency" else []
+    options = [arg for item in fitting([*TINY_RUN, *own], path) for arg in ("--set", item)]
     runner = CliRunner()
     trained = runner.invoke(app, ["train", str(path), *options, "--out", str(run_dir),
                                   "--device", "cpu", "--no-progress"])

@@ -4,6 +4,7 @@ finish, load) on a hand-made model, with the answers known beforehand."""
 import json
 
 import pytest
+import tomli_w
 import torch
 from torch import nn
 
@@ -196,3 +197,25 @@ def test_each_stream_is_seeded_with_its_own_offset():
     assert len({0, runs.TRAINING_SEED_OFFSET, runs.STABILITY_SEED_OFFSET}) == 3
     generator = training_generator(_recipe(seed=5), torch.device("cpu"))
     assert generator.initial_seed() == 5 + runs.TRAINING_SEED_OFFSET
+
+
+def test_a_run_written_with_every_kinds_options_is_the_same_run(tmp_path):
+    """Before each kind had its own config class, recipe.toml and the checkpoints carried
+    every kind's options (a reverse GRU's rarity, held_out_per_cell and d_state). Such a run
+    still claims, loads and resumes as the recipe without them; other options do not."""
+    run = Run(tmp_path / "run")
+    recipe = _recipe()
+    run.claim(recipe)
+    path = run.save(30, *_state())
+    old = recipe.to_dict()
+    old["task"].update(rarity=0.125, held_out_per_cell=16)
+    old["model"]["d_state"] = 64
+    (run.dir / "recipe.toml").write_text(tomli_w.dumps(old))
+    torch.save({**runs.load_checkpoint(path), "recipe": old}, path)
+    assert runs.read_recipe(run.dir).to_dict() == recipe.to_dict()
+    assert Run(run.dir).claim(_recipe()) is True
+    assert Run(run.dir).load()[1]["recipe"] == old
+    assert Run(run.dir).resume(*_state(seed=1)) == 30
+    # A user's recipe with another kind's option is a mistake, not a migration.
+    with pytest.raises(UserError, match="task.rarity: not an option of task.name = 'reverse'"):
+        validate(old, "mine.toml")

@@ -22,7 +22,7 @@ from perencode.tasks.sort import SortTask
 
 
 def task(seed: int = 0, **cfg):
-    return make(TaskConfig(**cfg), seed)
+    return make(TaskConfig.of(**cfg), seed)
 
 
 def gen(seed: int = 1) -> torch.Generator:
@@ -37,16 +37,17 @@ def perfect(batch):
 
 # -- dispatch ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("cfg, cls", [
-    (dict(name="reverse"), ReverseTask),
-    (dict(name="variable_length", min_length=4, length=8), VariableLengthReverseTask),
+    (dict(name="reverse", held_out=4), ReverseTask),
+    (dict(name="variable_length", min_length=4, length=8, held_out=4),
+     VariableLengthReverseTask),
     (dict(name="dual_frequency", vocab_size=8, length=8, held_out_per_cell=1),
      DualFrequencyTask),
-    (dict(name="sort"), SortTask),
-    (dict(name="reverse_add", length=4), ReverseAddTask),
-    (dict(name="predecessor", length=4), PredecessorTask),
+    (dict(name="sort", held_out=4), SortTask),
+    (dict(name="reverse_add", length=4, held_out=4), ReverseAddTask),
+    (dict(name="predecessor", length=4, held_out=4), PredecessorTask),
 ])
 def test_make_dispatches(cfg, cls):
-    assert type(task(**{"vocab_size": 16, "held_out": 4} | cfg)) is cls
+    assert type(task(**{"vocab_size": 16} | cfg)) is cls
 
 
 # -- known answers ----------------------------------------------------------------------------
@@ -334,8 +335,10 @@ def test_the_package_registers_its_seven_tasks():
 
 # -- validation -------------------------------------------------------------------------------
 @pytest.mark.parametrize("task_cfg, where, words", [
-    (dict(rarity=0.0), "task.rarity", "greater than 0"),
-    (dict(rarity=1.0), "task.rarity", "less than 1"),
+    (dict(name="dual_frequency", rarity=0.0), "task.rarity", "greater than 0"),
+    (dict(name="dual_frequency", rarity=1.0), "task.rarity", "less than 1"),
+    (dict(rarity=0.25), "task.rarity",
+     "not an option of task.name = 'reverse' (only of 'dual_frequency')"),
     (dict(name="dual_frequency", vocab_size=63), "task.vocab_size", "even K"),
     (dict(name="dual_frequency", length=1, vocab_size=8), "task.length", "L >= 2"),
     (dict(name="dual_frequency", vocab_size=4, length=2, held_out_per_cell=3),
@@ -371,19 +374,19 @@ def test_validation_errors_are_one_line(task_cfg, where, words):
     (dict(name="predecessor", vocab_size=5, length=3), 5 * 4 * 3 * 2),  # x and query
 ])
 def test_distinct_sequences(cfg, distinct):
-    assert TaskConfig(held_out=1, **cfg).distinct_sequences() == distinct
+    assert TaskConfig.of(held_out=1, **cfg).distinct_sequences() == distinct
 
 
 def test_paper_sized_configs_validate():
-    TaskConfig(name="variable_length", vocab_size=16384, length=64, min_length=32)
-    TaskConfig(name="dual_frequency", vocab_size=64, length=64)
-    TaskConfig(name="predecessor", vocab_size=1024, length=16)
-    TaskConfig(name="reverse_add", vocab_size=1088, length=16)
+    TaskConfig.of(name="variable_length", vocab_size=16384, length=64, min_length=32)
+    TaskConfig.of(name="dual_frequency", vocab_size=64, length=64)
+    TaskConfig.of(name="predecessor", vocab_size=1024, length=16)
+    TaskConfig.of(name="reverse_add", vocab_size=1088, length=16)
 
 
 # -- reverse, held-out exclusion (formerly test_reverse.py) -----------------------------------
 def test_held_out_is_distinct_and_seeded():
-    cfg = TaskConfig(vocab_size=3, length=3, held_out=20)
+    cfg = TaskConfig.of(vocab_size=3, length=3, held_out=20)
     a, b = make(cfg, seed=7), make(cfg, seed=7)
     assert a.held_out.shape == (20, 3) and a.held_out.dtype == torch.long
     assert torch.equal(a.held_out, b.held_out)
@@ -393,7 +396,7 @@ def test_held_out_is_distinct_and_seeded():
 
 def test_training_never_draws_held_out_where_collisions_are_certain():
     # K = 2, L = 8: 256 distinct sequences, 64 held out, so a quarter of raw draws hit.
-    task = make(TaskConfig(vocab_size=2, length=8, held_out=64), seed=1)
+    task = make(TaskConfig.of(vocab_size=2, length=8, held_out=64), seed=1)
     gen = torch.Generator().manual_seed(0)
     raw = task.draw(4096, torch.Generator().manual_seed(0))
     exclusion = Exclusion(task.held_out)

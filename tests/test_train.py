@@ -16,6 +16,7 @@ from conftest import (
     TINY_MODEL,
     assert_scores_consistent,
     subprocess_env,
+    tiny_model,
     tiny_overrides,
 )
 
@@ -50,11 +51,12 @@ def test_cosine_schedule_reaches_zero_at_last_iteration():
     assert all(a >= b for a, b in zip(values, values[1:]))
 
 
-def _train_args(out: Path, iterations: int = 30, every: int = 10) -> list[str]:
-    return ["train", str(RECIPE), "--run-dir", str(out), "--device", "cpu", "--no-progress",
+def _train_args(out: Path, iterations: int = 30, every: int = 10,
+                recipe: Path = RECIPE) -> list[str]:
+    return ["train", str(recipe), "--run-dir", str(out), "--device", "cpu", "--no-progress",
             *tiny_overrides(f"train.iterations={iterations}",
                             f"train.checkpoint_every={every}", "task.vocab_size=8",
-                            "task.length=6", "optim.warmup=5")]
+                            "task.length=6", "optim.warmup=5", recipe=recipe)]
 
 
 def _final_model(run_dir: Path) -> dict:
@@ -81,6 +83,9 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
+RECIPES = {"reverse": RECIPE, "dual_frequency": ROOT / "recipes" / "gru_dualfreq_vocab64.toml"}
+
+
 @pytest.mark.parametrize("task, keep, kept", [
     ("reverse", None, [28]), ("reverse", 2, [24, 28]),
     ("reverse", "all", [4, 8, 12, 16, 20, 24, 28]),
@@ -89,8 +94,7 @@ def test_checkpoint_retention_keeps_exactly_the_newest(cli, tmp_path, task, keep
     """Unset: every checkpoint of a dual-frequency run (the stability analysis reads them all),
     the last one otherwise; an explicit count keeps the newest N (28 = the final step)."""
     out = tmp_path / "run"
-    args = _train_args(out, iterations=28, every=4)
-    args += ["--set", f"task.name={task!r}".replace("'", '"')]
+    args = _train_args(out, iterations=28, every=4, recipe=RECIPES[task])
     if keep is not None:
         args += ["--set", f"train.keep_checkpoints={keep!r}".replace("'", '"')]
     code, text = cli(*args)
@@ -309,7 +313,7 @@ def test_padding_row_of_a_task_is_zero_and_frozen(arch):
     class PaddedTask:
         num_embeddings, num_classes, max_steps, pad_id = 6, 5, 4, 5
 
-    recipe = Recipe.model_validate({"model": {**TINY_MODEL, "arch": arch}})
+    recipe = Recipe.model_validate({"model": tiny_model(arch)})
     model = build_model(recipe, PaddedTask())
     assert model.embedding.weight[5].abs().sum() == 0
     model(torch.tensor([[5, 1, 5, 2]])).sum().backward()
@@ -332,6 +336,7 @@ def _steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in runs.read_metrics(run_dir)]
 
 
+@pytest.mark.slow
 def test_a_second_train_or_eval_of_a_running_run_exits_2(cli, tmp_path):
     out = tmp_path / "run"
     first = _spawn(_train_args(out, 100_000, 50_000))

@@ -89,7 +89,16 @@ def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: ModelSizes) -> Recu
 # saved_per_step (perencode.preflight): a GRU keeps its input and hidden gate
 # pre-activations (3H + 3H), the reset and update gates and the output; an LSTM its four
 # gates from input and state, their activations, the cell state and its tanh.
+def flops_per_step(cfg: ModelConfig, inputs: int, steps: int) -> float:
+    """Multiply-adds per sample and step: each gate maps the input and the state."""
+    H = cfg.hidden_size
+    return GATES[cfg.arch] * (inputs * H + H * H)
+
+
+GATES = {"gru": 3, "lstm": 4}
 register_model(ModelKind("gru", build, label="GRU", summary="single-layer nn.GRU",
-                         jacobians=rnn_jacobians, saved_per_step=10))
+                         flops_per_step=flops_per_step, jacobians=rnn_jacobians,
+                         saved_per_step=10))
 register_model(ModelKind("lstm", build, label="LSTM", summary="single-layer nn.LSTM",
-                         jacobians=rnn_jacobians, saved_per_step=15))
+                         flops_per_step=flops_per_step, jacobians=rnn_jacobians,
+                         saved_per_step=15))

@@ -14,6 +14,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 from torch.func import jacrev, vmap
 
@@ -161,20 +162,37 @@ def s4d_jacobians(model, tokens: Tensor, target_step: int,
     return vmap(jac)(u[:, -1], torch.view_as_real(w), z_real)
 
 
-def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: ModelSizes) -> S4DModel:
+def build(cfg: S4DConfig, encoding: EncodingConfig, sizes: ModelSizes) -> S4DModel:
     """The S4D model of a recipe's [model] and [encoding] tables, sized by the task."""
     return S4DModel(sizes.num_embeddings, sizes.num_classes, cfg.embed_size, cfg.hidden_size,
                     cfg.d_state, encoding, sizes.max_positions, sizes.padding_idx)
 
 
-def _check(cfg: ModelConfig) -> None:
-    if cfg.d_state % 2:
-        raise ValueError(f"field 'd_state': must be even, got {cfg.d_state}")
+class S4DConfig(ModelConfig):
+    """[model] of s4d: the state size beside the common sizes."""
+
+    d_state: int = Field(
+        64, ge=2, le=4096,
+        description="S4D state size N (N/2 complex conjugate-pair modes per channel).",
+    )
+
+    @model_validator(mode="after")
+    def _even_state(self) -> S4DConfig:
+        if self.d_state % 2:
+            raise ValueError(f"field 'd_state': must be even, got {self.d_state}")
+        return self
+
+
+def flops_per_step(cfg: S4DConfig, inputs: int, steps: int) -> float:
+    """Multiply-adds per sample and step: the input map, the kernel (H x N), the FFT
+    convolution over 2T points and the output GLU map."""
+    H = cfg.hidden_size
+    return inputs * H + H * cfg.d_state + 2 * H * H + 5 * H * math.log2(2 * steps)
 
 
 register_model(ModelKind(
     "s4d", build, label="S4D", summary="one S4D layer (state size model.d_state)",
-    options=("d_state",), check=_check, jacobians=s4d_jacobians,
+    config=S4DConfig, flops_per_step=flops_per_step, jacobians=s4d_jacobians,
     # Stability pairs share 22 steps before the target at t = 23 (Fig. 5 caption;
     # docs/paper-facts.md#s4d-stability).
     stability_prefix=22,

@@ -10,24 +10,24 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import platform
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from rich.table import Table
 
+from perencode import kinds
 from perencode.bench import bench
 from perencode.console import console
 from perencode.device import available_cores, resolve_device
-from perencode.encoding import PositionalEncoding
 from perencode.errors import UserError
 from perencode.io import atomic_write_json
-from perencode.models import build_model
+from perencode.models import ModelSizes
+from perencode.preflight import cell_inputs, parameter_count
 from perencode.recipe import Recipe
 from perencode.sweep.plan import FINISHED, Run, RunState
+from perencode.tasks import shapes
 
 # Training fields that do not change what one iteration costs.
 COSTLESS_TRAIN_FIELDS = {"seed", "iterations", "checkpoint_every", "log_every", "eval_batch_size",
@@ -45,26 +45,6 @@ def shape_key(recipe: Recipe) -> str:
     return json.dumps(data, sort_keys=True)
 
 
-def _sizes(recipe: Recipe) -> SimpleNamespace:
-    """The model-facing sizes of the recipe's task, without drawing data: K classes, K + 1
-    embedding rows (the command token) or V rows with padding for `lm`, T steps a sequence
-    (inputs then outputs) and O scored outputs."""
-    t = recipe.task
-    if t.name == "lm":
-        return SimpleNamespace(num_embeddings=t.vocab_size, num_classes=t.vocab_size - 1,
-                               max_steps=t.length, pad_id=t.vocab_size - 1, outputs=t.length)
-    steps = 2 * t.length + (t.length if t.name == "reverse_add" else 0)
-    return SimpleNamespace(num_embeddings=t.vocab_size + 1, num_classes=t.vocab_size,
-                           max_steps=steps, pad_id=None, outputs=t.length)
-
-
-def parameter_count(recipe: Recipe) -> int:
-    """Trainable parameters of the recipe's model, built on the meta device (no memory)."""
-    with torch.device("meta"):
-        model = build_model(recipe, _sizes(recipe))
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
 def checkpoint_bytes(recipe: Recipe) -> int:
     return 12 * parameter_count(recipe) + CHECKPOINT_OVERHEAD
 
@@ -79,17 +59,26 @@ def checkpoints_on_disk(recipe: Recipe) -> int:
 
 def flops_per_iteration(recipe: Recipe) -> float:
     """Multiply-adds x 2 of one training iteration, forward and backward (x 3): the
-    recurrence over T steps, the input projection and the head at the scored outputs."""
-    s, m = _sizes(recipe), recipe.model
-    B, T, H, K = recipe.train.batch_size, s.max_steps, m.hidden_size, s.num_classes
-    with torch.device("meta"):
-        D = PositionalEncoding(recipe.encoding, m.embed_size, T).out_features
-    if m.arch == "s4d":  # input map, FFT convolution, output GLU map
-        per_step = D * H + H * m.d_state + 2 * H * H + 5 * H * math.log2(2 * T)
-    else:
-        gates = 3 if m.arch == "gru" else 4
-        per_step = gates * (D * H + H * H)
+    sequence layer over T steps (its registration's `flops_per_step`, else one multiply-add
+    per parameter of that layer) and the head at the scored outputs."""
+    s, m = shapes(recipe.task), recipe.model
+    B, T, H, K = recipe.train.batch_size, s.steps, m.hidden_size, s.num_classes
+    per_step = kinds.get("model", m.arch).flops_per_step
+    per_step = per_step(m, cell_inputs(recipe), T) if per_step is not None else \
+        layer_parameters(recipe)
     return 3 * 2 * B * (T * per_step + s.outputs * H * K)
+
+
+def layer_parameters(recipe: Recipe) -> int:
+    """Parameters of the model outside its embedding, encoding and head (SequenceModel)."""
+    s = shapes(recipe.task)
+    with torch.device("meta"):
+        model = kinds.get("model", recipe.model.arch).build(
+            recipe.model, recipe.encoding, ModelSizes(s.num_embeddings, s.num_classes, s.steps,
+                                                      s.pad_id))
+    front = {id(p) for part in (model.embedding, model.encoding, model.head)
+             for p in part.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in front)
 
 
 def _device(device: str, jobs: int) -> tuple[torch.device, int, str]:

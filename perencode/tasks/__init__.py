@@ -2,8 +2,9 @@
 
 Every task object has `.held_out` (drawn from the seed before training), `.sample(batch_size,
 generator)` -> Batch (on the generator's device, never a held-out row), `.evaluate`, plus
-`num_embeddings`, `num_classes`, `max_steps` and `pad_id` (None, or the embedding row that
-is padding) for the model. Each task module registers its task (perencode.kinds); a task
+`num_embeddings`, `num_classes`, `max_steps`, `max_outputs` (the longest input and the most
+scored outputs of a sequence) and `pad_id` (None, or the embedding row that is padding) for
+the model. Each task module registers its task (perencode.kinds); a task
 defined elsewhere registers the same way and `make` builds it.
 """
 
@@ -14,9 +15,9 @@ import torch
 from perencode import kinds
 from perencode.recipe import TaskConfig
 from perencode.tasks import dual_frequency, lm, predecessor, reverse, reverse_add, sort
-from perencode.tasks.base import Batch, SyntheticTask
+from perencode.tasks.base import Batch, Shapes, SyntheticTask
 
-__all__ = ["MODULES", "TASKS", "Batch", "SyntheticTask", "make"]
+__all__ = ["MODULES", "TASKS", "Batch", "Shapes", "SyntheticTask", "make", "shapes"]
 
 # Imported for their registrations; TASKS is the registry they fill.
 MODULES = (reverse, sort, reverse_add, predecessor, dual_frequency, lm)
@@ -26,3 +27,23 @@ TASKS = kinds.TASKS
 def make(task_cfg: TaskConfig, seed: int, device: torch.device | str = "cpu"):
     """Build the task of a recipe's `[task]` section; held-out set fixed by `seed`."""
     return kinds.get("task", task_cfg.name).make(task_cfg, seed, device)
+
+
+_MEASURED: dict[str, Shapes] = {}
+
+
+def shapes(task_cfg: TaskConfig) -> Shapes:
+    """What the task of `task_cfg` feeds a model, for estimates made before a run: its
+    registration's `shapes` where it has one (the language model's, which reads no data);
+    otherwise the task is built once on the CPU (seed 0) and its sizes read, so no formula
+    can drift from the task it describes."""
+    kind = kinds.get("task", task_cfg.name)
+    if kind.shapes is not None:
+        return kind.shapes(task_cfg)
+    key = task_cfg.model_dump_json()
+    if key not in _MEASURED:
+        task = make(task_cfg, 0)
+        _MEASURED[key] = Shapes(
+            task.num_embeddings, task.num_classes, task.max_steps,
+            getattr(task, "max_outputs", task.max_steps), task.pad_id, len(task.held_out))
+    return _MEASURED[key]

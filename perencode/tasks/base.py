@@ -12,13 +12,60 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from perencode.errors import UserError
 from perencode.metrics import sequence_scores
+from perencode.recipe import TaskConfig
 
 # Odd 64-bit multiplier of the polynomial hash (wrapping int64 arithmetic).
 _HASH_BASE = 0x100000001B3
+
+
+class HeldOutConfig(TaskConfig):
+    """[task] of a task that draws `held_out` distinct test rows before training: reverse,
+    sort, reverse_add, predecessor and variable_length (whose rows are per length)."""
+
+    held_out: int = Field(
+        1024, ge=1,
+        description="Distinct held-out test sequences drawn before training and never "
+        "trained on (per length for variable_length).",
+    )
+
+    def distinct_sequences(self) -> int:
+        """K^L: the distinct rows of L free tokens (a task whose rows differ says so)."""
+        return self.vocab_size ** self.length
+
+    def check(self) -> None:
+        """The task's own rules, checked before its held-out count: raise
+        ValueError("field 'x': why") on a mistake."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HeldOutConfig:
+        """The task's rules, then: the held-out rows must leave some to train on."""
+        self.check()
+        distinct = self.distinct_sequences()
+        if self.held_out >= distinct:
+            raise ValueError(
+                f"field 'held_out': {self.held_out} held-out sequences leave nothing to "
+                f"train on: only {distinct} distinct sequences exist (must be < {distinct})")
+        return self
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What a task feeds a model, known from its config alone (memory and cost estimates):
+    embedding rows, head classes, the longest input T (the encoding's positions), the
+    scored outputs of a sequence, the embedding row that is padding (None: none) and the
+    held-out rows an evaluation batches (None: as many as an evaluation batch holds)."""
+
+    num_embeddings: int
+    num_classes: int
+    steps: int
+    outputs: int
+    pad_id: int | None = None
+    held_out_rows: int | None = None
 
 
 @dataclass
@@ -145,6 +192,11 @@ class SyntheticTask:
     def max_steps(self) -> int:
         """Longest model input T (sizes the learnable/random encodings)."""
         return 2 * self.L
+
+    @property
+    def max_outputs(self) -> int:
+        """Most scored outputs of a sequence (the head runs on these only)."""
+        return self.L
 
     def draw(self, n: int, generator: torch.Generator) -> Tensor:
         raise NotImplementedError

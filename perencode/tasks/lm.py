@@ -19,12 +19,13 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from perencode.kinds import TaskKind, register_task
 from perencode.lm.data import Split, load
 from perencode.recipe import TaskConfig
-from perencode.tasks.base import Batch
+from perencode.tasks.base import Batch, Shapes
 
 
 def model_ids(vocab_size: int) -> np.ndarray:
@@ -128,12 +129,27 @@ class LanguageModelTask:
         return result
 
 
-def _check(cfg) -> None:
-    if cfg.data is None:
-        raise ValueError("field 'data': task.name = 'lm' needs task.data (a folder made by "
-                         "`perencode lm-prepare`)")
+class LanguageModelConfig(TaskConfig):
+    """[task] of lm: the prepared data; its test sets are the corpus's valid and test."""
+
+    data: str | None = Field(
+        None, description="Prepared data folder (made by `perencode lm-prepare`).")
+
+    @model_validator(mode="after")
+    def _has_data(self) -> LanguageModelConfig:
+        if self.data is None:
+            raise ValueError("field 'data': task.name = 'lm' needs task.data (a folder made "
+                             "by `perencode lm-prepare`)")
+        return self
+
+
+def shapes(cfg: LanguageModelConfig) -> Shapes:
+    """LanguageModelTask's sizes without reading the data (which a dry run may not have)."""
+    V = cfg.vocab_size
+    return Shapes(num_embeddings=V, num_classes=V - 1, steps=cfg.length, outputs=cfg.length,
+                  pad_id=V - 1)
 
 
 register_task(TaskKind("lm", LanguageModelTask, label="Language model",
                        summary="WikiText-103 language modelling (Table 1, Fig. 15)",
-                       check=_check, distinct=None))
+                       config=LanguageModelConfig, shapes=shapes))

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from perencode.kinds import TaskKind, register_task
-from perencode.tasks.base import Batch, SyntheticTask
+from perencode.tasks.base import Batch, HeldOutConfig, SyntheticTask
 
 
 class PredecessorTask(SyntheticTask):
@@ -27,6 +27,10 @@ class PredecessorTask(SyntheticTask):
     @property
     def max_steps(self) -> int:
         return self.L + 1
+
+    @property
+    def max_outputs(self) -> int:
+        return 1
 
     def draw(self, n: int, generator: torch.Generator) -> Tensor:
         # The indices of the L largest of K i.i.d. keys are L distinct tokens in uniformly
@@ -54,16 +58,18 @@ class PredecessorTask(SyntheticTask):
         return {"accuracy": accuracy, "token_accuracy": accuracy, "n_sequences": len(hits)}
 
 
-def _check(cfg) -> None:
-    if cfg.vocab_size < cfg.length:
-        raise ValueError(f"field 'vocab_size': predecessor query needs K >= L distinct "
-                         f"tokens (K = {cfg.vocab_size}, L = {cfg.length})")
-    if cfg.length < 2:
-        raise ValueError("field 'length': predecessor query needs L >= 2")
+class PredecessorConfig(HeldOutConfig):
+    def distinct_sequences(self) -> int:
+        """Held-out rows are (sequence, query) pairs: K!/(K-L)! sequences x L-1 queries."""
+        return math.perm(self.vocab_size, self.length) * (self.length - 1)
+
+    def check(self) -> None:
+        if self.vocab_size < self.length:
+            raise ValueError(f"field 'vocab_size': predecessor query needs K >= L distinct "
+                             f"tokens (K = {self.vocab_size}, L = {self.length})")
+        if self.length < 2:
+            raise ValueError("field 'length': predecessor query needs L >= 2")
 
 
-register_task(TaskKind(
-    "predecessor", PredecessorTask, label="Predecessor query",
-    summary="predecessor query (Fig. 10)", check=_check,
-    # held-out rows are (sequence, query) pairs
-    distinct=lambda cfg: math.perm(cfg.vocab_size, cfg.length) * (cfg.length - 1)))
+register_task(TaskKind("predecessor", PredecessorTask, label="Predecessor query",
+                       summary="predecessor query (Fig. 10)", config=PredecessorConfig))

@@ -9,11 +9,12 @@ Appendix B (Fig. 11, 14); the dual-frequency version is in `dual_frequency.py`.
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from perencode.kinds import TaskKind, register_task
 from perencode.metrics import row_scores, summarise
-from perencode.tasks.base import Batch, SyntheticTask, redraw_duplicates
+from perencode.tasks.base import Batch, HeldOutConfig, SyntheticTask, redraw_duplicates
 
 
 class ReverseTask(SyntheticTask):
@@ -94,18 +95,31 @@ class VariableLengthReverseTask(ReverseTask):
         return summarise(rows) | {"by_length": by_length}
 
 
-def _check_variable_length(cfg) -> None:
-    if cfg.min_length is None:
-        raise ValueError("field 'min_length': task.name = 'variable_length' needs "
-                         "task.min_length (the paper: 32 with length 64)")
-    if cfg.min_length > cfg.length:
-        raise ValueError(f"field 'min_length': {cfg.min_length} > task.length = {cfg.length}")
+class VariableLengthConfig(HeldOutConfig):
+    """[task] of variable_length: `held_out` rows per length min_length..length."""
+
+    min_length: int | None = Field(
+        None, ge=1,
+        description="The shortest input length (lengths uniform in min_length..length, "
+        "docs/paper-facts.md#variable-length-task).",
+    )
+
+    def distinct_sequences(self) -> int:
+        """K^l of the shortest length l: each length draws its own `held_out` rows."""
+        return self.vocab_size ** (self.min_length or self.length)
+
+    def check(self) -> None:
+        if self.min_length is None:
+            raise ValueError("field 'min_length': task.name = 'variable_length' needs "
+                             "task.min_length (the paper: 32 with length 64)")
+        if self.min_length > self.length:
+            raise ValueError(f"field 'min_length': {self.min_length} > task.length = "
+                             f"{self.length}")
 
 
 register_task(TaskKind("reverse", ReverseTask, label="Reverse",
-                       summary="reverse ordering (Fig. 2)"))
+                       summary="reverse ordering (Fig. 2)", config=HeldOutConfig))
 register_task(TaskKind(
     "variable_length", VariableLengthReverseTask, label="Variable-length reverse",
-    summary="reverse with lengths min_length..length (Fig. 11, 14)", options=("min_length",),
-    check=_check_variable_length,
-    distinct=lambda cfg: cfg.vocab_size ** (cfg.min_length or cfg.length)))
+    summary="reverse with lengths min_length..length (Fig. 11, 14)",
+    config=VariableLengthConfig))

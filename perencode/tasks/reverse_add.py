@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from perencode.kinds import TaskKind, register_task
-from perencode.tasks.base import Batch, SyntheticTask
+from perencode.tasks.base import Batch, HeldOutConfig, SyntheticTask
 
 
 class ReverseAddTask(SyntheticTask):
@@ -28,6 +28,12 @@ class ReverseAddTask(SyntheticTask):
         return Batch(sequences=rows, inputs=rows, targets=targets, output_targets=targets)
 
 
+class ReverseAddConfig(HeldOutConfig):
+    def distinct_sequences(self) -> int:
+        """K^(2L): a row is x and y, 2L free tokens."""
+        return self.vocab_size ** (2 * self.length)
+
+
 register_task(TaskKind("reverse_add", ReverseAddTask, label="Reverse + delayed addition",
                        summary="reverse ordering + delayed addition (Fig. 7)",
-                       distinct=lambda cfg: cfg.vocab_size ** (2 * cfg.length)))
+                       config=ReverseAddConfig))

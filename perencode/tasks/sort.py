@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from perencode.kinds import TaskKind, register_task
+from perencode.tasks.base import HeldOutConfig
 from perencode.tasks.reverse import ReverseTask
 
 
@@ -19,4 +20,5 @@ class SortTask(ReverseTask):
         return rows.sort(dim=1).values  # [B, L], stable for ties
 
 
-register_task(TaskKind("sort", SortTask, label="Sort", summary="sorting (Fig. 8, 12)"))
+register_task(TaskKind("sort", SortTask, label="Sort", summary="sorting (Fig. 8, 12)",
+                       config=HeldOutConfig))
