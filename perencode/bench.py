@@ -97,7 +97,8 @@ def bare_loop(recipe: Recipe, device: torch.device):
     """The reference: a hand-written step of the same shapes with nothing but PyTorch.
 
     randint batch + command tokens -> embedding -> concat sinusoidal PE -> nn.GRU/LSTM ->
-    head on the output half -> CE -> backward -> clip -> Adam. Reverse-task shapes.
+    head on the output half -> CE -> backward -> clip -> Adam. Reverse-task shapes. The step
+    returns its loss, unsynchronised.
     """
     K, L, B = recipe.task.vocab_size, recipe.task.length, recipe.train.batch_size
     E, H = recipe.model.embed_size, recipe.model.hidden_size
@@ -124,5 +125,6 @@ def bare_loop(recipe: Recipe, device: torch.device):
         loss.backward()
         nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        return loss.detach()  # not synchronised, as train_step's
 
     return step
