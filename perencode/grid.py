@@ -251,6 +251,7 @@ def load_grid(path: str | Path, overrides: list[str] | None = None,
                                 "with --only")
         data = apply_overrides(data, overrides)
     names = short_names(values)
+    set_keys = [item.partition("=")[0].strip() for item in overrides or []]
     cells, applied = [], set()
     for combo in itertools.product(*(rows for _, rows in groups)):
         coords = {key: value for (keys, _), row in zip(groups, combo)
@@ -266,18 +267,14 @@ def load_grid(path: str | Path, overrides: list[str] | None = None,
         for key in dropped:
             section, _, option = key.partition(".")
             del cell_data[section][option]
-        applied.update(set(_set_keys(overrides)) - set(dropped))
+        applied.update(key for key in set_keys if key not in dropped)
         # Stable and independent of the free-text description: editing that text must not
         # turn finished runs into "a different recipe".
         cell_data["description"] = f"{path.stem}: {name}"
         cells.append(Cell(name, coords, validate(cell_data, f"{source} [grid] {name}")))
-    for item in overrides or []:
-        if item.partition("=")[0].strip() not in applied:
+    for item, key in zip(overrides or [], set_keys):
+        if key not in applied:
             raise UserError(f"--set {item}: no cell of {source} has this option (it belongs "
                             f"to another task, model or encoding than the grid's)")
     return Grid(path, path.stem, description, _select(cells, values, only or [], source), slurm,
                 sweep)
-
-
-def _set_keys(overrides: list[str] | None) -> list[str]:
-    return [item.partition("=")[0].strip() for item in overrides or []]

@@ -43,15 +43,19 @@ def cell_inputs(recipe: Recipe) -> int:
     return 2 * E if kinds.get("encoding", e.kind).adds_input and e.mode == "concat" else E
 
 
-def parameter_count(recipe: Recipe) -> int:
-    """Trainable parameters of the model perencode.models.build_model makes for `recipe`,
-    built on the meta device (no memory, no initialisation) at the task's sizes."""
+def meta_model(recipe: Recipe) -> torch.nn.Module:
+    """The model perencode.models.build_model makes for `recipe`, built on the meta device
+    (no memory, no initialisation) at the task's sizes."""
     s = shapes(recipe.task)
     sizes = ModelSizes(s.num_embeddings, s.num_classes, s.steps, s.pad_id)
     with torch.device("meta"):
-        model = kinds.get("model", recipe.model.arch).build(recipe.model, recipe.encoding,
-                                                            sizes)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return kinds.get("model", recipe.model.arch).build(recipe.model, recipe.encoding,
+                                                           sizes)
+
+
+def parameter_count(recipe: Recipe) -> int:
+    """Trainable parameters of the model of `recipe` (counted on `meta_model`)."""
+    return sum(p.numel() for p in meta_model(recipe).parameters() if p.requires_grad)
 
 
 def saved_per_step(arch: str) -> int:

@@ -75,6 +75,18 @@ class KindConfig(Section):
     TAG: ClassVar[str]   # the field that names the kind
 
     @classmethod
+    def named(cls, table: dict) -> Any:
+        """The kind a table names: its tag, or the tag's default."""
+        return table.get(cls.TAG, cls.model_fields[cls.TAG].default)
+
+    @classmethod
+    def foreign(cls, table: dict, chosen: type[KindConfig]) -> dict[str, list[str]]:
+        """The keys of `table` that the class `chosen` lacks and other kinds have, each
+        with those kinds' names (none for a kind no registration holds: it keeps all)."""
+        owners = cls.options() if chosen is not _OPEN.get(cls) else {}
+        return {k: owners[k] for k in table if k not in chosen.model_fields and k in owners}
+
+    @classmethod
     def default(cls) -> KindConfig:
         """The section a recipe gets when it leaves the table out (the tag's default)."""
         return cls.class_for(cls.model_fields[cls.TAG].default)()
@@ -127,15 +139,14 @@ class KindConfig(Section):
         if not isinstance(data, dict):
             return cls.model_validate(data)  # "must be a table"
         cls.renamed(data)
-        name = data.get(cls.TAG, cls.model_fields[cls.TAG].default)
+        name = cls.named(data)
         chosen = cls.class_for(name, bool(context.get("any_kind")))
-        owners = cls.options() if chosen is not _OPEN.get(cls) else {}
-        for key in [k for k in data if k not in chosen.model_fields and k in owners]:
-            if context.get("stored"):
-                data = {k: v for k, v in data.items() if k != key}
-                continue
+        foreign = cls.foreign(data, chosen)
+        if foreign and not context.get("stored"):
+            key, owners = next(iter(foreign.items()))
             raise ValueError(f"field '{key}': not an option of {kinds.FIELDS[cls.KIND]} = "
-                             f"{name!r} (only of {', '.join(map(repr, owners[key]))})")
+                             f"{name!r} (only of {', '.join(map(repr, owners))})")
+        data = {k: v for k, v in data.items() if k not in foreign}
         return chosen.model_validate(data, context=context)
 
 
@@ -159,12 +170,10 @@ def foreign_options(data: dict[str, Any]) -> list[str]:
         if not isinstance(table, dict):
             continue
         try:
-            chosen = base.class_for(table.get(base.TAG, base.model_fields[base.TAG].default))
+            chosen = base.class_for(base.named(table))
         except ValueError:
             continue  # an unknown kind: validation names it
-        owners = base.options()
-        out += [f"{section}.{key}" for key in table
-                if key not in chosen.model_fields and key in owners]
+        out += [f"{section}.{key}" for key in base.foreign(table, chosen)]
     return out
 
 
@@ -441,8 +450,7 @@ def _model_at(model: type[BaseModel], path: list[str], data: Any = None) -> type
         data = data.get(part) if isinstance(data, dict) else None
         if issubclass(model, KindConfig) and isinstance(data, dict):
             try:
-                model = model.class_for(data.get(model.TAG, model.model_fields[model.TAG]
-                                                 .default), any_kind=True)
+                model = model.class_for(model.named(data), any_kind=True)
             except ValueError:
                 pass
     return model
@@ -576,9 +584,8 @@ def json_schema() -> dict[str, Any]:
     sections = {}
     for section in ("task", "model", "encoding"):
         base = Recipe.model_fields[section].annotation
-        members = []
+        members, tag = [], base.model_fields[base.TAG]
         for name, kind in kinds.registry(base.KIND).items():
-            tag = base.model_fields[base.TAG]
             members.append(create_model(
                 f"{name.title().replace('_', '')}{base.__name__}", __base__=kind.config or base,
                 **{base.TAG: (Literal[name], Field(name, description=tag.description))}))

@@ -86,9 +86,6 @@ def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: ModelSizes) -> Recu
                           cfg.hidden_size, encoding, sizes.max_positions, sizes.padding_idx)
 
 
-# saved_per_step (perencode.preflight): a GRU keeps its input and hidden gate
-# pre-activations (3H + 3H), the reset and update gates and the output; an LSTM its four
-# gates from input and state, their activations, the cell state and its tanh.
 def flops_per_step(cfg: ModelConfig, inputs: int, steps: int) -> float:
     """Multiply-adds per sample and step: each gate maps the input and the state."""
     H = cfg.hidden_size
@@ -96,6 +93,9 @@ def flops_per_step(cfg: ModelConfig, inputs: int, steps: int) -> float:
 
 
 GATES = {"gru": 3, "lstm": 4}
+# saved_per_step (perencode.preflight): a GRU keeps its input and hidden gate
+# pre-activations (3H + 3H), the reset and update gates and the output; an LSTM its four
+# gates from input and state, their activations, the cell state and its tanh.
 register_model(ModelKind("gru", build, label="GRU", summary="single-layer nn.GRU",
                          flops_per_step=flops_per_step, jacobians=rnn_jacobians,
                          saved_per_step=10))

@@ -23,8 +23,7 @@ from perencode.console import console
 from perencode.device import available_cores, resolve_device
 from perencode.errors import UserError
 from perencode.io import atomic_write_json
-from perencode.models import ModelSizes
-from perencode.preflight import cell_inputs, parameter_count
+from perencode.preflight import cell_inputs, meta_model, parameter_count
 from perencode.recipe import Recipe
 from perencode.sweep.plan import FINISHED, Run, RunState
 from perencode.tasks import shapes
@@ -63,19 +62,14 @@ def flops_per_iteration(recipe: Recipe) -> float:
     per parameter of that layer) and the head at the scored outputs."""
     s, m = shapes(recipe.task), recipe.model
     B, T, H, K = recipe.train.batch_size, s.steps, m.hidden_size, s.num_classes
-    per_step = kinds.get("model", m.arch).flops_per_step
-    per_step = per_step(m, cell_inputs(recipe), T) if per_step is not None else \
-        layer_parameters(recipe)
+    hook = kinds.get("model", m.arch).flops_per_step
+    per_step = hook(m, cell_inputs(recipe), T) if hook is not None else layer_parameters(recipe)
     return 3 * 2 * B * (T * per_step + s.outputs * H * K)
 
 
 def layer_parameters(recipe: Recipe) -> int:
     """Parameters of the model outside its embedding, encoding and head (SequenceModel)."""
-    s = shapes(recipe.task)
-    with torch.device("meta"):
-        model = kinds.get("model", recipe.model.arch).build(
-            recipe.model, recipe.encoding, ModelSizes(s.num_embeddings, s.num_classes, s.steps,
-                                                      s.pad_id))
+    model = meta_model(recipe)
     front = {id(p) for part in (model.embedding, model.encoding, model.head)
              for p in part.parameters()}
     return sum(p.numel() for p in model.parameters() if id(p) not in front)

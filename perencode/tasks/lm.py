@@ -35,6 +35,15 @@ def model_ids(vocab_size: int) -> np.ndarray:
     return table
 
 
+def shapes(cfg: LanguageModelConfig) -> Shapes:
+    """LanguageModelTask's sizes without reading the data (which a dry run may not have):
+    V embedding rows (K = V - 1 tokens, then <unk>, which is also padding), K classes, and
+    inputs of at most `length` tokens (tokens[:-1] of at most length + 1 kept)."""
+    V = cfg.vocab_size
+    return Shapes(num_embeddings=V, num_classes=V - 1, steps=cfg.length, outputs=cfg.length,
+                  pad_id=V - 1)
+
+
 class LanguageModelTask:
     """Paragraphs of a folder made by `perencode lm-prepare`; scored on valid and test.
 
@@ -52,10 +61,11 @@ class LanguageModelTask:
         self.cfg = cfg
         self.device = torch.device(device)
         self.splits = load(cfg.data, vocab_size=cfg.vocab_size, max_tokens=cfg.length)
-        self.num_embeddings = cfg.vocab_size  # rows 0..K-1 and <unk>/padding at row K
-        self.num_classes = cfg.vocab_size - 1  # K
-        self.pad_id = cfg.vocab_size - 1
-        self.max_steps = cfg.length  # inputs are tokens[:-1] of at most length + 1 kept
+        sizes = shapes(cfg)
+        self.num_embeddings = sizes.num_embeddings
+        self.num_classes = sizes.num_classes
+        self.pad_id = sizes.pad_id
+        self.max_steps = sizes.steps
         self._model_ids = model_ids(cfg.vocab_size)
 
     def rows(self, split: Split, index: np.ndarray, device: torch.device) -> Batch:
@@ -141,13 +151,6 @@ class LanguageModelConfig(TaskConfig):
             raise ValueError("field 'data': task.name = 'lm' needs task.data (a folder made "
                              "by `perencode lm-prepare`)")
         return self
-
-
-def shapes(cfg: LanguageModelConfig) -> Shapes:
-    """LanguageModelTask's sizes without reading the data (which a dry run may not have)."""
-    V = cfg.vocab_size
-    return Shapes(num_embeddings=V, num_classes=V - 1, steps=cfg.length, outputs=cfg.length,
-                  pad_id=V - 1)
 
 
 register_task(TaskKind("lm", LanguageModelTask, label="Language model",
