@@ -40,13 +40,21 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def user_errors(fn):
-    """Turn UserError into one line and exit 2; no traceback."""
+    """Turn UserError, and a write the filesystem refuses (read-only, full, no permission,
+    no locks) wherever it happens, into one line naming the path and exit 2; no traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from perencode.io import refused_write
+
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
             fail(str(exc))
+        except OSError as exc:
+            message = refused_write(exc)
+            if message is None:
+                raise
+            fail(message)
     return wrapper
 
 
@@ -108,7 +116,7 @@ def train(
     except Interrupted as stop:
         console.print(f"interrupted at iteration {stop.iteration}; checkpoint saved to "
                       f"{stop.path}. Run the same command again to resume.")
-        raise typer.Exit(130) from None
+        raise typer.Exit(128 + stop.signum) from None
     if already:
         console.print(f"{run_dir}: run is already complete; results in {run_dir}/eval.json")
     _print_metrics(result, run_dir / "eval.json")

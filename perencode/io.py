@@ -62,6 +62,18 @@ def disk_error(exc: OSError, path: str | Path, kept: str) -> WriteError | None:
                       f"{kept}")
 
 
+def refused_write(exc: OSError) -> str | None:
+    """One line for an OSError that is the filesystem refusing a write or a lock (naming the
+    path), None for any other error (a bug: its traceback is wanted)."""
+    if exc.errno == errno.ENOLCK:
+        return (f"{exc.filename or 'a lock file'}: the filesystem refuses file locks (no "
+                f"locking on this mount, e.g. NFS without lockd); use a folder on a local or "
+                f"lock-capable filesystem")
+    if exc.errno not in DISK_ERRORS:
+        return None
+    return f"{exc.filename or 'a file'}: cannot write: {DISK_ERRORS[exc.errno]}"
+
+
 @contextmanager
 def disk_errors(path: str | Path, kept: str) -> Iterator[None]:
     """Turn a refused write inside the block into WriteError naming the file and `kept`."""

@@ -35,7 +35,8 @@ from rich.table import Table
 
 from perencode.console import console
 from perencode.errors import UserError
-from perencode.io import atomic_write_json, atomic_write_text
+from perencode.io import atomic_write_json, atomic_write_text, remove_stale_temps
+from perencode.lock import hold
 from perencode.naming import short_key
 from perencode.recipe import read_toml, validate_table
 from perencode.results import BOOKKEEPING, Results, collect
@@ -497,11 +498,13 @@ def verify_runs(runs: list[Path], claims: str | Path = "paper",
         done[claim.id] = evaluate(claim, results, done)
     outcomes = [done[c.id] for c in parsed]
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "verify.md", report_markdown(outcomes, claims_path, runs))
-    atomic_write_json(out / "verify.json", {"claims": str(claims_path),
-                                            "runs": [str(p) for p in runs], "rule": RULE,
-                                            "results": [o.as_dict() for o in outcomes]})
+    # The lock `figures` takes on the same folder; what a killed verify left is cleared.
+    with hold(out, "verify"):
+        remove_stale_temps(out, lambda name: name.startswith("verify"))
+        atomic_write_text(out / "verify.md", report_markdown(outcomes, claims_path, runs))
+        atomic_write_json(out / "verify.json", {"claims": str(claims_path),
+                                                "runs": [str(p) for p in runs], "rule": RULE,
+                                                "results": [o.as_dict() for o in outcomes]})
     table = Table(title=f"claims of {claims_path}")
     for col in ("claim", "paper", "reproduced (95% CI)", "verdict"):
         table.add_column(col, overflow="fold")

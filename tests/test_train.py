@@ -242,7 +242,7 @@ def test_checkpoint_of_another_model_is_refused(cli, tmp_path):
     assert cli(*_train_args(b, 10), "--set", "model.arch=lstm")[0] == 0
     code, text = cli("eval", str(a), "--checkpoint", str(b / "checkpoints/step-10.pt"),
                      "--device", "cpu")
-    assert code == 2 and "another recipe" in text
+    assert code == 2 and "another run's checkpoint (model.arch: 'lstm' in the checkpoint" in text
 
 
 def test_loss_decreases_on_a_small_problem(cli, tmp_path):
@@ -321,13 +321,16 @@ def test_padding_row_of_a_task_is_zero_and_frozen(arch):
     assert model.embedding.weight.grad[1].abs().sum() > 0
 
 
-def test_corrupted_env_json_is_one_line(cli, tmp_path):
+def test_a_corrupted_env_json_is_set_aside_and_the_run_goes_on(cli, tmp_path):
     out = tmp_path / "run"
     assert cli(*_train_args(out, 10))[0] == 0
     (out / "eval.json").unlink()  # unfinished again: the rerun reads env.json
     (out / "env.json").write_text("{not json")
     code, text = cli(*_train_args(out, 10))
-    assert code == 2 and "env.json: not valid JSON" in text and "Traceback" not in text
+    assert code == 0 and "env.json: not valid JSON" in text and "Traceback" not in text
+    assert "kept aside as env.json.corrupt" in text
+    assert (out / "env.json.corrupt").read_text() == "{not json"
+    assert len(runs.read_json(out / "env.json")["starts"]) == 1 and (out / "eval.json").exists()
 
 
 # -- one writer per run, refused writes, unreadable checkpoints, stale temporary files ----
