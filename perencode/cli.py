@@ -273,14 +273,27 @@ def lm_prepare(
     out: Path = typer.Option(Path("data/wikitext103"), help="Output folder."),
     vocab_size: int = typer.Option(32768, min=16, help="SentencePiece unigram vocabulary."),
     max_tokens: int = typer.Option(1024, min=1, help="Input tokens kept per paragraph."),
-    threads: int = typer.Option(0, min=0, help="Encoding threads (0: all cores)."),
+    threads: int = typer.Option(0, min=0, help="SentencePiece's training and encoding "
+                                "threads (0: the cores this process may use; the authors' "
+                                "run used 16)."),
+    force: bool = typer.Option(False, "--force", help="Skip the memory check (SentencePiece "
+                               "needs about 17 times the training text's size)."),
+    sample_sentences: int = typer.Option(0, "--sample-sentences", min=0, help="Train the "
+                                         "vocabulary on this many random paragraphs (0: all, "
+                                         "as the authors did; a sample departs from their "
+                                         "vocabulary but needs less memory)."),
     progress: bool = typer.Option(True, help="Show progress."),
 ) -> None:
     """Prepare WikiText-103 for language modelling: clean, train SentencePiece, encode."""
     from perencode.lm.prepare import prepare
 
-    manifest = prepare(source=source, out=out, vocab_size=vocab_size, max_tokens=max_tokens,
-                  threads=threads, progress=progress)
+    try:
+        manifest = prepare(source=source, out=out, vocab_size=vocab_size,
+                           max_tokens=max_tokens, threads=threads, progress=progress,
+                           force=force, sample_sentences=sample_sentences)
+    except KeyboardInterrupt:
+        console.print(f"interrupted; the unfinished build was removed ({out} is as it was)")
+        raise typer.Exit(130) from None
     console.print(f"prepared {out} ({manifest.get('status', 'done')})")
 
 
