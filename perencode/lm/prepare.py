@@ -176,14 +176,15 @@ def check_memory(train_bytes: int, paragraphs: int, sample_sentences: int) -> No
     limit = memory_available()
     if limit is None or need <= limit[0]:
         return
-    fits = max(1, (limit[0] - SPM_MEMORY_BASE) // SPM_MEMORY_PER_BYTE * paragraphs
-               // max(train_bytes, 1))
-    raise UserError(f"training SentencePiece on {train_bytes / 1e6:,.0f} MB of text needs "
+    fits = (limit[0] - SPM_MEMORY_BASE) // SPM_MEMORY_PER_BYTE * paragraphs \
+        // max(train_bytes, 1)
+    sample = (f", or --sample-sentences {min(fits, paragraphs)} to train the vocabulary on "
+              f"a random sample of the paragraphs (a departure from the authors' full-corpus "
+              f"vocabulary)") if fits >= 1 else ""
+    raise UserError(f"training SentencePiece on {train_bytes / 1e6:,.1f} MB of text needs "
                     f"about {need / 2**30:.1f} GiB at its peak, more than the "
                     f"{limit[0] / 2**30:.1f} GiB of {limit[1]}: run it where there is more "
-                    f"memory, or pass --force to try anyway, or --sample-sentences "
-                    f"{min(fits, paragraphs):,} to train the vocabulary on a random sample of "
-                    f"the paragraphs (a departure from the authors' full-corpus vocabulary)")
+                    f"memory, or pass --force to try anyway{sample}")
 
 
 def is_paragraph(line: str) -> bool:
