@@ -3,9 +3,11 @@ data, not by subclassing the loop)."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -127,6 +129,14 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 PARENT_ENV = "PERENCODE_PARENT_PID"
 
 
+def _forget_parent_death_signal() -> None:
+    """A sweep worker that is stopping: Linux sends the death signal the sweep asked for
+    (PR_SET_PDEATHSIG) again whenever the process the worker was handed to ends too, and
+    one arriving after the checkpoint would kill it before it says where it stopped."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, 0)  # PR_SET_PDEATHSIG, none
+
+
 class _Stop:
     """SIGINT/SIGTERM/SIGUSR2, or the death of the sweep that started this process, ask the
     loop to checkpoint and exit after the current iteration."""
@@ -140,6 +150,8 @@ class _Stop:
     def requested(self) -> bool:
         if self.signum is None and self._parent is not None and os.getppid() != self._parent:
             self.signum = signal.SIGTERM
+        if self.signum is not None and self._parent is not None:
+            _forget_parent_death_signal()
         return self.signum is not None
 
     def __enter__(self):
@@ -152,6 +164,8 @@ class _Stop:
 
     def _handle(self, signum, frame):
         self.signum = signum
+        if self._parent is not None:
+            _forget_parent_death_signal()
 
     def __exit__(self, *exc):
         for s, old in self._old.items():

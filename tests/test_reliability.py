@@ -454,7 +454,7 @@ def test_workers_of_a_killed_sweep_checkpoint_and_stop(tmp_path):
 @pytest.mark.slow
 def test_a_rerun_waits_for_a_live_worker_and_keeps_to_its_jobs(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(SWEEP_GRID.format(iterations=400))
+    grid.write_text(SWEEP_GRID.format(iterations=3000))
     cells = load_grid(grid).cells
     first = tmp_path / "runs/g" / cells[0].name
     recipe = tmp_path / "cell.toml"
@@ -469,14 +469,14 @@ def test_a_rerun_waits_for_a_live_worker_and_keeps_to_its_jobs(tmp_path):
         assert time.time() - t0 < 60 and worker.poll() is None
         time.sleep(0.05)
     done = subprocess.run([PYTHON, "-m", "perencode", "sweep", str(grid), "--runs",
-                           str(tmp_path / "runs"), "--jobs", "1", "--device", "cpu",
-                           "--no-progress"], env=subprocess_env(), capture_output=True,
-                          text=True, timeout=300)
+                           str(tmp_path / "runs"), "--jobs", "1", "--device", "cpu"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
     output = done.stdout + done.stderr
     assert worker.wait(timeout=60) == 0
     assert done.returncode == 0, output
     assert "failed" not in output
-    assert f"still held by `train` (pid {worker.pid}" in _flat(output)
+    assert f"[sweep] seed=1: running - still held by `train` (pid {worker.pid}" in output
+    assert "a worker of an earlier sweep; waiting for it" in output
     assert all(runs.is_complete(tmp_path / "runs/g" / c.name) for c in cells)
     # --jobs 1: the second cell started only once the worker had finished the first.
     ended = datetime.fromisoformat(json.loads((first / "env.json").read_text())["end_time"])
