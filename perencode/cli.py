@@ -19,7 +19,7 @@ from rich.table import Table
 
 from perencode import __version__
 from perencode.console import console
-from perencode.errors import UserError
+from perencode.errors import UserError, refused_write
 
 app = typer.Typer(
     add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -44,8 +44,6 @@ def user_errors(fn):
     no locks) wherever it happens, into one line naming the path and exit 2; no traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from perencode.io import refused_write
-
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
@@ -278,7 +276,7 @@ def lm_prepare(
                                 "run used 16)."),
     force: bool = typer.Option(False, "--force", help="Skip the memory check (SentencePiece "
                                "needs about 17 times the training text's size)."),
-    sample_sentences: int = typer.Option(0, "--sample-sentences", min=0, help="Train the "
+    sample_sentences: int = typer.Option(0, "--sample", min=0, help="Train the "
                                          "vocabulary on this many random paragraphs (0: all, "
                                          "as the authors did; a sample departs from their "
                                          "vocabulary but needs less memory)."),

@@ -31,7 +31,6 @@ from perencode import runs
 from perencode.grid import load_grid
 from perencode.io import atomic_torch_save
 from perencode.lm import prepare as lm_prepare
-from perencode.lock import hold
 
 RECIPE = ROOT / "recipes/gru_vocab256.toml"
 DUALFREQ = ROOT / "recipes/gru_dualfreq_vocab64.toml"
@@ -514,11 +513,11 @@ def test_lm_prepare_refuses_what_cannot_fit_with_the_way_out(tmp_path, monkeypat
     assert line == (f"error: training SentencePiece on {size / 1e6:.1f} MB of text needs about "
                     f"{need:.1f} GiB at its peak, more than the 0.2 GiB of the SLURM job's "
                     f"memory (--mem): run it where there is more memory, or pass --force to "
-                    f"try anyway, or --sample-sentences {fits} to train the vocabulary on a "
+                    f"try anyway, or --sample {fits} to train the vocabulary on a "
                     f"random sample of the paragraphs (a departure from the authors' "
                     f"full-corpus vocabulary)")
     assert not out.exists() and not list(tmp_path.glob(".data.*build*"))
-    code, text = _prepare(*args, "--sample-sentences", fits)
+    code, text = _prepare(*args, "--sample", fits)
     assert code == 0, text
     trainer = json.loads((out / "manifest.json").read_text())["tokenizer"]["trainer"]
     assert trainer["input_sentence_size"] == fits and trainer["shuffle_input_sentence"]

@@ -19,7 +19,7 @@ SentencePiece holds every training sentence in memory (as the authors' torchtext
 about SPM_MEMORY_PER_BYTE bytes per byte of training text at its peak. Before training, that
 estimate is checked against the memory this process may use (its cgroup's limit, SLURM's
 allocation, the free RAM); a build that cannot fit is refused with the way out (`--force`,
-or `--sample-sentences N`, a departure from the authors' full-corpus vocabulary). The
+or `--sample N`, a departure from the authors' full-corpus vocabulary). The
 trainer runs in a child process, so that its progress is shown while it trains and Ctrl-C
 ends it within a second.
 """
@@ -178,7 +178,7 @@ def check_memory(train_bytes: int, paragraphs: int, sample_sentences: int) -> No
         return
     fits = (limit[0] - SPM_MEMORY_BASE) // SPM_MEMORY_PER_BYTE * paragraphs \
         // max(train_bytes, 1)
-    sample = (f", or --sample-sentences {min(fits, paragraphs)} to train the vocabulary on "
+    sample = (f", or --sample {min(fits, paragraphs)} to train the vocabulary on "
               f"a random sample of the paragraphs (a departure from the authors' full-corpus "
               f"vocabulary)") if fits >= 1 else ""
     raise UserError(f"training SentencePiece on {train_bytes / 1e6:,.1f} MB of text needs "

@@ -25,6 +25,7 @@ from perencode.device import available_cores, visible_gpus
 from perencode.lock import describe, live_holder
 from perencode.sweep.board import Board
 from perencode.sweep.plan import Run, RunState, refresh
+from perencode.train import PARENT_ENV
 
 
 def perencode_command() -> list[str]:
@@ -56,8 +57,6 @@ def _die_with(parent: int):
 def launch(command: list[str], run_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Any]:
     """Start `perencode COMMAND...`, appending its output to RUN_DIR/train.log; the child
     stops (checkpointed) when this process dies."""
-    from perencode.train import PARENT_ENV
-
     argv = [*perencode_command(), *command]
     log = open(run_dir / "train.log", "a", encoding="utf-8")  # noqa: SIM115 - closed by caller
     log.write(f"# {runs.now()} {' '.join(argv)}\n")
