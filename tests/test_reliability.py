@@ -573,14 +573,17 @@ def test_lm_prepare_removes_a_killed_runs_build_folder(tmp_path, corpus_1mb):
     assert f"removed {stale}, left by an lm-prepare that was killed" in _flat(text)
 
 
-def _children(pid: int) -> list[int]:
+def _trainers(pid: int) -> list[int]:
+    """The child processes of `pid` that multiprocessing spawned to run a function (not its
+    resource tracker, which ends by itself once its parent has gone)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == pid:
+        if int(fields[1]) == pid and b"spawn_main" in command:
             found.append(int(stat.parent.name))
     return found
 
@@ -603,7 +606,7 @@ def test_ctrl_c_stops_lm_prepare_within_seconds_and_leaves_nothing(tmp_path):
     while not (log.exists() and log.stat().st_size > 0):
         assert time.time() - t0 < 60, "".join(lines)
         time.sleep(0.1)
-    trainers = _children(proc.pid)
+    trainers = _trainers(proc.pid)
     assert trainers, "the tokenizer trains in a child process"
     sent = time.time()
     proc.send_signal(signal.SIGINT)

@@ -192,7 +192,8 @@ def test_sigterm_saves_a_checkpoint_and_resumes_identically(tmp_path):
     done = subprocess.run([PYTHON, "-m", "perencode", *_train_args(cut, 300, 1000)],
                           env=subprocess_env(), capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"{cut}: resuming from iteration {stopped_at} of 300" in " ".join(done.stdout.split())
+    said = " ".join((done.stdout + done.stderr).split())
+    assert f"{cut}: resuming from iteration {stopped_at} of 300" in said
     assert not (cut / "checkpoints" / "resume.pt").exists()
     _assert_same_weights(_final_model(full), _final_model(cut))
 

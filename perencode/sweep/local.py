@@ -119,6 +119,11 @@ def run_local(ready: list[Run], board: Board, jobs: int, runs_per_gpu: int,
                 run.proc, run.eta_s = None, None
                 if code == 0:
                     run.state = RunState.DONE
+                elif code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+                    # Stopped from outside with a checkpoint (train's exit on SIGINT/SIGTERM).
+                    run.state = RunState.INTERRUPTED
+                    run.message = f"stopped by a signal; rerun the sweep to resume (log: " \
+                                  f"{run.dir / 'train.log'})"
                 else:
                     run.state = RunState.FAILED
                     run.message = f"exit code {code}; log: {run.dir / 'train.log'}"
