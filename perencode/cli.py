@@ -406,7 +406,7 @@ def crosscheck(
                                     "(E = H = 512, L = 64, batch 512, K = 256; for a GPU)."),
     seeds: int = typer.Option(3, min=2, help="Seeds per implementation for --train."),
     iterations: int | None = typer.Option(None, min=1, help="Training iterations for "
-                                          "--train (default: the shape's, 400 on cpu, "
+                                          "--train (default: the shape's, 1,000 on cpu, "
                                           "2,000 for paper)."),
     device: str = typer.Option("auto", help=DEVICE_HELP + " (--train only)."),
     progress: bool = typer.Option(True, help="Show progress lines."),
