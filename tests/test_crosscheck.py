@@ -277,6 +277,28 @@ def test_rarity_and_predecessor_target_are_seen(authors, monkeypatch):
 
 
 @needs_authors
+def test_variable_length_distribution_and_targets_are_seen(authors, monkeypatch):
+    from perencode.tasks.reverse import VariableLengthReverseTask
+
+    def longer(self, n, generator):  # lengths from min_length + 1: one length never drawn
+        lengths = torch.randint(self.cfg.min_length + 1, self.L + 1, (n,), generator=generator)
+        return self._rows(lengths, generator)
+
+    monkeypatch.setattr(VariableLengthReverseTask, "draw", longer)
+    assert disagrees(tasks.check_variable_length(authors), "variable_length: sampling")
+    monkeypatch.undo()
+    build = VariableLengthReverseTask.build
+
+    def unreversed(self, rows):  # the output in input order
+        batch = build(self, rows)
+        batch.output_targets = batch.sequences.masked_fill(~batch.output_mask, -1)
+        return batch
+
+    monkeypatch.setattr(VariableLengthReverseTask, "build", unreversed)
+    assert disagrees(tasks.check_variable_length(authors), "variable_length: targets")
+
+
+@needs_authors
 def test_stability_weighting_is_seen(authors, monkeypatch):
     monkeypatch.setitem(our_stability.METRICS, "weighted", our_stability.METRICS["mean"])
     assert all(c.verdict == DISAGREE for c in stability.check_stability(authors))
