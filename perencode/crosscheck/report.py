@@ -91,8 +91,8 @@ def markdown(checks: list[Check], header: list[str]) -> str:
              "| check | compared | authors' code run | tolerance fp32 / fp64 | "
              "max error fp32 / fp64 | verdict |", "|---|---|---|---|---|---|"]
     for c in checks:
-        cells = [c.name, c.compared, c.theirs, _fmt(c.tolerance), _fmt(c.error),
-                 verdict_text(c)]
+        error = f"{_fmt(c.error)} ({c.unit})" if c.error else "-"
+        cells = [c.name, c.compared, c.theirs, _fmt(c.tolerance), error, verdict_text(c)]
         lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
     return "\n".join(lines) + "\n"
 
