@@ -251,6 +251,16 @@ def test_reverse_target_and_dl_are_seen(authors, monkeypatch):
 
 
 @needs_authors
+def test_a_held_out_leak_is_seen(authors, monkeypatch):
+    from perencode.tasks.base import SyntheticTask
+    monkeypatch.setattr(SyntheticTask, "sample",
+                        lambda self, n, generator: self.build(self.draw(n, generator)))
+    checks = by_name(tasks.check_fixed_length(authors))
+    assert checks["reverse: held-out set"].verdict == DISAGREE
+    assert checks["reverse: sampling"].verdict == AGREE
+
+
+@needs_authors
 def test_rarity_and_predecessor_target_are_seen(authors, monkeypatch):
     from perencode.tasks.dual_frequency import DualFrequencyTask, half_tokens
     from perencode.tasks.predecessor import PredecessorTask
