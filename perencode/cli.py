@@ -388,6 +388,42 @@ def verify(
     raise typer.Exit(0 if report_only else code)
 
 
+@app.command()
+@user_errors
+def crosscheck(
+    authors_repo: Path = typer.Argument(..., help="A clone of the authors' repository "
+                                        "(github.com/tkc-morita/position-encoded_rnn; this "
+                                        "check was written against commit 3e98213). It is "
+                                        "your own download: its modules are imported from "
+                                        "there while the command runs, and nothing of it is "
+                                        "copied."),
+    out: Path = typer.Option(Path("crosscheck"), help="Output folder: crosscheck.md and "
+                             "crosscheck.json."),
+    train: bool = typer.Option(False, "--train", help="Also train both implementations "
+                               "(SEEDS seeds each) and compare their held-out accuracies by "
+                               "Welch's t-test; prints its cost first."),
+    train_shape: str = typer.Option("cpu", help="cpu (small, minutes on a laptop) or paper "
+                                    "(E = H = 512, L = 64, batch 512, K = 256; for a GPU)."),
+    seeds: int = typer.Option(3, min=2, help="Seeds per implementation for --train."),
+    iterations: int | None = typer.Option(None, min=1, help="Training iterations for "
+                                          "--train (default: the shape's, 1,000 on cpu, "
+                                          "2,000 for paper)."),
+    device: str = typer.Option("auto", help=DEVICE_HELP + " (--train only)."),
+    progress: bool = typer.Option(True, help="Show progress lines."),
+) -> None:
+    """Check perencode against the authors' own code on identical inputs and weights.
+
+    Encodings, schedule, tasks and scoring, forward logits, Adam steps, gradient stability
+    (REPRODUCE.md, "Check the implementation against the authors' code"). Exit 1 if a
+    check disagrees; another commit than 3e98213 is checked too, with a warning.
+    """
+    from perencode.crosscheck import run_crosscheck
+
+    raise typer.Exit(run_crosscheck(authors_repo, out, train=train, train_shape=train_shape,
+                                    seeds=seeds, iterations=iterations, device=device,
+                                    progress=progress))
+
+
 rehearsal_app = typer.Typer(no_args_is_help=True, help="The reviewer's path at CPU size "
                             "(`make rehearsal`): its corpus and its final check.")
 app.add_typer(rehearsal_app, name="rehearsal")
