@@ -42,6 +42,9 @@ $(INSTALL_STAMP): pyproject.toml
 		echo "installing $(TORCH) (found: $${have:-none})"; \
 		$(PY) -m pip install -q $(TORCH_CONSTRAINTS) "$(TORCH)"; fi
 	$(PY) -m pip install -q $(TORCH_CONSTRAINTS) -e ".[dev,hf]"
+	# `crosscheck` compares the schedule with timm 0.9.12 (the authors' version); its scheduler
+	# imports without torchvision, whose PyPI wheel does not load beside the pinned torch.
+	$(PY) -m pip install -q --no-deps timm==0.9.12
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
