@@ -170,7 +170,7 @@ def test_dry_run_is_instant_trains_nothing_and_writes_nothing(tmp_path, monkeypa
     code, output = sweep(grid, "--runs", tmp_path / "fresh", "--dry-run")
     assert code == 0, output
     assert "8 runs (8 new); 8 to train" in output
-    assert "device-hours on cpu" in output and "not measured yet; at least" in output
+    assert "device time on cpu" in output and "not measured yet; at least" in output
     assert not (tmp_path / "fresh").exists()
 
 
