@@ -22,6 +22,7 @@ from perencode import __version__
 from perencode.console import console
 from perencode.errors import UserError
 
+
 class _PlainArgument(typer.core.TyperArgument):
     """An argument spelt as click spells it: RECIPE, RUNS..., [OPTIONAL] (typer 0.29 writes
     `{recipe}` in the usage line and `<list[Path]>` beside it)."""
