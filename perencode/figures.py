@@ -434,8 +434,8 @@ def tied_note(df: pd.DataFrame, tied: list[str], axes: list[str]) -> str:
                  .nunique(dropna=False).max() <= 1]
         along = alone[:1] or varying  # the one axis that decides it, where there is one
         pairs = df[along + [column]].drop_duplicates().sort_values(along)
-        shown = "; ".join(", ".join(format_value(v) for v in row[:-1]) + ": "
-                          + format_value(row[-1]) for row in pairs.itertuples(index=False))
+        shown = "; ".join(", ".join(_spelt(v) for v in row[:-1]) + ": "
+                          + _spelt(row[-1]) for row in pairs.itertuples(index=False))
         notes.append(f"{column} follows {', '.join(short_key(a) for a in along)} ({shown})")
     return "; ".join(notes)
 
