@@ -11,6 +11,13 @@ those runs stay one figure and a note names the setting. Finished runs that no f
 the paper draws (a task or an encoding of a study's own) get one of their own,
 other_<task>_vocabulary. Error bars: 95% percentile-bootstrap CI of the mean over seeds,
 10,000 resamples (perencode.stats).
+
+What a figure shows is said on it: runs that are not cells of the paper's grids for the
+figure (recipes/paper/figNN_*.toml, seeds aside) give a file ending in `__nonpaper` with a
+subtitle naming each differing setting and the paper's value; accuracy axes span [0, 1]
+with chance (1/K) dotted; each panel states its seed count, and a point of one seed (no CI)
+is drawn open (a bar hatched); panels of one metric share their y scale; the one legend
+sits below the panels.
 """
 
 from __future__ import annotations
