@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -21,7 +22,54 @@ from perencode import __version__
 from perencode.console import console
 from perencode.errors import UserError
 
-app = typer.Typer(
+
+class _PlainArgument(typer.core.TyperArgument):
+    """An argument spelt as click spells it: RECIPE, RUNS..., [OPTIONAL] (typer 0.29 writes
+    `{recipe}` in the usage line and `<list[Path]>` beside it)."""
+
+    def get_usage_pieces(self, ctx) -> list[str]:
+        name = (self.metavar or self.name or "").upper() + ("..." if self.nargs != 1 else "")
+        return [name if self.required else f"[{name}]"]
+
+    def display_type_rich(self, ctx) -> str | None:
+        shown = super().display_type_rich(ctx)
+        return re.sub(r"<list\[(\w+)\]>", lambda m: f"<{m[1].lower()}>...", shown) \
+            if shown else shown
+
+
+class _PlainHelp:
+    """Help without typer 0.29's `<bool>` beside every flag (a flag takes no value)."""
+
+    def get_params(self, ctx) -> list:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if isinstance(param, typer.core.TyperOption) and param.is_flag:
+                param.metavar = ""
+            elif isinstance(param, typer.core.TyperArgument):
+                param.__class__ = _PlainArgument
+        return params
+
+
+class _PlainCommand(_PlainHelp, typer.core.TyperCommand):
+    pass
+
+
+class _PlainGroup(_PlainHelp, typer.core.TyperGroup):
+    pass
+
+
+class _App(typer.Typer):
+    """A Typer whose commands (including those added later) render plain help."""
+
+    def __init__(self, **kwargs):
+        super().__init__(cls=_PlainGroup, **kwargs)
+
+    def command(self, *args, **kwargs):
+        kwargs.setdefault("cls", _PlainCommand)
+        return super().command(*args, **kwargs)
+
+
+app = _App(
     add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
     help="Reproduce 'Positional Encoding Helps Recurrent Neural Networks Handle a Large "
          "Vocabulary' (Morita, TMLR).")
@@ -176,11 +224,13 @@ def show(
     overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
     as_json: bool = typer.Option(False, "--json", help="JSON instead of TOML."),
 ) -> None:
-    """Print the recipe a run would use: overrides applied, every default filled in."""
+    """Print the recipe a run would use: overrides applied, every default filled in (an
+    unset field as a comment in TOML, null in JSON)."""
     from perencode.recipe import load_recipe
 
     r = load_recipe(recipe, overrides)
-    print(json.dumps(r.to_dict(), indent=2) if as_json else r.to_toml().rstrip("\n"))
+    print(json.dumps(r.model_dump(mode="json"), indent=2) if as_json
+          else r.to_toml_every_field().rstrip("\n"))
 
 
 @app.command("recipe-schema")
@@ -424,7 +474,7 @@ def crosscheck(
                                     progress=progress))
 
 
-rehearsal_app = typer.Typer(no_args_is_help=True, help="The reviewer's path at CPU size "
+rehearsal_app = _App(no_args_is_help=True, help="The reviewer's path at CPU size "
                             "(`make rehearsal`): its corpus and its final check.")
 app.add_typer(rehearsal_app, name="rehearsal")
 

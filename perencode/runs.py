@@ -177,19 +177,19 @@ class Run:
         """
         run_dir = self.dir
         if run_dir.exists() and not run_dir.is_dir():
-            raise UserError(f"{run_dir}: exists and is not a directory; choose another --out")
+            raise UserError(f"{run_dir}: exists and is not a directory; choose another --run-dir")
         path = run_dir / "recipe.toml"
         if path.exists():
             existing = read_recipe(run_dir)
             diff = _differences(existing.identity(), recipe.identity())
             if diff:
                 raise UserError(f"{run_dir}: holds a run of a different recipe ({diff[0]}"
-                                f"{'; ...' if len(diff) > 1 else ''}); choose another --out")
+                                f"{'; ...' if len(diff) > 1 else ''}); choose another --run-dir")
             self._recipe = recipe
             return True
         if run_dir.exists() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
             raise UserError(f"{run_dir}: exists and is not a perencode run directory; "
-                            "choose another --out")
+                            "choose another --run-dir")
         atomic_write_text(path, recipe.to_toml())
         self._recipe = recipe
         return False
