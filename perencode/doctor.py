@@ -120,7 +120,7 @@ def guarded(name: str, fn: Callable[[], list[Check]]) -> list[Check]:
 # --- recipes and batches --------------------------------------------------------------
 
 
-def small_recipe(arch: str, encoding: str, size: dict, **train: int) -> Recipe:
+def small_recipe(arch: str, encoding: str, size: dict, **train: int | str) -> Recipe:
     """A reverse-task recipe of the paper's settings at the widths of `size`."""
     model = {"arch": arch, "hidden_size": size["hidden_size"], "embed_size": size["embed_size"]}
     if arch == "s4d":
@@ -221,8 +221,8 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
                   folder: Path) -> dict:
     """A run trained on `first`, cut back to its middle checkpoint (as a run killed after
     it), then resumed by `perencode.train.train` on `second`. Returns what happened: the
-    iteration it resumed from (0: it started over), the devices of its two starts, the final checkpoint's
-    iteration, and (same device only, where batches come from the same stream) whether it
+    iteration it resumed from (0: it started over), the devices of its two starts, the
+    final checkpoint's iteration, the logged steps, and (same device only, where batches come from the same stream) whether it
     ended bit-identical to the uninterrupted run."""
     iterations = recipe.train.iterations
     middle = recipe.train.checkpoint_every
@@ -520,7 +520,7 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
                         lambda: determinism_check(device, EQUIVALENCE_SIZE))
     say("resume")
     resume = small_recipe("gru", "sinusoidal", CPU_SIZE, iterations=4, checkpoint_every=2,
-                          log_every=1)
+                          log_every=1, keep_checkpoints="all")
     pairs = [(cpu, cpu)] + ([(cpu, device), (device, cpu)] if cuda else [])
     for a, b in pairs:
         rows += guarded(f"resume {a.type} -> {b.type}", lambda a=a, b=b: resume_check(resume, a, b))
