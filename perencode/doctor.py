@@ -222,8 +222,9 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
     """A run trained on `first`, cut back to its middle checkpoint (as a run killed after
     it), then resumed by `perencode.train.train` on `second`. Returns what happened: the
     iteration it resumed from (0: it started over), the devices of its two starts, the
-    final checkpoint's iteration, the logged steps, and (same device only, where batches come from the same stream) whether it
-    ended bit-identical to the uninterrupted run."""
+    final checkpoint's iteration, the logged steps, and (devices of one type only, where
+    batches come from the same stream) whether it ended bit-identical to the uninterrupted
+    run."""
     iterations = recipe.train.iterations
     middle = recipe.train.checkpoint_every
     run = runs.Run(Path(folder) / f"{first.type}-to-{second.type}")
