@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -104,6 +106,32 @@ def test_resume_check_fails_when_training_starts_over(monkeypatch, tmp_path):
     assert not doctor.resume_ok(result, recipe)
 
 
+def test_a_checkpoint_from_another_device_type_resumes_on_a_new_stream(tmp_path, capsys):
+    """A CUDA generator's state is 16 bytes (seed and Philox offset), a CPU generator's
+    5,056: a checkpoint written on the GPU is emulated by giving its generator such a
+    state. It resumes, reproducibly, and says that its batches changed stream."""
+    from perencode import runs
+    from perencode.io import atomic_torch_save
+    from perencode.train import train
+
+    recipe = resume_recipe()
+    finals = []
+    for name in ("a", "b"):
+        run = runs.Run(tmp_path / name)
+        train(recipe, run.dir, device="cpu", progress=False)
+        uninterrupted = runs.load_checkpoint(run.checkpoint_path(4))["model"]
+        run.checkpoint_path(4).unlink()
+        (run.dir / "eval.json").unlink()
+        state = runs.load_checkpoint(run.checkpoint_path(2))
+        state["rng"]["generator"] = torch.zeros(16, dtype=torch.uint8)
+        atomic_torch_save(run.checkpoint_path(2), state)
+        train(recipe, run.dir, device="cpu", progress=False)
+        assert "written on another device type" in capsys.readouterr().err
+        finals.append(runs.load_checkpoint(run.checkpoint_path(4))["model"])
+    assert all(torch.equal(finals[0][n], finals[1][n]) for n in uninterrupted)
+    assert not all(torch.equal(finals[0][n], uninterrupted[n]) for n in uninterrupted)
+
+
 def test_memory_ratio_on_the_cpu():
     """The estimate is perencode.preflight's; the peak is a fresh process's resident-set
     growth over its size after imports; the CPU doctor's shape lands in the range."""
@@ -161,6 +189,14 @@ def test_cli_exits_1_on_a_failed_check(monkeypatch):
     code, text = run_cli("doctor", "--device", "cpu")
     assert code == 1
     assert "0.5 apart" in text and "doctor: 1 failed, 1 passed, 0 not run" in text
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_doctor_runs_the_command():
+    out = subprocess.run(["make", "-n", "--no-print-directory", "doctor", "PERENCODE=perencode",
+                          "PERENCODE_DEPS=", "DOCTOR_DEVICE=cuda:1"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "perencode doctor --device cuda:1 --runs runs"
 
 
 def test_cli_rejects_an_unknown_device():
