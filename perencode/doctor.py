@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -39,8 +40,12 @@ import torch
 
 from perencode import preflight, runs
 from perencode.bench import bench
+from perencode.evaluate import evaluate_model
+from perencode.experiment import build
+from perencode.grid import load_grid
 from perencode.models import build_model
 from perencode.recipe import Recipe, load_recipe, validate
+from perencode.sweep.cost import Estimates, device_label
 from perencode.tasks import Batch, make
 from perencode.train import CHUNK_LOGITS, make_optimizer, train, train_step, training_generator
 
@@ -271,8 +276,6 @@ def resume_ok(result: dict, recipe: Recipe) -> bool:
 def memory_workload(recipe: Recipe, device: torch.device) -> None:
     """What a run holds at once: the model, Adam's state, two training steps and the
     held-out evaluation (the two phases perencode.preflight estimates)."""
-    from perencode.evaluate import evaluate_model
-    from perencode.experiment import build
 
     task, model = build(recipe, device)
     optimizer = make_optimizer(model, recipe.optim)
@@ -319,8 +322,6 @@ def _resident() -> tuple[int, int]:
             fields = dict(line.split(":", 1) for line in f if ":" in line)
         return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
-        import resource
-
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         peak = peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
         return peak, peak
@@ -482,8 +483,6 @@ def speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_r
     recipe's shape from that bench, an architecture not yet measured from its grid's first
     cell (3 iterations, as `--estimate` times it); the other shapes extrapolated by FLOPs
     (perencode.sweep.cost). A cell shared by two grids counts in each."""
-    from perencode.grid import load_grid
-    from perencode.sweep.cost import Estimates, device_label
 
     label = device_label(device, torch.get_num_threads())
     m, t = recipe.model, recipe.task

@@ -39,6 +39,16 @@ def test_equivalence_fails_when_one_side_is_perturbed():
     assert 0.1 < diff < 10  # "about the update": the scale the tolerances are set against
 
 
+def test_equivalence_rows_one_per_model_with_the_tolerance_of_its_precision(monkeypatch):
+    rows = doctor.equivalence_checks(CPU, CPU, TINY)
+    assert [r.name for r in rows] == [f"equivalence {a} {e}" for a in doctor.ARCHS
+                                      for e in ("vanilla", "PE")]
+    assert all(r.verdict == doctor.PASS and r.measured.startswith("0.00e+00 apart")
+               and r.expected == "< 0.01 (fp32)" for r in rows)
+    monkeypatch.setattr(doctor, "equivalence", lambda *args, **kw: 0.5)
+    assert {r.verdict for r in doctor.equivalence_checks(CPU, CPU, TINY)} == {doctor.FAIL}
+
+
 @pytest.mark.parametrize("arch", doctor.ARCHS)
 def test_fp32_rounding_stays_far_inside_the_fp32_tolerance(arch):
     """fp32 against fp64 bounds what two fp32 devices can differ by from rounding alone."""
