@@ -370,8 +370,9 @@ def stack_checks(device: torch.device, skipped: str = NO_DEVICE) -> list[Check]:
     if device.type != "cuda":
         rows.append(Check("CUDA, cuDNN, driver, device", "-", PAPER_CUDA + "; " + PAPER_DEVICE,
                           skipped))
-        rows.append(Check("threads", f"{torch.get_num_threads()} torch threads on the CPU",
-                          "-", INFO))
+        threads = torch.get_num_threads()
+        rows.append(Check("threads", f"{threads} torch thread{'s' * (threads != 1)} on the "
+                          "CPU", "-", INFO))
         return rows
     props = torch.cuda.get_device_properties(device)
     major, minor = torch.cuda.get_device_capability(device)
