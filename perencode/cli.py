@@ -270,6 +270,42 @@ def env(
 
 @app.command()
 @user_errors
+def doctor(
+    device: str = typer.Option("auto", help=DEVICE_HELP + " The device checks run on a "
+                               "CUDA device only."),
+    runs: Path = typer.Option(Path("runs"), "--runs", help="Where the speed check caches "
+                              "its timings for `sweep --dry-run` (.estimates.json)."),
+) -> None:
+    """Is this package right and fast on this machine? Checks in about two minutes on a GPU.
+
+    The stack, then, against the CPU: equivalence of a few training steps of each model,
+    determinism, resume across devices, the memory estimate and the speed of the Fig. 2 GRU
+    step with the device-hours of each paper grid. One row per check; exit 1 if one fails.
+    """
+    from perencode.device import resolve_device
+    from perencode.doctor import FAIL, INFO, PASS
+    from perencode.doctor import doctor as run_doctor
+
+    rows, seconds = run_doctor(resolve_device(device), runs,
+                               say=lambda step: console.print(f"doctor: {step}",
+                                                              highlight=False))
+    table = Table(title="perencode doctor")
+    for column in ("check", "measured", "expected", "verdict"):
+        table.add_column(column, overflow="fold")
+    colour = {PASS: "green", FAIL: "bold red", INFO: "cyan"}
+    for row in rows:
+        table.add_row(escape(row.name), escape(row.measured), escape(row.expected),
+                      f"[{colour.get(row.verdict, 'yellow')}]{escape(row.verdict)}[/]")
+    console.print(table)
+    failed = sum(row.failed for row in rows)
+    console.print(f"doctor: {failed} failed, {sum(r.verdict == PASS for r in rows)} passed, "
+                  f"{sum(r.verdict.startswith('not run') for r in rows)} not run "
+                  f"({seconds:.0f} s)", highlight=False)
+    raise typer.Exit(1 if failed else 0)
+
+
+@app.command()
+@user_errors
 def stability(
     run_dir: Path = typer.Argument(..., help="A run of the dual-frequency task "
                                    "(task.name = \"dual_frequency\"), GRU, LSTM or S4D."),

@@ -216,7 +216,7 @@ class Run:
         path, state = found
         restore_model(model, state, path)
         optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["rng"]["generator"].cpu())
+        restore_generator(generator, state["rng"]["generator"], state["iteration"], path)
         torch.set_rng_state(state["rng"]["torch"].cpu())
         self.truncate_metrics(state["iteration"])
         return state["iteration"]
@@ -398,6 +398,23 @@ def restore_model(model: torch.nn.Module, state: dict, path: str | Path) -> None
         first = str(exc).strip().splitlines()[0]
         raise UserError(f"{path}: checkpoint does not fit this run's model ({first[:160]})") \
             from None
+
+
+def restore_generator(generator: torch.Generator, saved: torch.Tensor, iteration: int,
+                      path: str | Path) -> None:
+    """The batch stream as the checkpoint left it; or, for a checkpoint written on another
+    device type (the CPU's generator is a Mersenne Twister, CUDA's a Philox counter: their
+    states do not fit each other), a new stream from the run's seed and the iteration,
+    reproducible but not the batches an uninterrupted run would have drawn (one line says
+    so)."""
+    saved = saved.cpu()
+    if saved.numel() == generator.get_state().numel():
+        generator.set_state(saved)
+        return
+    generator.manual_seed(generator.initial_seed() + iteration)
+    console.print(f"[yellow]note:[/] {path}: written on another device type; the training "
+                  f"batches after iteration {iteration} come from a new stream seeded from "
+                  "the run's seed and that iteration", highlight=False, soft_wrap=True)
 
 
 def read_json(path: str | Path) -> dict[str, Any]:
