@@ -22,7 +22,7 @@ QUIET = (RunState.DONE, RunState.REUSE, RunState.NEW, RunState.PARTIAL)
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return ""
-    seconds = int(seconds)
+    seconds = round(seconds)  # not int(): t0 + 5 - t0 can be 4.999...
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
         f"{seconds // 60}m{seconds % 60:02d}s"
 
