@@ -380,11 +380,13 @@ def verify(
     report_only: bool = typer.Option(False, "--report-only", help="Exit 0 whatever the "
                                      "verdicts (errors still exit 2): runs too small to "
                                      "decide, as in `make rehearsal`."),
+    as_json: bool = typer.Option(False, "--json", help="Print verify.json (every field of "
+                                 "every claim) on stdout instead of the tables."),
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
     from perencode.verify import verify_runs
 
-    code = verify_runs(runs, claims=claims, out=out)
+    code = verify_runs(runs, claims=claims, out=out, as_json=as_json)
     raise typer.Exit(0 if report_only else code)
 
 
