@@ -390,6 +390,22 @@ def verify(
     raise typer.Exit(0 if report_only else code)
 
 
+@app.command()
+@user_errors
+def report(
+    runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
+    claims: str = typer.Option("paper", help="Claims file: a path, or a bundled one (paper, "
+                               "quick, quick_gpu)."),
+    out: Path = typer.Option(Path("figures"), help="Output folder: the figures and "
+                             "report.html."),
+) -> None:
+    """Draw the figures and write report.html: each figure with its claims' verdicts and
+    the runs behind it, and why the other claims were not run (one offline page)."""
+    from perencode.report import make_report
+
+    console.print(f"wrote {make_report(runs, claims=claims, out=out)}")
+
+
 rehearsal_app = typer.Typer(no_args_is_help=True, help="The reviewer's path at CPU size "
                             "(`make rehearsal`): its corpus and its final check.")
 app.add_typer(rehearsal_app, name="rehearsal")

@@ -589,7 +589,8 @@ RULE = ("Verdicts: pass when the 95% CI of the reproduced value lies entirely on
         "deciding cell; min/max over seeds have no CI and decide on the value itself.")
 
 
-def _reproduced(o: Outcome) -> str:
+def reproduced(o: Outcome) -> str:
+    """The reproduced value for people: value [CI] (deciding cell) (coverage; note)."""
     extra = "; ".join(x for x in (o.coverage, o.note) if x)
     return (o.shown or "-") + (f" ({extra})" if extra else "")
 
@@ -669,7 +670,7 @@ def report_markdown(checked: Checked, run_paths: list[Path]) -> str:
         lines += ["| claim | statement | paper | reproduced | verdict |",
                   "|---|---|---|---|---|"]
         for o in in_report_order(checked.decided):
-            cells = (o.claim.id, o.claim.statement, o.claim.paper, _reproduced(o), o.verdict)
+            cells = (o.claim.id, o.claim.statement, o.claim.paper, reproduced(o), o.verdict)
             lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
         lines.append("")
     groups = checked.not_run()
@@ -708,7 +709,7 @@ def _print(checked: Checked) -> None:
             table.add_column(col, overflow="fold")
         for o in in_report_order(checked.decided):
             table.add_row(f"{o.claim.id}: {o.claim.statement}", o.claim.paper,
-                          _reproduced(o), f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}")
+                          reproduced(o), f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}")
         console.print(table)
     for reason, group in checked.not_run():
         console.print(f"[yellow]not run[/] ({len(group)}): {escape(reason)}\n    "
