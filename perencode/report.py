@@ -22,9 +22,17 @@ from pathlib import Path
 import pandas as pd
 
 from perencode import runs as run_dirs
-from perencode.figures import FIGURES, Figure, make_figures, other_figures, settings
+from perencode.figures import (
+    FIGURES,
+    Figure,
+    make_figures,
+    other_figures,
+    settings,
+    tied_note,
+)
 from perencode.io import atomic_write_text, remove_stale_temps
 from perencode.lock import hold
+from perencode.naming import format_value, short_key
 from perencode.results import Results, collect
 from perencode.verify import (
     FAIL,
@@ -39,6 +47,10 @@ from perencode.verify import (
 )
 
 REPORT = "report.html"
+# The sizes a reader compares with the paper's first (hidden size 512, L = 64, 300,000
+# iterations for most figures): a demo or a shrunk sweep shows it here at once.
+SETTINGS = ("model.hidden_size", "model.embed_size", "task.length", "train.iterations",
+            "train.batch_size")
 COLOURS = {PASS: "#1a7f37", FAIL: "#cf222e", INCONCLUSIVE: "#9a6700", NOT_RUN: "#6e7781"}
 
 
@@ -49,11 +61,13 @@ class Panel:
     image: Path | None  # its PNG (None for a table)
     runs: pd.DataFrame  # rows of Results.runs
     table: str          # the Results table it draws (runs, by_band, stability, ...)
+    note: str = ""      # settings that differ among its runs yet drawn together
 
 
-def figure_parts(figure: Figure, results: Results) -> list[tuple[str, pd.DataFrame]]:
-    """(file stem, runs) of each file `figures` draws for `figure`: its runs split by the
-    settings that differ beyond its axes, as perencode.figures draws them."""
+def figure_parts(figure: Figure, results: Results) -> list[tuple[str, pd.DataFrame, str]]:
+    """(file stem, runs, note) of each file `figures` draws for `figure`: its runs split by
+    the settings that differ beyond its axes, as perencode.figures draws them; the note
+    names the settings tied to its axes (perencode.figures.tied_note)."""
     chosen = results.runs[figure.select(results.runs)]
     if figure.complete:
         chosen = chosen[chosen["complete"]]
@@ -63,10 +77,11 @@ def figure_parts(figure: Figure, results: Results) -> list[tuple[str, pd.DataFra
             if part["encoding.kind"].isin(figure.requires).any()])
     out = []
     table = results.table(figure.table)
-    for suffix, part in settings(chosen, results.recipe_columns, figure.axes)[0]:
+    parts, tied = settings(chosen, results.recipe_columns, figure.axes)
+    for suffix, part in parts:
         drawn = part[part["run"].isin(table["run"])]
         if not drawn.empty:
-            out.append((f"{figure.name}{suffix}", drawn))
+            out.append((f"{figure.name}{suffix}", drawn, tied_note(part, tied, figure.axes)))
     return out
 
 
@@ -78,9 +93,10 @@ def panels(results: Results, written: list[Path]) -> list[Panel]:
 
     def add(figures: list[Figure]) -> None:
         for figure in figures:
-            for stem, part in figure_parts(figure, results):
+            for stem, part, note in figure_parts(figure, results):
                 if f"{stem}.png" in files or f"{stem}.csv" in files:
-                    found.append(Panel(stem, files.get(f"{stem}.png"), part, figure.table))
+                    found.append(Panel(stem, files.get(f"{stem}.png"), part, figure.table,
+                                       note))
                     drawn.update(part["run"])
 
     add(FIGURES)
@@ -106,8 +122,17 @@ def provenance(part: pd.DataFrame) -> dict:
             commit += " (edited checkout)"
         commits[commit] = commits.get(commit, 0) + 1
     seconds = part["train_seconds"].fillna(0).sum() if "train_seconds" in part else 0.0
+    shown = {short_key(c): _distinct(part[c]) for c in SETTINGS if c in part}
     return {"runs": len(part), "seeds": sorted(int(s) for s in part["train.seed"].unique()),
-            "devices": devices, "commits": commits, "device_hours": float(seconds) / 3600}
+            "settings": {k: v for k, v in shown.items() if v}, "devices": devices,
+            "commits": commits, "device_hours": float(seconds) / 3600}
+
+
+def _distinct(column: pd.Series) -> str:
+    """'2000, 4000': the values taken, integers as integers (a column with gaps is float)."""
+    values = [v.item() if hasattr(v, "item") else v for v in sorted(column.dropna().unique())]
+    return ", ".join(format_value(int(v) if isinstance(v, float) and v.is_integer() else v)
+                     for v in values)
 
 
 # --------------------------------------------------------------------------------------
@@ -134,6 +159,7 @@ th { background: #f6f8fa; }
         font-size: 14px; }
 .runs dt { font-weight: bold; } .runs dd { margin: 0; }
 li { margin-bottom: 6px; }
+.note { color: #9a6700; font-size: 14px; }
 """
 
 
@@ -155,7 +181,8 @@ def _runs_box(part: pd.DataFrame) -> str:
     return ('<dl class="runs">'
             f'<dt>runs</dt><dd>{p["runs"]}</dd>'
             f'<dt>seeds</dt><dd>{_e(", ".join(map(str, p["seeds"])))}</dd>'
-            f'<dt>devices</dt><dd>{_counted(p["devices"])}</dd>'
+            + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in p["settings"].items())
+            + f'<dt>devices</dt><dd>{_counted(p["devices"])}</dd>'
             f'<dt>commits</dt><dd>{_counted(p["commits"])}</dd>'
             f'<dt>device-hours</dt><dd>{p["device_hours"]:.3g}</dd></dl>')
 
@@ -208,7 +235,10 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
         picture = _image(panel.image) if panel.image else _table_file(out, panel.stem)
         sections.append(
             f'<h2 id="{_e(panel.stem)}">{_e(panel.stem)}</h2><div class="figure">'
-            f'<div class="picture">{picture}</div><div class="side"><h3>Runs behind it</h3>'
+            f'<div class="picture">{picture}</div>'
+            + (f'<p class="note">Drawn together although {_e(panel.note)}.</p>'
+               if panel.note else "")
+            + '<div class="side"><h3>Runs behind it</h3>'
             f'{_runs_box(panel.runs)}<h3>Claims</h3>{_claims_table(beside[panel.stem])}'
             "</div></div>")
     rest = [o for o in decided if o.claim.id not in shown]

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import ROOT
 from fake_runs import fake_run
 
@@ -122,6 +121,11 @@ def test_report_through_the_cli(tmp_path, cli):
     assert "Claims not run" not in page
     fig2 = sections(page)["fig02_reverse_vocabulary"]
     assert all(f"q{i}-" in fig2 for i in range(1, 5))
+    # Not the paper's sizes, and said so beside the figure.
+    assert "<dt>hidden_size</dt><dd>128</dd>" in fig2 and "<dt>length</dt><dd>6</dd>" in fig2
+    assert "<dt>iterations</dt><dd>2000, 4000</dd>" in fig2
+    assert ("Drawn together although train.iterations follows vocab_size (32: 2000; 1024: "
+            "4000).") in fig2
 
 
 def chromium() -> str | None:
