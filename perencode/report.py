@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,16 +210,27 @@ def _table_file(out: Path, stem: str) -> str:
     return frame.to_html(index=False, float_format=lambda v: f"{v:.4f}", border=0)
 
 
+def _cited(stem: str, source: str) -> bool:
+    """Whether a claim's `source` ("Appendix B, Fig. 11; ...") names this figure file."""
+    found = re.match(r"(fig|table)(\d+)", stem)
+    if not found:
+        return False
+    word = "Fig." if found.group(1) == "fig" else "Table"
+    return re.search(rf"\b{re.escape(word)} {int(found.group(2))}\b", source) is not None
+
+
 def placed(decided: list[Outcome], found: list[Panel]) -> dict[str, list[Outcome]]:
     """Panel stem -> the claims shown beside it: each claim goes to the figure(s) drawing
-    the largest share of the runs its verdict rests on, a figure of the claim's own table
-    first (Fig. 5's stability claims rest on Fig. 3's runs too)."""
+    the largest share of the runs its verdict rests on; among those, first the figure its
+    `source` cites, then one of the claim's own table (Fig. 5's stability claims rest on
+    Fig. 3's runs too, Fig. 11's and Fig. 14's share theirs)."""
     beside: dict[str, list[Outcome]] = {p.stem: [] for p in found}
     for outcome in decided:
         rested = set(outcome.runs)
         scores = {p.stem: (len(rested & set(p.runs["run"])) / max(len(rested), 1),
+                           _cited(p.stem, outcome.claim.source),
                            p.table == outcome.claim.table) for p in found}
-        best = max(scores.values(), default=(0, False))
+        best = max(scores.values(), default=(0, False, False))
         if best[0] > 0:
             for stem, score in scores.items():
                 if score == best:

@@ -17,7 +17,11 @@ by `n` where the table has it), i.e. over seeds; the reproduced value comes with
 percentile-bootstrap CI (10,000 resamples). Verdicts account for the seeds (`three_way`):
 pass when the CI lies entirely on the claimed side of the threshold, fail when it lies
 entirely on the other side, inconclusive when it straddles it or a group has one run (no
-CI); not run when no run matches. Only a fail makes `perencode verify` exit 1.
+CI); not run when no run matches, with the reason: the claim's filters that the runs nearest
+to matching fail and the values they have there ("need model.hidden_size = 512, the
+nearest runs have 32"), or the field that varies within one of the claim's groups though
+the claim does not name it (runs of different settings would be pooled). Only a fail makes
+`perencode verify` exit 1.
 """
 
 from __future__ import annotations
@@ -362,13 +366,6 @@ def _coverage(claim: Claim, found: list[tuple]) -> str:
 
 
 def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcome:
-    outcome = _evaluate(claim, results, done)
-    if outcome.verdict == NOT_RUN:
-        outcome.runs = []
-    return outcome
-
-
-def _evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcome:
     source = f"claim {claim.id}"
     every = results.table(claim.table)
     rows = every
@@ -409,7 +406,8 @@ def _evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outco
                 else:
                     scored.append(_against(claim, cell, (v, lo, hi), len(vals), len(vals)))
             outcome = _verdict(claim, scored)
-    outcome.runs = sorted(set(rows["run"]))
+    if outcome.verdict != NOT_RUN:  # a difference rests on its groups' runs alone
+        outcome.runs = sorted(set(_groups(rows, claim, source)[0]["run"]))
     return outcome
 
 
@@ -593,11 +591,6 @@ def reproduced(o: Outcome) -> str:
     """The reproduced value for people: value [CI] (deciding cell) (coverage; note)."""
     extra = "; ".join(x for x in (o.coverage, o.note) if x)
     return (o.shown or "-") + (f" ({extra})" if extra else "")
-
-
-def _counts(outcomes: list[Outcome]) -> str:
-    """'1 inconclusive, 0 fail, 0 not run, 3 pass'."""
-    return ", ".join(f"{sum(o.verdict == v for o in outcomes)} {v}" for v in VERDICT_STYLE)
 
 
 @dataclass

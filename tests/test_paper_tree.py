@@ -5,14 +5,16 @@ that every claim holds."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from paper_tree import paper_tree
 
-from perencode.figures import FIGURES, make_figures
+from perencode.figures import FIGURES
+from perencode.report import make_report
 from perencode.verify import load_claims, verify_runs
 
-pytestmark = pytest.mark.slow  # the tree takes ~6 s, figures ~12 s, verify ~3 s on one core
+pytestmark = pytest.mark.slow  # the tree takes ~6 s, figures ~13 s, verify ~3 s on one core
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +44,25 @@ def test_every_paper_claim_is_decided_as_intended(tree):
     assert [c["runs"] for c in rare["cells"]] == [5, 5, 5]
 
 
-def test_every_paper_figure_is_drawn_once(tree):
+def test_every_paper_figure_is_drawn_once_beside_its_claims(tree):
     out, _ = tree
-    written = make_figures([out / "runs"], out=out / "figures")
-    names = {p.name for p in written}
+    page = make_report([out / "runs"], claims="paper", out=out / "report").read_text()
+    names = {p.name for p in (out / "report").iterdir()}
     for figure in FIGURES:
         drawn = {n for n in names if n.startswith(figure.name)}
         expected = ({f"{figure.name}.md", f"{figure.name}.csv"} if figure.name.startswith(
             "table") else {f"{figure.name}.png", f"{figure.name}.pdf"})
         assert drawn == expected, figure.name
     assert not [n for n in names if n.startswith("other_")]
+    # Each claim stands beside the figure (or table) its source cites, and only there.
+    beside = {}
+    for part in re.split(r"<h2[^>]*>", page)[1:]:
+        heading, body = part.split("</h2>", 1)
+        for claim in re.findall(r"<td><b>([^<]+)</b>", body):
+            beside.setdefault(claim, []).append(heading)
+    for claim in load_claims("paper"):
+        cited = re.search(r"(Fig\.|Table) (\d+)", claim.source)
+        prefix = ("fig" if cited.group(1) == "Fig." else "table") + \
+            cited.group(2).zfill(2 if cited.group(1) == "Fig." else 1)
+        assert [h.split("_")[0] for h in beside[claim.id]] == [prefix], claim.id
+    assert "Claims not run" not in page and "no figure draws" not in page
