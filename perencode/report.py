@@ -150,8 +150,9 @@ h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32
            border: 1px solid #d0d7de; border-radius: 6px; }
 .figure img { max-width: 100%; border: 1px solid #d0d7de; }
 .side h3 { font-size: 15px; margin: 12px 0 4px; }
-table { border-collapse: collapse; font-size: 13px; margin: 8px 0; width: 100%; }
-td:first-child { width: 38%; } td:nth-child(2) { width: 22%; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+table.claims { width: 100%; }
+.claims td:first-child { width: 38%; } .claims td:nth-child(2) { width: 22%; }
 th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; }
 th { background: #f6f8fa; }
 .verdict { font-weight: bold; color: #fff; padding: 1px 6px; border-radius: 4px;
@@ -195,8 +196,8 @@ def _claims_table(outcomes: list[Outcome]) -> str:
         f"<tr><td><b>{_e(o.claim.id)}</b><br>{_e(o.claim.statement)}</td>"
         f"<td>{_e(o.claim.paper)}</td><td>{_e(reproduced(o))}</td>"
         f"<td>{_badge(o.verdict)}</td></tr>" for o in outcomes)
-    return ("<table><tr><th>claim</th><th>paper</th><th>reproduced [95% CI]</th>"
-            f"<th>verdict</th></tr>{rows}</table>")
+    return ('<table class="claims"><tr><th>claim</th><th>paper</th>'
+            f"<th>reproduced [95% CI]</th><th>verdict</th></tr>{rows}</table>")
 
 
 def _image(path: Path) -> str:
