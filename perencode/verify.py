@@ -264,8 +264,8 @@ def _rule(rule: Any) -> str:
 
 def excluded(df: pd.DataFrame, filters: dict[str, Any], source: str) -> list[dict]:
     """Why no row of `df` passes `filters`: the filters that the rows nearest to passing
-    (those failing the fewest) fail, each with what it needs and the values those rows
-    have there; [] when some row passes."""
+    (those failing the fewest) fail, each with what it needs, the values those rows have
+    there and how many runs they are; [] when some row passes."""
     if df.empty:
         return []
     passes = {column: df.index.isin(select(df, {column: rule}, source).index)
@@ -276,7 +276,7 @@ def excluded(df: pd.DataFrame, filters: dict[str, Any], source: str) -> list[dic
     nearest = failed == failed.min()
     return [{"field": column, "need": filters[column], "needs": _rule(filters[column]),
              "have": _values(df.loc[nearest & ~keep, column]),
-             "runs": int(df.loc[nearest, "run"].nunique())}
+             "runs": int(df.loc[nearest & ~keep, "run"].nunique())}
             for column, keep in passes.items() if (nearest & ~keep).any()]
 
 

@@ -388,3 +388,31 @@ def test_an_empty_group_and_unfinished_runs_are_named(three_way_runs, tmp_path):
     assert random.note == "group a needs encoding.kind = random, the nearest runs have none, " \
                           "sinusoidal"
     assert later.note == "only unfinished runs match (1)"
+
+
+@pytest.mark.parametrize("rule, words", [
+    (512, "= 512"), (True, "= true"), ([32, 64], "in 32, 64"),
+    ({"min": 3, "max": 9}, ">= 3 and <= 9"), ({"not": ["1-16", "17-32"]}, "not 1-16, 17-32"),
+    ({"missing": True}, "unset"), (list(range(10)), "in 0, 1, 2, 3, 4, 5, 6, 7 and 2 more"),
+])
+def test_a_filter_in_words(rule, words):
+    from perencode.verify import _rule
+
+    assert _rule(rule) == words
+
+
+def test_the_nearest_runs_decide_the_reason():
+    """Of runs failing one filter and runs failing two, the first are the nearest: the
+    reason names their one field and their values there."""
+    from perencode.verify import excluded
+
+    df = pd.DataFrame({"run": ["a", "b", "c", "d"], "model.arch": ["gru", "gru", "lstm", "gru"],
+                       "model.hidden_size": [32, 64, 32, 512],
+                       "task.length": [64, 64, 16, 16]})
+    found = excluded(df, {"model.arch": "gru", "model.hidden_size": 512, "task.length": 64},
+                     "test")
+    assert found == [{"field": "model.hidden_size", "need": 512, "needs": "= 512",
+                      "have": [32, 64], "runs": 2},
+                     {"field": "task.length", "need": 64, "needs": "= 64", "have": [16],
+                      "runs": 1}]
+    assert excluded(df, {"model.arch": "lstm"}, "test") == []  # run c passes
