@@ -280,11 +280,15 @@ def excluded(df: pd.DataFrame, filters: dict[str, Any], source: str) -> list[dic
             for column, keep in passes.items() if (nearest & ~keep).any()]
 
 
-def because(found: list[dict], group: str = "") -> str:
-    """'need model.hidden_size = 512, the nearest runs have 32' (one clause per field)."""
+def because(found: list[dict], group: str = "", shown: int = 3) -> str:
+    """'need model.hidden_size = 512 (the nearest runs have 32), model.arch = lstm (gru)':
+    the first `shown` fields (all of them are in verify.json's `excluded`)."""
+    clauses = [f"{x['field']} {x['needs']} ({'the nearest runs have ' if i == 0 else ''}"
+               f"{_shown(x['have'])})" for i, x in enumerate(found[:shown])]
+    more = len(found) - shown
+    rest = f" and {more} more field{'s' * (more > 1)}" if more > 0 else ""
     who = f"group {group} needs" if group else "need"
-    return "; ".join(f"{who} {x['field']} {x['needs']}, the nearest runs have "
-                     f"{_shown(x['have'])}" for x in found)
+    return f"{who} {', '.join(clauses)}{rest}" if found else ""
 
 
 # --------------------------------------------------------------------------------------
@@ -669,7 +673,7 @@ def report_markdown(checked: Checked, run_paths: list[Path]) -> str:
     groups = checked.not_run()
     if groups:
         lines += ["## Not run", ""]
-        lines += [f"- {reason} ({len(group)}): {_ids(group)}" for reason, group in groups]
+        lines += [f"- {reason}. Claims ({len(group)}): {_ids(group)}" for reason, group in groups]
     return "\n".join(lines) + "\n"
 
 

@@ -85,7 +85,7 @@ def test_the_claims_not_run_with_their_reasons(report):
                         r"\d+ pass, \d+ fail, \d+ inconclusive; \d+ not run \(reasons below\)\.",
                         summary)
     not_run = sections(page)["Claims not run"]
-    assert "need model.arch = s4d, the nearest runs have gru" in not_run
+    assert "<li>need model.arch = s4d (the nearest runs have gru) <b>(5)</b>" in not_run
     assert "3-s4d-pe-larger-vocabulary" in not_run
 
 

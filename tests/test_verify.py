@@ -156,8 +156,8 @@ def test_verdicts_on_known_numbers(runs_root, tmp_path):
     assert "| pe-above-95 |" in md and "| s4d |" not in md
     assert ("9 claims; 8 concern the 24 finished runs given: 8 pass, 0 fail, 0 inconclusive; "
             "1 not run (reasons below).") in md
-    assert md.endswith("## Not run\n\n- need model.arch = s4d, the nearest runs have gru, "
-                       "lstm (1): s4d\n")
+    assert md.endswith("## Not run\n\n- need model.arch = s4d (the nearest runs have gru, "
+                       "lstm). Claims (1): s4d\n")
     assert got["s4d"]["excluded"] == [{"field": "model.arch", "need": "s4d",
                                        "needs": "= s4d", "have": ["gru", "lstm"], "runs": 24}]
     assert got["s4d"]["runs"] == [] and len(got["pe-above-95"]["runs"]) == 6
@@ -357,16 +357,20 @@ def test_a_shrunk_sweep_says_why_no_claim_was_run(tmp_path, cli):
     lines = output.splitlines()
     assert lines[0] == ("49 claims; 0 concern the 4 finished runs given (1 unfinished); 49 not "
                         "run (reasons below).")
-    assert "not run (6): need model.hidden_size = 512, the nearest runs have 32" in output
+    assert "not run (3): need model.hidden_size = 512 (the nearest runs have 32)\n" in output
     report = {r["id"]: r for r in json.loads((tmp_path / "out" / "verify.json").read_text())
               ["results"]}
-    assert report["1a-gru-pe-above-95"]["note"] == ("need model.hidden_size = 512, the nearest "
-                                                    "runs have 32")
+    assert report["1a-gru-pe-above-95"]["note"] == ("need model.hidden_size = 512 (the nearest "
+                                                    "runs have 32)")
     assert report["1a-gru-pe-above-95"]["excluded"][0]["runs"] == 2  # the PE runs
     assert report["2a-lstm-pe-above-95"]["note"] == (
-        "need model.hidden_size = 512, the nearest runs have 32; need model.arch = lstm, the "
-        "nearest runs have gru; need task.vocab_size in 256, 512, 1024, 2048, 4096, 8192, "
-        "16384, the nearest runs have 64")
+        "need model.hidden_size = 512 (the nearest runs have 32), model.arch = lstm (gru), "
+        "task.vocab_size in 256, 512, 1024, 2048, 4096, 8192, 16384 (64)")
+    assert report["7d-lstm-predecessor"]["note"] == (
+        "need task.name = predecessor (the nearest runs have reverse), task.length = 16 (64), "
+        "model.hidden_size = 512 (32) and 1 more field")
+    assert [x["field"] for x in report["7d-lstm-predecessor"]["excluded"]] == [
+        "task.name", "task.length", "model.hidden_size", "model.arch"]
     assert report["5a-gru-vanilla-frequent-among-rare"]["note"].startswith(
         "none of the 4 finished runs has rows of table 'by_band'")
     # --json: the whole document on stdout, every field of every claim.
@@ -385,8 +389,8 @@ def test_an_empty_group_and_unfinished_runs_are_named(three_way_runs, tmp_path):
     fake_run(tmp_path / "more", "512", vocab=512, finished=False)
     checked = check([three_way_runs, tmp_path / "more"], claims)
     random, later = checked.outcomes
-    assert random.note == "group a needs encoding.kind = random, the nearest runs have none, " \
-                          "sinusoidal"
+    assert random.note == "group a needs encoding.kind = random (the nearest runs have none, " \
+                          "sinusoidal)"
     assert later.note == "only unfinished runs match (1)"
 
 
