@@ -283,9 +283,9 @@ def make_report(runs: list[Path], claims: str | Path = "paper",
     """Draw the figures into `out`, check the claims and write `out`/report.html; its path."""
     run_paths = [Path(p) for p in runs]
     out = Path(out)
-    written = make_figures(run_paths, out=out)
     results = collect(run_paths)
-    checked = check(run_paths, claims, results=results)
+    checked = check(run_paths, claims, results=results)  # a bad claims file stops it here
+    written = make_figures(run_paths, out=out)
     page = render(checked, panels(results, written), out, run_paths)
     with hold(out, "report"):
         remove_stale_temps(out, lambda name: name == REPORT)

@@ -128,6 +128,12 @@ def test_report_through_the_cli(tmp_path, cli):
             "4000).") in fig2
 
 
+def test_a_wrong_claims_file_is_one_line_before_any_drawing(paper_like, tmp_path, cli):
+    code, output = cli("report", paper_like, "--claims", "papr", "--out", tmp_path / "out")
+    assert code == 2 and "papr: claims file not found" in output
+    assert not (tmp_path / "out").exists()
+
+
 def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
