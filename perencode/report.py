@@ -3,9 +3,10 @@
 `make_report` draws the figures (perencode.figures, into the same folder), checks the
 claims (perencode.verify, nothing written but the page) and writes `report.html`: a
 summary of the verdicts; then each figure with the claims it supports beside it (a claim
-supports a figure when runs drawn in it are among the runs its verdict rests on) and the
-runs behind it (count, seeds, devices, code commits, device-hours); the claims that rest
-on no drawn figure; and the claims not run, grouped by their reason. The page is
+stands beside the figure drawing the largest share of the runs its verdict rests on, the
+one its `source` cites first) and the runs behind it (count, seeds, sizes, devices, code
+commits, device-hours: training wall time summed over the runs); the claims that rest on
+no drawn figure; and the claims not run, grouped by their reason. The page is
 self-contained: images inline as base64 PNG, styles inline, nothing fetched, so it can be
 mailed or opened offline. verify.md / verify.json and the PNG/PDF files stay the formats
 for people and machines that prefer them.
