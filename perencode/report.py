@@ -201,6 +201,17 @@ def _claims_table(outcomes: list[Outcome]) -> str:
             f"<th>reproduced [95% CI]</th><th>verdict</th></tr>{rows}</table>")
 
 
+def _cited_not_run(stem: str, checked: Checked) -> str:
+    """The claims about this figure (their `source` cites it) that were not run."""
+    ids = [o.claim.id for o in checked.outcomes
+           if o.verdict == NOT_RUN and _cited(stem, o.claim.source)]
+    if not ids:
+        return ""
+    return (f'<p class="meta">Not run, though about this figure ({len(ids)}): '
+            f'{_e(", ".join(ids))}; the reasons are under <a href="#not-run">Claims not '
+            "run</a>.</p>")
+
+
 def _image(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     return f'<img alt="{_e(path.stem)}" src="data:image/png;base64,{data}">'
@@ -254,7 +265,7 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
                if panel.note else "")
             + '<div class="side"><h3>Runs behind it</h3>'
             f'{_runs_box(panel.runs)}<h3>Claims</h3>{_claims_table(beside[panel.stem])}'
-            "</div></div>")
+            + _cited_not_run(panel.stem, checked) + "</div></div>")
     rest = [o for o in decided if o.claim.id not in shown]
     if rest:
         sections.append("<h2>Claims decided on runs no figure draws</h2>"
@@ -264,7 +275,7 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
         items = "".join(f"<li>{_e(reason)} <b>({len(group)})</b><br>"
                         f"<span class=\"meta\">{_e(', '.join(o.claim.id for o in group))}"
                         "</span></li>" for reason, group in groups)
-        sections.append(f"<h2>Claims not run</h2><ul>{items}</ul>")
+        sections.append(f'<h2 id="not-run">Claims not run</h2><ul>{items}</ul>')
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     counts = " ".join(f"{_badge(v)} {sum(o.verdict == v for o in checked.outcomes)}"
                       for v in (PASS, FAIL, INCONCLUSIVE, NOT_RUN))
