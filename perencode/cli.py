@@ -466,11 +466,13 @@ def verify(
     report_only: bool = typer.Option(False, "--report-only", help="Exit 0 whatever the "
                                      "verdicts (errors still exit 2): runs too small to "
                                      "decide, as in `make rehearsal`."),
+    as_json: bool = typer.Option(False, "--json", help="Print verify.json (every field of "
+                                 "every claim) on stdout instead of the tables."),
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
     from perencode.verify import verify_runs
 
-    code = verify_runs(runs, claims=claims, out=out)
+    code = verify_runs(runs, claims=claims, out=out, as_json=as_json)
     raise typer.Exit(0 if report_only else code)
 
 
@@ -508,6 +510,22 @@ def crosscheck(
     raise typer.Exit(run_crosscheck(authors_repo, out, train=train, train_shape=train_shape,
                                     seeds=seeds, iterations=iterations, device=device,
                                     progress=progress))
+
+
+@app.command()
+@user_errors
+def report(
+    runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
+    claims: str = typer.Option("paper", help="Claims file: a path, or a bundled one (paper, "
+                               "quick, quick_gpu)."),
+    out: Path = typer.Option(Path("figures"), help="Output folder: the figures and "
+                             "report.html."),
+) -> None:
+    """Draw the figures and write report.html: each figure with its claims' verdicts and
+    the runs behind it, and why the other claims were not run (one offline page)."""
+    from perencode.report import make_report
+
+    console.print(f"wrote {make_report(runs, claims=claims, out=out)}")
 
 
 rehearsal_app = _App(no_args_is_help=True, help="The reviewer's path at CPU size "
