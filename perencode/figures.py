@@ -584,11 +584,19 @@ def other_figures(runs: pd.DataFrame, drawn: set) -> list[Figure]:
             for name in kinds.order("task", left["task.name"])] if metrics else []
 
 
-def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
-    """Draw one figure from its runs, one file per setting, named `__nonpaper` (and
-    subtitled with how) where the runs differ from the paper's grids for the figure; adds
-    the runs drawn to `drawn`."""
-    written: list[Path] = []
+@dataclass
+class Part:
+    """One file a figure draws: its runs split off by the settings beyond its axes."""
+    stem: str               # file name without suffix: fig02_reverse_vocabulary[__...]
+    runs: pd.DataFrame      # rows of Results.runs drawn in it
+    rows: pd.DataFrame      # rows of the figure's Results table drawn in it
+    note: str               # settings tied to its axes although they differ (tied_note)
+    differs: str            # how its runs differ from the paper's grids ("" if they do not)
+
+
+def figure_parts(figure: Figure, results: Results) -> list[Part]:
+    """The files `figure` draws from `results`: one per setting, named `__nonpaper` where
+    the runs differ from the paper's grids for the figure (figures and report read this)."""
     chosen = results.runs[figure.select(results.runs)]
     if figure.complete:
         chosen = chosen[chosen["complete"]]
@@ -597,26 +605,34 @@ def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
             part for _, part in settings(chosen, results.recipe_columns, figure.axes)[0]
             if part["encoding.kind"].isin(figure.requires).any()])
     parts, tied = settings(chosen, results.recipe_columns, figure.axes)
+    table = results.table(figure.table)
+    found = []
     for suffix, part in parts:
-        rows = results.table(figure.table)
-        rows = rows[rows["run"].isin(part["run"])]
+        rows = table[table["run"].isin(part["run"])]
         if rows.empty:
             continue
-        note = tied_note(part, tied, figure.axes)
-        if note:
-            console.print(f"{figure.name}{suffix}: one figure although {note}",
+        drawn = part[part["run"].isin(rows["run"])]
+        differs = paper_difference(drawn, figure, results.recipe_columns)
+        found.append(Part(f"{figure.name}{suffix}" + ("__nonpaper" if differs else ""), drawn,
+                          rows, tied_note(part, tied, figure.axes), differs))
+    return found
+
+
+def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
+    """Draw one figure from its runs, one file per part (figure_parts), subtitled with how
+    its runs differ from the paper's; adds the runs drawn to `drawn`."""
+    written: list[Path] = []
+    for part in figure_parts(figure, results):
+        if part.note:
+            console.print(f"{part.stem}: one figure although {part.note}",
                           highlight=False, soft_wrap=True)
-        lacking = missing_runs(part[part["run"].isin(rows["run"])], figure.axes)
+        lacking = missing_runs(part.runs, figure.axes)
         if lacking:
             shown = "; ".join(lacking[:8]) + (f"; and {len(lacking) - 8} more"
                                               if len(lacking) > 8 else "")
-            _warn(f"{figure.name}{suffix}: drawn without {len(lacking)} missing run(s): "
-                  f"{shown}")
-        drawn_part = part[part["run"].isin(rows["run"])]
-        differs = paper_difference(drawn_part, figure, results.recipe_columns)
-        stem = out / (f"{figure.name}{suffix}" + ("__nonpaper" if differs else ""))
-        if differs:
-            console.print(f"{stem.name}: {differs}", highlight=False, soft_wrap=True)
-        written += figure.draw(rows, stem, differs)
-        drawn.update(rows["run"])
+            _warn(f"{part.stem}: drawn without {len(lacking)} missing run(s): {shown}")
+        if part.differs:
+            console.print(f"{part.stem}: {part.differs}", highlight=False, soft_wrap=True)
+        written += figure.draw(part.rows, out / part.stem, part.differs)
+        drawn.update(part.rows["run"])
     return written

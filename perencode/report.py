@@ -27,10 +27,9 @@ from perencode import runs as run_dirs
 from perencode.figures import (
     FIGURES,
     Figure,
+    figure_parts,
     make_figures,
     other_figures,
-    settings,
-    tied_note,
 )
 from perencode.io import atomic_write_text, remove_stale_temps
 from perencode.lock import hold
@@ -64,27 +63,7 @@ class Panel:
     runs: pd.DataFrame  # rows of Results.runs
     table: str          # the Results table it draws (runs, by_band, stability, ...)
     note: str = ""      # settings that differ among its runs yet drawn together
-
-
-def figure_parts(figure: Figure, results: Results) -> list[tuple[str, pd.DataFrame, str]]:
-    """(file stem, runs, note) of each file `figures` draws for `figure`: its runs split by
-    the settings that differ beyond its axes, as perencode.figures draws them; the note
-    names the settings tied to its axes (perencode.figures.tied_note)."""
-    chosen = results.runs[figure.select(results.runs)]
-    if figure.complete:
-        chosen = chosen[chosen["complete"]]
-    if figure.requires:
-        chosen = pd.concat([chosen.iloc[:0]] + [
-            part for _, part in settings(chosen, results.recipe_columns, figure.axes)[0]
-            if part["encoding.kind"].isin(figure.requires).any()])
-    out = []
-    table = results.table(figure.table)
-    parts, tied = settings(chosen, results.recipe_columns, figure.axes)
-    for suffix, part in parts:
-        drawn = part[part["run"].isin(table["run"])]
-        if not drawn.empty:
-            out.append((f"{figure.name}{suffix}", drawn, tied_note(part, tied, figure.axes)))
-    return out
+    differs: str = ""   # how its runs differ from the paper's grids for the figure
 
 
 def panels(results: Results, written: list[Path]) -> list[Panel]:
@@ -95,11 +74,11 @@ def panels(results: Results, written: list[Path]) -> list[Panel]:
 
     def add(figures: list[Figure]) -> None:
         for figure in figures:
-            for stem, part, note in figure_parts(figure, results):
-                if f"{stem}.png" in files or f"{stem}.csv" in files:
-                    found.append(Panel(stem, files.get(f"{stem}.png"), part, figure.table,
-                                       note))
-                    drawn.update(part["run"])
+            for part in figure_parts(figure, results):
+                if f"{part.stem}.png" in files or f"{part.stem}.csv" in files:
+                    found.append(Panel(part.stem, files.get(f"{part.stem}.png"), part.runs,
+                                       figure.table, part.note, part.differs))
+                    drawn.update(part.runs["run"])
 
     add(FIGURES)
     add(other_figures(results.runs, drawn))
@@ -261,6 +240,8 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
         sections.append(
             f'<h2 id="{_e(panel.stem)}">{_e(panel.stem)}</h2><div class="figure">'
             f'<div class="picture">{picture}</div>'
+            + (f'<p class="note">{_e(panel.differs)}.</p>'
+               if panel.differs else "")
             + (f'<p class="note">Drawn together although {_e(panel.note)}.</p>'
                if panel.note else "")
             + '<div class="side"><h3>Runs behind it</h3>'
