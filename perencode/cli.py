@@ -71,8 +71,19 @@ def _version(value: bool) -> None:
 def main(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
+    plugin: list[str] = typer.Option(
+        [], "--plugin", metavar="FILE_OR_MODULE", help="Load a plugin's tasks, models or "
+        "encodings: a Python file or an importable module (docs/extending.md). Repeatable; "
+        "also PERENCODE_PLUGINS (a path-separated list). Installed plugins (entry points "
+        "perencode.kinds) load by themselves. A sweep hands them to its workers and jobs."),
 ) -> None:
     """Options of `perencode` itself (the commands have their own)."""
+    from perencode.plugins import activate
+
+    try:
+        activate(plugin)
+    except UserError as exc:
+        fail(str(exc))
 
 
 @app.command()

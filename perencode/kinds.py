@@ -17,6 +17,7 @@ importing them back.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -95,12 +96,21 @@ ENCODINGS: dict[str, EncodingKind] = {}
 REGISTRIES = {"task": TASKS, "model": MODELS, "encoding": ENCODINGS}
 FIELDS = {"task": "task.name", "model": "model.arch", "encoding": "encoding.kind"}
 _loaded: list[bool] = []
+# Where an unknown name sends the user (perencode.plugins).
+PLUGIN_HINT = ("a plugin's kinds load with `perencode --plugin FILE_OR_MODULE`, "
+               "PERENCODE_PLUGINS or an installed package's perencode.kinds entry point "
+               "(docs/extending.md)")
 
 
 def _register(registry: dict, kind):
     if not kind.name or not kind.name.replace("_", "").isalnum():
         raise ValueError(f"kind name {kind.name!r}: letters, digits and '_' only")
+    from perencode import plugins
+
     registry[kind.name] = kind
+    # The code that called register_*: where a run's kind came from (plugins.json).
+    section = next(k for k, v in REGISTRIES.items() if v is registry)
+    plugins.noted(section, kind.name, sys._getframe(2).f_globals)
     return kind
 
 
@@ -121,11 +131,16 @@ def register_encoding(kind: EncodingKind) -> EncodingKind:
 
 def registry(kind: str) -> dict:
     """The registry of `kind` ("task", "model" or "encoding"), the package's own kinds
-    loaded."""
+    loaded, then the installed plugins' (entry points) and those PERENCODE_PLUGINS names
+    (perencode.plugins; a plugin that fails to import is a UserError)."""
     if not _loaded:
         _loaded.append(True)  # before the imports: their own look-ups must not recurse
         for module in BUILTIN_MODULES:
             importlib.import_module(module)
+        from perencode import plugins
+
+        plugins.load_entry_points()
+        plugins.from_environment()
     return REGISTRIES[kind]
 
 
@@ -143,7 +158,7 @@ def get(kind: str, name: str):
     found = registry(kind).get(name)
     if found is None:
         raise ValueError(f"{FIELDS[kind]} = {name!r} is not registered: expected "
-                         f"{choices(kind)}")
+                         f"{choices(kind)}; {PLUGIN_HINT}")
     return found
 
 

@@ -58,7 +58,7 @@ def registered(kind: str, name: str, info: ValidationInfo) -> str:
     the validation reads results (context `any_kind`: a run made with a kind the reader has
     not imported is still a result, under its raw name)."""
     if name not in kinds.registry(kind) and not (info.context or {}).get("any_kind"):
-        raise ValueError(f"Input should be {kinds.choices(kind)}")
+        raise ValueError(f"Input should be {kinds.choices(kind)}; {kinds.PLUGIN_HINT}")
     return name
 
 
@@ -102,7 +102,7 @@ class KindConfig(Section):
         if any_kind and isinstance(name, str):
             return _open_class(cls)
         raise ValueError(f"field '{cls.TAG}': Input should be {kinds.choices(cls.KIND)} "
-                         f"(got {name!r})")
+                         f"(got {name!r}); {kinds.PLUGIN_HINT}")
 
     @classmethod
     def of(cls, **fields: Any) -> KindConfig:
