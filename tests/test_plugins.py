@@ -281,3 +281,31 @@ def test_a_plugins_kinds_remember_where_they_came_from(tmp_path, loose):
         plugins._LOADED.pop(str(loose.resolve()), None)
         sys.modules.pop("my_pe", None)
 
+
+
+def doc_blocks(language: str) -> list[str]:
+    """The ```LANGUAGE blocks of docs/extending.md's routes section, in order."""
+    text = (ROOT / "docs" / "extending.md").read_text()
+    routes = text[text.index("## Three ways"):text.index("### What a run remembers")]
+    return [block.split("\n", 1)[1] for block in routes.split("```")[1::2]
+            if block.startswith(language + "\n")]
+
+
+@pytest.mark.slow
+def test_the_docs_first_two_routes_run_as_written(tmp_path):
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    notebook, loose_file = doc_blocks("python")
+    proc = subprocess.run([PYTHON, "-c", notebook], capture_output=True, text=True,
+                          env=subprocess_env(), cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert 0.0 <= float(proc.stdout.strip().splitlines()[-1]) <= 1.0
+    assert runs.is_complete(tmp_path / "runs" / "notebook" / "lin_ramp")
+    (tmp_path / "my_pe.py").write_text(loose_file)
+    commands = doc_blocks("sh")[0].replace("\\\n", " ").splitlines()
+    for command in commands:
+        variables, _, rest = command.partition("perencode ")
+        env = dict(v.split("=", 1) for v in variables.split())
+        code, text = perencode(*rest.split(), env=env, cwd=tmp_path)
+        assert code == 0, (command, text)
+    assert json.loads((tmp_path / "runs" / "lin_ramp" / "eval.json").read_text())[
+        "encoding"] == "lin_ramp"
