@@ -240,7 +240,8 @@ def loaded() -> list[Plugin]:
 
 def records() -> list[dict]:
     """Every plugin whose kinds this process holds, as JSON-ready dicts (env.json)."""
-    found = {p: None for p in [*ORIGINS.values(), *_LOADED.values()]}
+    live = [p for (section, name), p in ORIGINS.items() if name in kinds.REGISTRIES[section]]
+    found = {p: None for p in [*live, *_LOADED.values()]}
     return [asdict(p) for p in found]
 
 

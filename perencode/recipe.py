@@ -534,6 +534,9 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     data = read_toml(path)
     if overrides:
         data = apply_overrides(data, overrides)
+    from perencode import plugins
+
+    plugins.require(Path(path).parent, data)  # a run's recipe.toml: the plugin it needs
     source = f"{path}" + (" (with --set)" if overrides else "")
     return validate(data, source)
 

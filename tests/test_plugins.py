@@ -100,8 +100,9 @@ def test_a_loose_plugin_reaches_the_sweep_workers_and_its_runs_name_it(tmp_path,
         f"encoding.kind = 'lin_ramp', which this process has not loaded; pass it: perencode "
         f"--plugin {loose.resolve()} COMMAND ... (or PERENCODE_PLUGINS={loose.resolve()})")
     assert not Path(str(loose) + ".ran").exists()
-    code, text = perencode("stability", ramp, "--device", "cpu")  # any command reading it
-    assert code == 2 and "the run needs the plugin my_pe" in error_line(text)
+    for command in (["stability", ramp], ["train", ramp / "recipe.toml", "--run-dir", ramp]):
+        code, text = perencode(*command, "--device", "cpu")  # any command reading the run
+        assert code == 2 and "the run needs the plugin my_pe" in error_line(text), command
 
 
 @pytest.mark.slow
