@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shlex
+from importlib import metadata
 from pathlib import Path
 
 import typer
@@ -78,12 +80,15 @@ def main(
         "perencode.kinds) load by themselves. A sweep hands them to its workers and jobs."),
 ) -> None:
     """Options of `perencode` itself (the commands have their own)."""
-    from perencode.plugins import activate
+    # Without a plugin nothing is imported: commands that need no kinds start without torch.
+    if plugin or os.environ.get("PERENCODE_PLUGINS") or metadata.entry_points(
+            group="perencode.kinds"):
+        from perencode.plugins import activate
 
-    try:
-        activate(plugin)
-    except UserError as exc:
-        fail(str(exc))
+        try:
+            activate(plugin)
+        except UserError as exc:
+            fail(str(exc))
 
 
 @app.command()

@@ -96,6 +96,13 @@ ENCODINGS: dict[str, EncodingKind] = {}
 REGISTRIES = {"task": TASKS, "model": MODELS, "encoding": ENCODINGS}
 FIELDS = {"task": "task.name", "model": "model.arch", "encoding": "encoding.kind"}
 _loaded: list[bool] = []
+# (registry, name) -> where a kind not of the package came from: a perencode.plugins.Plugin
+# (LOADING holds the one being imported) or (module, file) of the code that registered it.
+ORIGINS: dict[tuple[str, str], Any] = {}
+LOADING: list[Any] = []
+# Loads the installed plugins and those PERENCODE_PLUGINS names on first use, by name as
+# the package's own modules are (it imports this module).
+PLUGIN_LOADER = "perencode.plugins"
 # Where an unknown name sends the user (perencode.plugins).
 PLUGIN_HINT = ("a plugin's kinds load with `perencode --plugin FILE_OR_MODULE`, "
                "PERENCODE_PLUGINS or an installed package's perencode.kinds entry point "
@@ -105,12 +112,18 @@ PLUGIN_HINT = ("a plugin's kinds load with `perencode --plugin FILE_OR_MODULE`, 
 def _register(registry: dict, kind):
     if not kind.name or not kind.name.replace("_", "").isalnum():
         raise ValueError(f"kind name {kind.name!r}: letters, digits and '_' only")
-    from perencode import plugins
-
     registry[kind.name] = kind
-    # The code that called register_*: where a run's kind came from (plugins.json).
-    section = next(k for k, v in REGISTRIES.items() if v is registry)
-    plugins.noted(section, kind.name, sys._getframe(2).f_globals)
+    # Where it came from (a run's plugins.json): the plugin being loaded, else the module
+    # that called register_*; nothing for the package's own kinds.
+    key = (next(k for k, v in REGISTRIES.items() if v is registry), kind.name)
+    caller = sys._getframe(2).f_globals
+    module = caller.get("__name__", "")
+    if LOADING:
+        ORIGINS[key] = LOADING[-1]
+    elif module == "perencode" or module.startswith("perencode."):
+        ORIGINS.pop(key, None)
+    else:
+        ORIGINS[key] = (module, caller.get("__file__"))
     return kind
 
 
@@ -137,10 +150,7 @@ def registry(kind: str) -> dict:
         _loaded.append(True)  # before the imports: their own look-ups must not recurse
         for module in BUILTIN_MODULES:
             importlib.import_module(module)
-        from perencode import plugins
-
-        plugins.load_entry_points()
-        plugins.from_environment()
+        importlib.import_module(PLUGIN_LOADER).load_installed()
     return REGISTRIES[kind]
 
 

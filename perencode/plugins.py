@@ -12,7 +12,7 @@ Three routes bring kinds in:
 
 Every kind remembers where it came from (`origin`). A sweep hands its workers and SLURM jobs
 the plugins of this process (`handed_on`: PERENCODE_PLUGINS with absolute paths) and checks
-its cells in a process started as its workers are (`check_in_worker`). A run records the
+its cells in a process started as its workers are (perencode.sweep.check). A run records the
 plugins its kinds came from in RUN_DIR/plugins.json; a later command that lacks one says
 which and how to load it (`require`), and never executes a file because a run names it.
 """
@@ -24,7 +24,6 @@ import importlib
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -34,6 +33,7 @@ from typing import Any
 
 from perencode import kinds
 from perencode.errors import UserError
+from perencode.io import atomic_write_json
 
 GROUP = "perencode.kinds"
 VARIABLE = "PERENCODE_PLUGINS"
@@ -71,12 +71,9 @@ class Plugin:
         return f"pass it: perencode --plugin {self.spec} COMMAND ... (or {VARIABLE}={self.spec})"
 
 
-# Loose plugins loaded in this process, by spec, in loading order.
+# Loose plugins loaded in this process, by spec, in loading order. Where each kind came
+# from is kinds.ORIGINS (a Plugin while one loads: kinds.LOADING).
 _LOADED: dict[str, Plugin] = {}
-# The plugin being imported now (its registrations get it as their origin).
-_LOADING: list[Plugin] = []
-# (registry, name) -> the plugin that registered it; the package's own kinds are absent.
-ORIGINS: dict[tuple[str, str], Plugin] = {}
 
 
 def _distribution(module: str) -> tuple[str | None, str | None]:
@@ -96,25 +93,15 @@ def _file_of(module: ModuleType | None) -> str | None:
     return str(Path(path).resolve()) if path else None
 
 
-def noted(registry: str, name: str, caller: dict[str, Any]) -> None:
-    """Remember where the kind `name` was registered from (kinds' `register_*` calls it
-    with the globals of the code that called them)."""
-    if _LOADING:
-        ORIGINS[(registry, name)] = _LOADING[-1]
-        return
-    module = caller.get("__name__", "")
-    if module == "perencode" or module.startswith("perencode."):
-        ORIGINS.pop((registry, name), None)
-        return
-    package, version = _distribution(module) if module != "__main__" else (None, None)
-    file = caller.get("__file__")
-    ORIGINS[(registry, name)] = Plugin(module, str(Path(file).resolve()) if file else None,
-                                       package, version)
-
-
 def origin(registry: str, name: str) -> Plugin | None:
-    """The plugin a registered kind came from; None for the package's own (or unknown)."""
-    return ORIGINS.get((registry, name))
+    """The plugin a registered kind came from; None for the package's own. A kind that a
+    module registered in this process (a notebook, a test) is described by that module."""
+    found = kinds.ORIGINS.get((registry, name))
+    if found is None or isinstance(found, Plugin):
+        return found
+    module, file = found
+    package, version = _distribution(module) if module != "__main__" else (None, None)
+    return Plugin(module, str(Path(file).resolve()) if file else None, package, version)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -123,11 +110,18 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _importing(plugin: Plugin, run) -> Any:
-    _LOADING.append(plugin)
+    kinds.LOADING.append(plugin)
     try:
         return run()
     finally:
-        _LOADING.pop()
+        kinds.LOADING.pop()
+
+
+def _replace(old: Plugin, new: Plugin) -> None:
+    """Once loaded, a plugin is known better (its file): its kinds' origins say so."""
+    for key, found in list(kinds.ORIGINS.items()):
+        if found == old:
+            kinds.ORIGINS[key] = new
 
 
 def load_entry_points() -> list[Plugin]:
@@ -149,13 +143,18 @@ def load_entry_points() -> list[Plugin]:
             raise UserError(f"plugin '{ep.name}' ({GROUP} entry point {ep.value} of "
                             f"{plugin.package or 'an installed package'}): cannot be loaded: "
                             f"{_one_line(exc)}") from None
-        plugin = Plugin(plugin.module, _file_of(sys.modules.get(plugin.module)),
-                        plugin.package, plugin.version, plugin.entry_point)
-        for key, found in list(ORIGINS.items()):
-            if found.entry_point == ep.name:
-                ORIGINS[key] = plugin
-        loaded.append(plugin)
+        found = Plugin(plugin.module, _file_of(sys.modules.get(plugin.module)),
+                       plugin.package, plugin.version, plugin.entry_point)
+        _replace(plugin, found)
+        loaded.append(found)
     return loaded
+
+
+def load_installed() -> None:
+    """What every process loads when a registry is first used (kinds.registry): the
+    installed plugins, then those PERENCODE_PLUGINS names."""
+    load_entry_points()
+    from_environment()
 
 
 def _is_file(spec: str) -> bool:
@@ -209,9 +208,7 @@ def load(spec: str) -> Plugin:
         except Exception as exc:  # noqa: BLE001
             raise UserError(f"plugin {spec}: importing it failed: {_one_line(exc)}") from None
         found = Plugin(spec, _file_of(module), plugin.package, plugin.version)
-        for k, v in list(ORIGINS.items()):
-            if v == plugin:
-                ORIGINS[k] = found
+        _replace(plugin, found)
         plugin = found
     _LOADED[key] = plugin
     return plugin
@@ -225,12 +222,10 @@ def from_environment() -> list[Plugin]:
 
 def activate(specs: list[str]) -> None:
     """The CLI's start: load the plugins (installed ones, PERENCODE_PLUGINS, then `specs`)
-    now, so that a failing one stops the command before it begins. Without any plugin
-    nothing is imported (commands that need no kinds start without torch)."""
-    if specs or os.environ.get(VARIABLE) or metadata.entry_points(group=GROUP):
-        kinds.registry("task")
-        for spec in specs:
-            load(spec)
+    now, so that a failing one stops the command before it begins."""
+    kinds.registry("task")
+    for spec in specs:
+        load(spec)
 
 
 def loaded() -> list[Plugin]:
@@ -240,7 +235,8 @@ def loaded() -> list[Plugin]:
 
 def records() -> list[dict]:
     """Every plugin whose kinds this process holds, as JSON-ready dicts (env.json)."""
-    live = [p for (section, name), p in ORIGINS.items() if name in kinds.REGISTRIES[section]]
+    live = [origin(section, name) for section, name in kinds.ORIGINS
+            if name in kinds.REGISTRIES[section]]
     found = {p: None for p in [*live, *_LOADED.values()]}
     return [asdict(p) for p in found]
 
@@ -259,8 +255,6 @@ def used_by(recipe) -> dict[Plugin, list[str]]:
 
 def record(run_dir: str | Path, recipe) -> Path | None:
     """RUN_DIR/plugins.json: the plugins a run's kinds come from (none: no file)."""
-    from perencode.io import atomic_write_json
-
     used = used_by(recipe)
     if not used:
         return None
@@ -315,48 +309,3 @@ def handed_on(recipes=()) -> list[str]:
 def environment(specs: list[str]) -> dict[str, str]:
     """The variables a worker needs to see `specs` (empty: none)."""
     return {VARIABLE: os.pathsep.join(specs)} if specs else {}
-
-
-# The worker side of `check_in_worker`: reads {source: recipe TOML} on stdin.
-_WORKER_CHECK = ("import sys\n"
-                 "if {drop}: del sys.path[0]\n"
-                 "from perencode.plugins import validate_sources\n"
-                 "sys.exit(validate_sources(sys.stdin.read()))\n")
-
-
-def validate_sources(text: str) -> int:
-    """Validate each recipe of a JSON {source: TOML text} as `perencode train` validates
-    its recipe.toml; print the first mistake, 2 if one is found."""
-    from perencode.console import console
-    from perencode.recipe import tomllib, validate
-
-    try:
-        from_environment()
-        for source, toml in json.loads(text).items():
-            validate(tomllib.loads(toml), source)
-    except UserError as exc:
-        console.print(str(exc), highlight=False, soft_wrap=True)
-        return 2
-    return 0
-
-
-def check_in_worker(named: dict[str, Any], specs: list[str]) -> None:
-    """Validate recipes (source -> Recipe) in a new process started as a sweep's workers
-    are (the same interpreter and import path, PERENCODE_PLUGINS = `specs`), from the TOML
-    their run directories get: what passes here passes in the workers. Only recipes with a
-    plugin's kind need it; the others validate the same in any process."""
-    named = {s: r for s, r in named.items() if used_by(r)}
-    if not named:
-        return
-    from perencode.sweep.local import perencode_command
-
-    drop = len(perencode_command()) == 1  # the console script: no working directory on path
-    env = {k: v for k, v in os.environ.items() if k != VARIABLE}
-    env.update(environment(specs))
-    done = subprocess.run([sys.executable, "-c", _WORKER_CHECK.format(drop=drop)],
-                          input=json.dumps({s: r.to_toml() for s, r in named.items()}),
-                          capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        last = (done.stdout.strip() or done.stderr.strip() or "failed").splitlines()[-1]
-        passed = f"{VARIABLE}={os.pathsep.join(specs)}" if specs else f"no {VARIABLE}"
-        raise UserError(f"in a worker process ({passed}): {last}")

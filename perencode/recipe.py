@@ -24,7 +24,7 @@ from pydantic import (
 )
 from rapidfuzz import process
 
-from perencode import kinds
+from perencode import kinds, plugins
 from perencode.errors import UserError
 
 if sys.version_info >= (3, 11):
@@ -534,8 +534,6 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     data = read_toml(path)
     if overrides:
         data = apply_overrides(data, overrides)
-    from perencode import plugins
-
     plugins.require(Path(path).parent, data)  # a run's recipe.toml: the plugin it needs
     source = f"{path}" + (" (with --set)" if overrides else "")
     return validate(data, source)

@@ -278,7 +278,7 @@ def test_a_plugins_kinds_remember_where_they_came_from(tmp_path, loose):
             "PERENCODE_PLUGINS": f"{loose}{os.pathsep}pkg.mod"}
     finally:
         kinds.ENCODINGS.pop("lin_ramp", None)
-        plugins.ORIGINS.pop(("encoding", "lin_ramp"), None)
+        kinds.ORIGINS.pop(("encoding", "lin_ramp"), None)
         plugins._LOADED.pop(str(loose.resolve()), None)
         sys.modules.pop("my_pe", None)
 

@@ -9,6 +9,7 @@ to that run instead of trained twice.
     plan.py    the state of each cell's run and the commands still to run
     local.py   the local executor (subprocesses, GPUs round-robin)
     slurm.py   the SLURM executor (a job array through submitit; submit and leave)
+    check.py   the cells validated in a process started as the workers are (plugins)
     board.py   the live table
     cost.py    disk, FLOPs and device-hours of a grid (--dry-run, --estimate)
 """
@@ -25,6 +26,7 @@ from perencode.lock import hold
 from perencode.recipe import validate_table
 from perencode.sweep import slurm as slurm_executor
 from perencode.sweep.board import Board
+from perencode.sweep.check import check_in_worker
 from perencode.sweep.cost import measure, print_plan
 from perencode.sweep.local import run_local
 from perencode.sweep.plan import FINISHED, Run, RunState, live_jobs, mark_queued, plan, prepare
@@ -53,7 +55,7 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
         raise UserError(f"{grid}: --only leaves no cell to run")
     # The workers get this process's plugins; each cell is validated as they will.
     handed = plugins.handed_on([c.recipe for c in g.cells])
-    plugins.check_in_worker({f"{grid} [grid] {c.name}": c.recipe for c in g.cells}, handed)
+    check_in_worker({f"{grid} [grid] {c.name}": c.recipe for c in g.cells}, handed)
     planned = plan(g, out, tensorboard)
     if estimate:
         measure(planned, out, device, jobs)
