@@ -55,8 +55,11 @@ class Plugin:
 
     @property
     def spec(self) -> str:
-        """What `--plugin` takes to load it again: its file, else its module name."""
-        return self.file or self.module
+        """What `--plugin` takes to load it again: its file, unless it is part of a package
+        (a dotted name, a package's __init__.py), which is imported by its module name so
+        that its relative imports work."""
+        packaged = "." in self.module or (self.file or "").endswith("__init__.py")
+        return self.module if packaged or not self.file else self.file
 
     def describe(self) -> str:
         """'my_pe (/home/me/my_pe.py)', 'perencode_minrnn (perencode-minrnn 0.1.0)'."""
@@ -293,7 +296,7 @@ def handed_on(recipes=()) -> list[str]:
     """What a sweep's workers get in PERENCODE_PLUGINS: every loose plugin of this process
     (absolute paths, module names), and the module of each kind the recipes use that was
     registered in this process. Installed plugins load in the workers by themselves."""
-    specs = [p.spec for p in _LOADED.values()]
+    specs = list(_LOADED)  # as they were given: absolute paths, module names
     for recipe in recipes:
         for plugin, fields in used_by(recipe).items():
             if plugin.entry_point or plugin.spec in specs:

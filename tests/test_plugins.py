@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -149,14 +150,17 @@ def test_an_unknown_kind_names_the_registered_ones_and_the_plugin_routes(tmp_pat
 
 
 def throwaway_env(folder: Path, *packages: Path) -> str:
-    """A venv over the system site-packages (torch, pydantic...) that sees this checkout's
-    perencode and has `packages` pip-installed (offline, nothing downloaded); its python."""
+    """A venv that sees this checkout's perencode and the test environment's packages
+    (torch, pydantic...: the system's, and the test venv's where it has its own) and has
+    `packages` pip-installed (offline, nothing downloaded); its python."""
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
                     str(folder)], check=True, timeout=120)
     python = str(folder / "bin" / "python")
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
-                           "['purelib'])"], capture_output=True, text=True, check=True)
-    Path(site.stdout.strip(), "perencode-checkout.pth").write_text(f"{ROOT}\n")
+    own = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                          "['purelib'])"], capture_output=True, text=True, check=True)
+    lines = [str(ROOT), *(f"import site; site.addsitedir({path!r})"
+                          for path in site.getsitepackages())]
+    Path(own.stdout.strip(), "perencode-test-env.pth").write_text("\n".join(lines) + "\n")
     for package in packages:
         copy = folder.parent / f"src-{package.name}"  # the build writes beside its sources
         shutil.copytree(package, copy, ignore=shutil.ignore_patterns("build", "*.egg-info"))
@@ -274,6 +278,10 @@ def test_a_plugins_kinds_remember_where_they_came_from(tmp_path, loose):
         assert plugins.origin("encoding", "sinusoidal") is None  # the package's own
         assert plugins.load(str(loose)) is plugin  # loaded once
         assert plugins.handed_on() == [str(loose.resolve())]
+        # A module of a package is handed on by name (its relative imports), a file by path.
+        assert [plugins.Plugin(m, f).spec for m, f in [
+            ("mylab.enc", "/x/mylab/enc.py"), ("mylab", "/x/mylab/__init__.py"),
+            ("my_pe", "/x/my_pe.py")]] == ["mylab.enc", "mylab", "/x/my_pe.py"]
         assert plugins.environment([str(loose), "pkg.mod"]) == {
             "PERENCODE_PLUGINS": f"{loose}{os.pathsep}pkg.mod"}
     finally:
