@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shlex
 from importlib import metadata
+from os import environ
 from pathlib import Path
 
 import typer
@@ -81,7 +81,7 @@ def main(
 ) -> None:
     """Options of `perencode` itself (the commands have their own)."""
     # Without a plugin nothing is imported: commands that need no kinds start without torch.
-    if plugin or os.environ.get("PERENCODE_PLUGINS") or metadata.entry_points(
+    if plugin or environ.get("PERENCODE_PLUGINS") or metadata.entry_points(
             group="perencode.kinds"):
         from perencode.plugins import activate
 
