@@ -12,6 +12,8 @@ import functools
 import json
 import re
 import shlex
+from importlib import metadata
+from os import environ
 from pathlib import Path
 
 import typer
@@ -119,8 +121,22 @@ def _version(value: bool) -> None:
 def main(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
+    plugin: list[str] = typer.Option(
+        [], "--plugin", metavar="FILE_OR_MODULE", help="Load a plugin's tasks, models or "
+        "encodings: a Python file or an importable module (docs/extending.md). Repeatable; "
+        "also PERENCODE_PLUGINS (a path-separated list). Installed plugins (entry points "
+        "perencode.kinds) load by themselves. A sweep hands them to its workers and jobs."),
 ) -> None:
     """Options of `perencode` itself (the commands have their own)."""
+    # Without a plugin nothing is imported: commands that need no kinds start without torch.
+    if plugin or environ.get("PERENCODE_PLUGINS") or metadata.entry_points(
+            group="perencode.kinds"):
+        from perencode.plugins import activate
+
+        try:
+            activate(plugin)
+        except UserError as exc:
+            fail(str(exc))
 
 
 @app.command()

@@ -25,7 +25,7 @@ from pydantic import (
 )
 from rapidfuzz import process
 
-from perencode import kinds
+from perencode import kinds, plugins
 from perencode.errors import UserError
 
 if sys.version_info >= (3, 11):
@@ -59,7 +59,7 @@ def registered(kind: str, name: str, info: ValidationInfo) -> str:
     the validation reads results (context `any_kind`: a run made with a kind the reader has
     not imported is still a result, under its raw name)."""
     if name not in kinds.registry(kind) and not (info.context or {}).get("any_kind"):
-        raise ValueError(f"Input should be {kinds.choices(kind)}")
+        raise ValueError(f"Input should be {kinds.choices(kind)}; {kinds.PLUGIN_HINT}")
     return name
 
 
@@ -103,7 +103,7 @@ class KindConfig(Section):
         if any_kind and isinstance(name, str):
             return _open_class(cls)
         raise ValueError(f"field '{cls.TAG}': Input should be {kinds.choices(cls.KIND)} "
-                         f"(got {name!r})")
+                         f"(got {name!r}); {kinds.PLUGIN_HINT}")
 
     @classmethod
     def of(cls, **fields: Any) -> KindConfig:
@@ -562,6 +562,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
                         f"run its cells with `perencode sweep {path}`")
     if overrides:
         data = apply_overrides(data, overrides)
+    plugins.require(Path(path).parent, data)  # a run's recipe.toml: the plugin it needs
     source = f"{path}" + (" (with --set)" if overrides else "")
     return validate(data, source)
 

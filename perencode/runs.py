@@ -1,6 +1,7 @@
 """Run directories: resolved recipe, provenance, metrics, checkpoints, results.
 
     RUN_DIR/recipe.toml            the resolved recipe (overrides applied)
+    RUN_DIR/plugins.json           the plugins its kinds come from (perencode.plugins), if any
     RUN_DIR/env.json               the environment report (`perencode env`), seed, start/end times
     RUN_DIR/metrics.jsonl          one row per log step: step, loss, accuracy, lr, seconds
     RUN_DIR/checkpoints/step-K.pt  every train.checkpoint_every iterations and the last one;
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 
-from perencode import environment
+from perencode import environment, plugins
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.io import (
@@ -101,7 +102,10 @@ def read_recipe(run_dir: str | Path, any_kind: bool = False) -> Recipe:
     path = Path(run_dir) / "recipe.toml"
     if not path.is_file():
         raise UserError(f"{run_dir}: not a perencode run directory (no recipe.toml)")
-    return validate(read_toml(path), str(path), any_kind, stored=True)
+    data = read_toml(path)
+    if not any_kind:
+        plugins.require(run_dir, data)  # a plugin's kind: name the plugin and how to load it
+    return validate(data, str(path), any_kind, stored=True)
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -191,6 +195,7 @@ class Run:
             raise UserError(f"{run_dir}: exists and is not a perencode run directory; "
                             "choose another --run-dir")
         atomic_write_text(path, recipe.to_toml())
+        plugins.record(run_dir, recipe)
         self._recipe = recipe
         return False
 
@@ -201,7 +206,7 @@ class Run:
         current = {**environment.report(device), "seed": self.recipe.train.seed}
         starts = [*previous.get("starts", []),
                   {"time": now(), "device": current["device"],
-                   "git_commit": current["git_commit"]}]
+                   "git_commit": current["git_commit"], "git_dirty": current["git_dirty"]}]
         atomic_write_json(path, {**current, "start_time": starts[0]["time"], "starts": starts})
 
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
