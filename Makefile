@@ -25,6 +25,7 @@ help:
 	@echo "make test-compat  the tests under Python 3.10 + torch 2.1.1 (the container's stack),"
 	@echo "                  then make rehearsal from a wheel install without a checkout"
 	@echo "make rehearsal    make reproduce-all at CPU size in minutes (EXECUTOR=slurm too)"
+	@echo "make doctor       on a GPU node before any submit: is training right and fast there?"
 	@echo "make docker-build / docker-quickstart / docker-reproduce / apptainer-build"
 
 # torch 2.1.1 (the paper's) supports NumPy 1 only: it installs with the container's pins.
@@ -42,6 +43,9 @@ $(INSTALL_STAMP): pyproject.toml
 		echo "installing $(TORCH) (found: $${have:-none})"; \
 		$(PY) -m pip install -q $(TORCH_CONSTRAINTS) "$(TORCH)"; fi
 	$(PY) -m pip install -q $(TORCH_CONSTRAINTS) -e ".[dev,hf]"
+	# `crosscheck` compares the schedule with timm 0.9.12 (the authors' version); its scheduler
+	# imports without torchvision, whose PyPI wheel does not load beside the pinned torch.
+	$(PY) -m pip install -q --no-deps timm==0.9.12
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shlex
+from importlib import metadata
+from os import environ
 from pathlib import Path
 
 import typer
@@ -21,7 +24,54 @@ from perencode import __version__
 from perencode.console import console
 from perencode.errors import UserError, refused_write
 
-app = typer.Typer(
+
+class _PlainArgument(typer.core.TyperArgument):
+    """An argument spelt as click spells it: RECIPE, RUNS..., [OPTIONAL] (typer 0.29 writes
+    `{recipe}` in the usage line and `<list[Path]>` beside it)."""
+
+    def get_usage_pieces(self, ctx) -> list[str]:
+        name = (self.metavar or self.name or "").upper() + ("..." if self.nargs != 1 else "")
+        return [name if self.required else f"[{name}]"]
+
+    def display_type_rich(self, ctx) -> str | None:
+        shown = super().display_type_rich(ctx)
+        return re.sub(r"<list\[(\w+)\]>", lambda m: f"<{m[1].lower()}>...", shown) \
+            if shown else shown
+
+
+class _PlainHelp:
+    """Help without typer 0.29's `<bool>` beside every flag (a flag takes no value)."""
+
+    def get_params(self, ctx) -> list:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if isinstance(param, typer.core.TyperOption) and param.is_flag:
+                param.metavar = ""
+            elif isinstance(param, typer.core.TyperArgument):
+                param.__class__ = _PlainArgument
+        return params
+
+
+class _PlainCommand(_PlainHelp, typer.core.TyperCommand):
+    pass
+
+
+class _PlainGroup(_PlainHelp, typer.core.TyperGroup):
+    pass
+
+
+class _App(typer.Typer):
+    """A Typer whose commands (including those added later) render plain help."""
+
+    def __init__(self, **kwargs):
+        super().__init__(cls=_PlainGroup, **kwargs)
+
+    def command(self, *args, **kwargs):
+        kwargs.setdefault("cls", _PlainCommand)
+        return super().command(*args, **kwargs)
+
+
+app = _App(
     add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
     help="Reproduce 'Positional Encoding Helps Recurrent Neural Networks Handle a Large "
          "Vocabulary' (Morita, TMLR).")
@@ -77,8 +127,22 @@ def _version(value: bool) -> None:
 def main(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
+    plugin: list[str] = typer.Option(
+        [], "--plugin", metavar="FILE_OR_MODULE", help="Load a plugin's tasks, models or "
+        "encodings: a Python file or an importable module (docs/extending.md). Repeatable; "
+        "also PERENCODE_PLUGINS (a path-separated list). Installed plugins (entry points "
+        "perencode.kinds) load by themselves. A sweep hands them to its workers and jobs."),
 ) -> None:
     """Options of `perencode` itself (the commands have their own)."""
+    # Without a plugin nothing is imported: commands that need no kinds start without torch.
+    if plugin or environ.get("PERENCODE_PLUGINS") or metadata.entry_points(
+            group="perencode.kinds"):
+        from perencode.plugins import activate
+
+        try:
+            activate(plugin)
+        except UserError as exc:
+            fail(str(exc))
 
 
 @app.command()
@@ -182,11 +246,13 @@ def show(
     overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
     as_json: bool = typer.Option(False, "--json", help="JSON instead of TOML."),
 ) -> None:
-    """Print the recipe a run would use: overrides applied, every default filled in."""
+    """Print the recipe a run would use: overrides applied, every default filled in (an
+    unset field as a comment in TOML, null in JSON)."""
     from perencode.recipe import load_recipe
 
     r = load_recipe(recipe, overrides)
-    print(json.dumps(r.to_dict(), indent=2) if as_json else r.to_toml().rstrip("\n"))
+    print(json.dumps(r.model_dump(mode="json"), indent=2) if as_json
+          else r.to_toml_every_field().rstrip("\n"))
 
 
 @app.command("recipe-schema")
@@ -222,6 +288,42 @@ def env(
 
     found = report(resolve_device(device))
     print(json.dumps(found, indent=2) if as_json else format_report(found))
+
+
+@app.command()
+@user_errors
+def doctor(
+    device: str = typer.Option("auto", help=DEVICE_HELP + " The device checks run on a "
+                               "CUDA device only."),
+    runs: Path = typer.Option(Path("runs"), "--runs", help="Where the speed check caches "
+                              "its timings for `sweep --dry-run` (.estimates.json)."),
+) -> None:
+    """Is this package right and fast on this machine? Checks in about two minutes on a GPU.
+
+    The stack, then, against the CPU: equivalence of a few training steps of each model,
+    determinism, resume across devices, the memory estimate and the speed of the Fig. 2 GRU
+    step with the device-hours of each paper grid. One row per check; exit 1 if one fails.
+    """
+    from perencode.device import resolve_device
+    from perencode.doctor import FAIL, INFO, PASS
+    from perencode.doctor import doctor as run_doctor
+
+    rows, seconds = run_doctor(resolve_device(device), runs,
+                               say=lambda step: console.print(f"doctor: {step}",
+                                                              highlight=False))
+    table = Table(title="perencode doctor")
+    for column in ("check", "measured", "expected", "verdict"):
+        table.add_column(column, overflow="fold")
+    colour = {PASS: "green", FAIL: "bold red", INFO: "cyan"}
+    for row in rows:
+        table.add_row(escape(row.name), escape(row.measured), escape(row.expected),
+                      f"[{colour.get(row.verdict, 'yellow')}]{escape(row.verdict)}[/]")
+    console.print(table)
+    failed = sum(row.failed for row in rows)
+    console.print(f"doctor: {failed} failed, {sum(r.verdict == PASS for r in rows)} passed, "
+                  f"{sum(r.verdict.startswith('not run') for r in rows)} not run "
+                  f"({seconds:.0f} s)", highlight=False)
+    raise typer.Exit(1 if failed else 0)
 
 
 @app.command()
@@ -399,15 +501,69 @@ def verify(
     report_only: bool = typer.Option(False, "--report-only", help="Exit 0 whatever the "
                                      "verdicts (errors still exit 2): runs too small to "
                                      "decide, as in `make rehearsal`."),
+    as_json: bool = typer.Option(False, "--json", help="Print verify.json (every field of "
+                                 "every claim) on stdout instead of the tables."),
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
     from perencode.verify import verify_runs
 
-    code = verify_runs(runs, claims=claims, out=out)
+    code = verify_runs(runs, claims=claims, out=out, as_json=as_json)
     raise typer.Exit(0 if report_only else code)
 
 
-rehearsal_app = typer.Typer(no_args_is_help=True, help="The reviewer's path at CPU size "
+@app.command()
+@user_errors
+def crosscheck(
+    authors_repo: Path = typer.Argument(..., help="A clone of the authors' repository "
+                                        "(github.com/tkc-morita/position-encoded_rnn; this "
+                                        "check was written against commit 3e98213). It is "
+                                        "your own download: its modules are imported from "
+                                        "there while the command runs, and nothing of it is "
+                                        "copied."),
+    out: Path = typer.Option(Path("crosscheck"), help="Output folder: crosscheck.md and "
+                             "crosscheck.json."),
+    train: bool = typer.Option(False, "--train", help="Also train both implementations "
+                               "(SEEDS seeds each) and compare their held-out accuracies by "
+                               "Welch's t-test; prints its cost first."),
+    train_shape: str = typer.Option("cpu", help="cpu (small, minutes on a laptop) or paper "
+                                    "(E = H = 512, L = 64, batch 512, K = 256; for a GPU)."),
+    seeds: int = typer.Option(3, min=2, help="Seeds per implementation for --train."),
+    iterations: int | None = typer.Option(None, min=1, help="Training iterations for "
+                                          "--train (default: the shape's, 1,000 on cpu, "
+                                          "2,000 for paper)."),
+    device: str = typer.Option("auto", help=DEVICE_HELP + " (--train only)."),
+    progress: bool = typer.Option(True, help="Show progress lines."),
+) -> None:
+    """Check perencode against the authors' own code on identical inputs and weights.
+
+    Encodings, schedule, tasks and scoring, forward logits, Adam steps, gradient stability
+    (REPRODUCE.md, "Check the implementation against the authors' code"). Exit 1 if a
+    check disagrees; another commit than 3e98213 is checked too, with a warning.
+    """
+    from perencode.crosscheck import run_crosscheck
+
+    raise typer.Exit(run_crosscheck(authors_repo, out, train=train, train_shape=train_shape,
+                                    seeds=seeds, iterations=iterations, device=device,
+                                    progress=progress))
+
+
+@app.command()
+@user_errors
+def report(
+    runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
+    claims: str = typer.Option("paper", help="Claims file: a path, or a bundled one (paper, "
+                               "quick, quick_gpu)."),
+    out: Path = typer.Option(Path("figures"), help="Output folder: the figures and "
+                             "report.html."),
+) -> None:
+    """Draw the figures and write report.html: each figure with its claims' verdicts and
+    the runs behind it, and why the other claims were not run (one offline page)."""
+    from perencode.report import make_report
+
+    console.print(f"wrote {make_report(runs, claims=claims, out=out)}")
+
+
+rehearsal_app = _App(no_args_is_help=True, help="The reviewer's path at CPU size "
                             "(`make rehearsal`): its corpus and its final check.")
 app.add_typer(rehearsal_app, name="rehearsal")
 

@@ -17,6 +17,9 @@ from perencode import kinds
 from perencode.kinds import EncodingKind, register_encoding
 from perencode.recipe import EncodingConfig
 
+# The base of the sinusoids' wavelengths (docs/paper-facts.md#positional-encodings).
+SINUSOIDAL_BASE = 10_000.0
+
 
 def sinusoidal(num_positions: int, dim: int) -> Tensor:
     """Sinusoidal PE as the authors' code lays it out: [sin(angle) | cos(angle)] / sqrt(dim/2).
@@ -28,7 +31,8 @@ def sinusoidal(num_positions: int, dim: int) -> Tensor:
     if dim % 2:
         raise ValueError(f"dim must be even, got {dim}")
     t = torch.arange(num_positions, dtype=torch.float64)[:, None]  # [T, 1]
-    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
+    i2 = torch.arange(0, dim, 2, dtype=torch.float64)  # 2i
+    freq = torch.exp(i2 * (-math.log(SINUSOIDAL_BASE) / dim))
     angle = t * freq[None, :]  # [T, dim/2]
     pe = torch.cat([angle.sin(), angle.cos()], dim=-1) / math.sqrt(dim / 2)  # [T, dim]
     return pe.float()

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 import perencode
+from perencode import plugins
 from perencode.device import available_cores
 
 PACKAGE_DIR = Path(perencode.__file__).resolve().parent
@@ -37,6 +38,18 @@ def git_commit(folder: str | Path | None = None) -> str | None:
     return commit or os.environ.get(GIT_COMMIT_VARIABLE) or None
 
 
+def git_dirty(folder: str | Path | None = None) -> bool | None:
+    """Whether the checkout holding `folder` (default: the package) has changes that are
+    not committed (`git status --porcelain` lists something): its commit alone does not
+    say what ran. None where it is no checkout."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True,
+                             cwd=folder or PACKAGE_DIR, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
 def package_versions() -> dict[str, str | None]:
     """Installed versions (None: not installed), read from the package metadata without
     importing the packages."""
@@ -55,6 +68,7 @@ def report(device: torch.device) -> dict[str, Any]:
     return {
         "perencode_version": perencode.__version__,
         "git_commit": git_commit(),
+        "git_dirty": git_dirty(),
         "python": platform.python_version(),
         "python_executable": sys.executable,
         "platform": platform.platform(),
@@ -71,6 +85,8 @@ def report(device: torch.device) -> dict[str, Any]:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "hostname": platform.node(),
         "packages": package_versions(),
+        # Where the kinds that are not the package's own came from (perencode.plugins).
+        "plugins": plugins.records(),
     }
 
 
@@ -86,7 +102,10 @@ def format_report(env: dict[str, Any]) -> str:
     """The report as aligned `key  value` lines for people (`perencode env`)."""
     packages = env.get("packages", {})
     width = max(len(k) for k in [*env, *(f"  {n}" for n in packages)]) + 2
-    lines = [f"{k:<{width}}{_text(v)}" for k, v in env.items() if k != "packages"]
+    lines = [f"{k:<{width}}{_text(v)}" for k, v in env.items()
+             if k not in ("packages", "plugins")]
     lines.append("packages:")
     lines += [f"{'  ' + n:<{width}}{_text(v)}" for n, v in packages.items()]
+    lines.append(f"{'plugins:':<{width}}{'' if env.get('plugins') else 'none'}".rstrip())
+    lines += [f"  {plugins.Plugin(**p).describe()}" for p in env.get("plugins", [])]
     return "\n".join(lines)

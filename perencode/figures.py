@@ -11,10 +11,18 @@ those runs stay one figure and a note names the setting. Finished runs that no f
 the paper draws (a task or an encoding of a study's own) get one of their own,
 other_<task>_vocabulary. Error bars: 95% percentile-bootstrap CI of the mean over seeds,
 10,000 resamples (perencode.stats).
+
+What a figure shows is said on it: runs that are not cells of the paper's grids for the
+figure (recipes/paper/figNN_*.toml, seeds aside) give a file ending in `__nonpaper` with a
+subtitle naming each differing setting and the paper's value; accuracy axes span [0, 1]
+with chance (1/K) dotted; each panel states its seed count, and a point of one seed (no CI)
+is drawn open (a bar hatched); panels of one metric share their y scale; the one legend
+sits below the panels.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from collections.abc import Callable
@@ -27,10 +35,11 @@ import pandas as pd
 
 from perencode import kinds
 from perencode.console import console
+from perencode.grid import load_grid
 from perencode.io import atomic_write_bytes, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
-from perencode.naming import format_value, short_key, short_names
-from perencode.results import BOOKKEEPING, Results, collect, results_table
+from perencode.naming import format_value, ordered, short_key, short_names
+from perencode.results import BOOKKEEPING, Results, collect, flatten, results_table
 from perencode.stats import bootstrap_ci
 
 # Labels and orders of tasks, models and encodings come from their registrations
@@ -60,7 +69,10 @@ def _label(column: str, value) -> str:
     return str(value)
 
 
-def _subplots(nrows: int, ncols: int, width: float = 4.0, height: float = 3.2):
+def _subplots(nrows: int, ncols: int, width: float = 4.0, height: float = 3.2,
+              sharey: bool | str = False):
+    """Panels laid out by matplotlib's constrained layout, which keeps room for a subtitle
+    and for the legend outside the panels (`_save`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,15 +80,33 @@ def _subplots(nrows: int, ncols: int, width: float = 4.0, height: float = 3.2):
     import seaborn as sns
 
     sns.set_theme(style="whitegrid", context="paper")
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows),
-                             squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(width * ncols, 5.0), height * nrows),
+                             squeeze=False, sharey=sharey, layout="constrained")
     return fig, axes
 
 
-def _save(fig, stem: Path) -> list[Path]:
+def _save(fig, stem: Path, note: str = "") -> list[Path]:
+    """PNG and PDF of `fig`: one legend for all panels, outside them (never over data), and
+    `note` (how these runs differ from the paper's) as a subtitle."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    handles: dict[str, object] = {}
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+                   ncol=min(len(handles), 3), fontsize="small")
+    if note:  # about 13 characters an inch at this size; a setting is not split
+        lines, width = [""], int(13 * fig.get_figwidth())
+        for piece in note.split("; "):
+            joined = f"{lines[-1]}; {piece}" if lines[-1] else piece
+            if len(joined) <= width or not lines[-1]:
+                lines[-1] = joined
+            else:
+                lines[-1] += ";"
+                lines.append(piece)
+        fig.suptitle("\n".join(lines), color="firebrick", fontsize="medium")
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
     for path in paths:
         buffer = io.BytesIO()
@@ -94,13 +124,55 @@ def _archs(df: pd.DataFrame) -> list[str]:
     return kinds.order("model", df["model.arch"])
 
 
+def _seeds(s: pd.DataFrame, single: str) -> list[str]:
+    """The seed count of a panel from its points' `n` ('3 seeds', '1-3 seeds per point'),
+    and how a point of one seed (no CI) is drawn (`single`) where there is one."""
+    low, high = int(s["n"].min()), int(s["n"].max())
+    if high == 1:
+        return [f"1 seed: no CI ({single})"]
+    lines = [f"{low} seeds" if low == high else f"{low}-{high} seeds per point"]
+    if low == 1:
+        lines.append(f"{single}: 1 seed, no CI")
+    return lines
+
+
+def _titled(ax, title: str, s: pd.DataFrame, single: str) -> None:
+    ax.set_title("\n".join([*([title] if title else []), *_seeds(s, single)]),
+                 fontsize="medium")
+
+
+def _accuracy_axis(ax, chance: dict | None = None) -> None:
+    """Accuracy on [0, 1]; `chance` ({K: 1/K} along x, or {None: 1/K} for one K) dashed."""
+    ax.set_ylim(0, 1)
+    if not chance:
+        return
+    if len(chance) == 1:
+        ax.axhline(next(iter(chance.values())), ls=":", color="grey", lw=1,
+                   label="chance (1/K)")
+    else:
+        xs = sorted(chance)
+        ax.plot(xs, [chance[x] for x in xs], ls=":", color="grey", lw=1,
+                label="chance (1/K)")
+
+
+def _one_k(df: pd.DataFrame) -> dict | None:
+    """{None: 1/K} where the rows have one vocabulary size K (chance of a uniform guess)."""
+    sizes = df["task.vocab_size"].dropna().unique() if "task.vocab_size" in df else []
+    return {None: 1 / float(sizes[0])} if len(sizes) == 1 else None
+
+
 def _lines(ax, s: pd.DataFrame, x: str, hue: str, log2: bool = False) -> None:
-    """Mean with CI error bars against x, one line per hue value."""
-    for value in _encoding_order(s[hue]) if hue == "encoding.kind" else sorted(s[hue].unique()):
+    """Mean with CI error bars against x, one line per hue value; a point of one seed (no
+    CI) is drawn open."""
+    for value in _encoding_order(s[hue]) if hue == "encoding.kind" else ordered(s[hue]):
         part = s[s[hue] == value].sort_values(x)
-        ax.errorbar(part[x], part["mean"], yerr=[part["mean"] - part["low"],
-                                                 part["high"] - part["mean"]],
-                    marker="o", capsize=3, label=_label(hue, value))
+        line = ax.errorbar(part[x], part["mean"], yerr=[part["mean"] - part["low"],
+                                                        part["high"] - part["mean"]],
+                           marker="o", capsize=3, label=_label(hue, value), clip_on=False)
+        single = part[part["n"] < 2]
+        if len(single):
+            ax.plot(single[x], single["mean"], "o", color=line[0].get_color(), zorder=3,
+                    markerfacecolor="white", clip_on=False)
     if log2:
         ax.set_xscale("log", base=2)
         ticks = sorted(s[x].unique())
@@ -109,15 +181,19 @@ def _lines(ax, s: pd.DataFrame, x: str, hue: str, log2: bool = False) -> None:
 
 
 def _bars(ax, s: pd.DataFrame, x: str, hue: str, x_order: list) -> None:
-    """Grouped bars with CI error bars: groups along x, one bar per hue value."""
-    hues = _encoding_order(s[hue]) if hue == "encoding.kind" else sorted(s[hue].unique())
+    """Grouped bars with CI error bars: groups along x, one bar per hue value; a bar of one
+    seed (no CI) is hatched."""
+    hues = _encoding_order(s[hue]) if hue == "encoding.kind" else ordered(s[hue])
     width = 0.8 / max(1, len(hues))
     for i, value in enumerate(hues):
         part = s[s[hue] == value].set_index(x).reindex(x_order)
         pos = np.arange(len(x_order)) + (i - (len(hues) - 1) / 2) * width
-        ax.bar(pos, part["mean"], width, yerr=[part["mean"] - part["low"],
-                                               part["high"] - part["mean"]],
-               capsize=3, label=_label(hue, value))
+        bars = ax.bar(pos, part["mean"], width, yerr=[part["mean"] - part["low"],
+                                                      part["high"] - part["mean"]],
+                      capsize=3, label=_label(hue, value))
+        for bar, n in zip(bars, part["n"]):
+            if n == 1:
+                bar.set_hatch("//")
     ax.set_xticks(np.arange(len(x_order)), [_label(x, v) for v in x_order])
 
 
@@ -125,55 +201,64 @@ def _bars(ax, s: pd.DataFrame, x: str, hue: str, x_order: list) -> None:
 # The figures
 # --------------------------------------------------------------------------------------
 
-def draw_vocabulary(metrics: list[str]) -> Callable[[pd.DataFrame, Path], list[Path]]:
-    """Fig. 2, 7, 8, 10: metric vs vocabulary size (log2), vanilla vs PE, one column per arch."""
-    def draw(df: pd.DataFrame, stem: Path) -> list[Path]:
+ACCURACIES = ("token_accuracy", "accuracy")  # chance level: a uniform guess, 1/K
+
+
+def draw_vocabulary(metrics: list[str]) -> Callable[[pd.DataFrame, Path, str], list[Path]]:
+    """Fig. 2, 7, 8, 10: metric vs vocabulary size (log2), vanilla vs PE, one column per arch
+    (a row per metric, on one y scale)."""
+    def draw(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]:
         archs = _archs(df)
-        fig, axes = _subplots(len(metrics), len(archs))
+        fig, axes = _subplots(len(metrics), len(archs), sharey="row")
         for j, arch in enumerate(archs):
             part = df[df["model.arch"] == arch]
             for i, metric in enumerate(metrics):
                 ax = axes[i, j]
                 s = group_ci(part, ["task.vocab_size", "encoding.kind"], metric)
                 _lines(ax, s, "task.vocab_size", "encoding.kind", log2=True)
-                ax.set_title(_label("model.arch", arch))
+                _titled(ax, _label("model.arch", arch), s, "open markers")
                 ax.set_xlabel("Vocabulary size")
                 ax.set_ylabel(METRICS.get(metric, metric))
-        axes[0, 0].legend()
-        return _save(fig, stem)
+                if metric in ACCURACIES:
+                    _accuracy_axis(ax, {k: 1 / k for k in s["task.vocab_size"].unique()})
+        for i, metric in enumerate(metrics):  # once the row's shared scale holds every panel
+            if metric not in ACCURACIES:
+                axes[i, 0].set_ylim(bottom=0)
+        return _save(fig, stem, note)
     return draw
 
 
-def draw_dual_frequency(df: pd.DataFrame, stem: Path) -> list[Path]:
+def draw_dual_frequency(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]:
     """Fig. 3: target-token accuracy per target-position band, one panel per arch and
-    condition (target x disturbants FREQUENT/RARE)."""
+    condition (target x disturbants FREQUENT/RARE); each panel has its runs' own bands (the
+    band scheme follows L, which may differ between archs)."""
     archs = _archs(df)
     conditions = sorted(set(zip(df["target"], df["disturbants"])))
-    bands = df.drop_duplicates("band").sort_values("first")["band"].tolist()
     fig, axes = _subplots(len(archs), len(conditions), width=3.4)
     for i, arch in enumerate(archs):
         for j, (target, disturbants) in enumerate(conditions):
             part = df[(df["model.arch"] == arch) & (df["target"] == target)
                       & (df["disturbants"] == disturbants)]
+            bands = part.drop_duplicates("band").sort_values("first")["band"].tolist()
             ax = axes[i, j]
-            _bars(ax, group_ci(part, ["band", "encoding.kind"], "accuracy"), "band",
-                  "encoding.kind", bands)
-            ax.set_ylim(0, 1.05)
-            ax.set_title(f"{_label('model.arch', arch)}: target {target}\n"
-                         f"disturbants {disturbants}")
+            s = group_ci(part, ["band", "encoding.kind"], "accuracy")
+            _bars(ax, s, "band", "encoding.kind", bands)
+            _accuracy_axis(ax, _one_k(part))
+            _titled(ax, f"{_label('model.arch', arch)}: target {target}\n"
+                        f"disturbants {disturbants}", s, "hatched")
             ax.set_xlabel("Target position")
             ax.set_ylabel("Target accuracy")
-    axes[0, 0].legend(fontsize="small")
-    return _save(fig, stem)
+    return _save(fig, stem, note)
 
 
-def draw_stability(df: pd.DataFrame, stem: Path) -> list[Path]:
+def draw_stability(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]:
     """Fig. 5: stability (common-target comparison) over training; one row per model, one
-    column per encoding; colour = target type, line style = disturbant type."""
+    column per encoding, every panel on one y scale; colour = target type, line style =
+    disturbant type."""
     df = df[df["comparison"] == "target"]
     archs = _archs(df)
     encodings = _encoding_order(df["encoding.kind"])
-    fig, axes = _subplots(len(archs), len(encodings))
+    fig, axes = _subplots(len(archs), len(encodings), sharey=True)
     colours = {"FREQUENT": "tab:blue", "RARE": "tab:red"}
     styles = {"FREQUENT": "-", "RARE": "--"}
     for i, arch in enumerate(archs):
@@ -187,40 +272,43 @@ def draw_stability(df: pd.DataFrame, stem: Path) -> list[Path]:
                                                          f"{disturbants}")
                 ax.fill_between(line["iteration"], line["low"], line["high"],
                                 color=colours.get(target), alpha=0.15)
-            ax.set_title(f"{_label('model.arch', arch)}, {_label('encoding.kind', encoding)}")
+            if len(s):
+                _titled(ax, f"{_label('model.arch', arch)}, "
+                            f"{_label('encoding.kind', encoding)}", s, "no band")
             ax.set_xlabel("Training iterations")
             ax.set_ylabel("Gradient stability")
-    axes[0, 0].legend(fontsize="small")
-    return _save(fig, stem)
+    return _save(fig, stem, note)
 
 
-def draw_by_length(df: pd.DataFrame, stem: Path) -> list[Path]:
+def draw_by_length(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]:
     """Fig. 11: token accuracy per input length, vanilla vs PE."""
     fig, axes = _subplots(1, 1, width=5.0)
-    _lines(axes[0, 0], group_ci(df, ["length", "encoding.kind"], "token_accuracy"), "length",
-           "encoding.kind")
-    axes[0, 0].set_xlabel("Input length")
-    axes[0, 0].set_ylabel("Token accuracy")
-    axes[0, 0].legend()
-    return _save(fig, stem)
+    ax = axes[0, 0]
+    s = group_ci(df, ["length", "encoding.kind"], "token_accuracy")
+    _lines(ax, s, "length", "encoding.kind")
+    _titled(ax, "", s, "open markers")
+    _accuracy_axis(ax, _one_k(df))
+    ax.set_xlabel("Input length")
+    ax.set_ylabel("Token accuracy")
+    return _save(fig, stem, note)
 
 
-def draw_encodings(x: str) -> Callable[[pd.DataFrame, Path], list[Path]]:
+def draw_encodings(x: str) -> Callable[[pd.DataFrame, Path, str], list[Path]]:
     """Fig. 12-14: token accuracy as bars, one per encoding (grouped by `x`)."""
-    def draw(df: pd.DataFrame, stem: Path) -> list[Path]:
+    def draw(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]:
         fig, axes = _subplots(1, 1, width=5.5)
+        ax = axes[0, 0]
         s = group_ci(df, [x, "encoding.kind"], "token_accuracy")
-        order = sorted(s[x].unique(), key=str) if x != "encoding.kind" else \
-            _encoding_order(s[x])
-        _bars(axes[0, 0], s, x, "encoding.kind", order)
-        axes[0, 0].set_ylabel("Token accuracy")
-        axes[0, 0].set_ylim(0, 1.05)
-        axes[0, 0].legend(fontsize="small")
-        return _save(fig, stem)
+        order = ordered(s[x]) if x != "encoding.kind" else _encoding_order(s[x])
+        _bars(ax, s, x, "encoding.kind", order)
+        _titled(ax, "", s, "hatched")
+        ax.set_ylabel("Token accuracy")
+        _accuracy_axis(ax, _one_k(df))
+        return _save(fig, stem, note)
     return draw
 
 
-def draw_lm_training(df: pd.DataFrame, stem: Path) -> list[Path]:
+def draw_lm_training(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]:
     """Fig. 15: training perplexity (exp of the logged loss), one line per seed."""
     fig, axes = _subplots(1, 1, width=6.0, height=4.0)
     ax = axes[0, 0]
@@ -228,14 +316,16 @@ def draw_lm_training(df: pd.DataFrame, stem: Path) -> list[Path]:
     for (encoding, seed), part in df.groupby(["encoding.kind", "train.seed"]):
         ax.plot(part["step"], part["train_perplexity"], color=colours.get(encoding),
                 alpha=0.8, lw=1, label=f"{_label('encoding.kind', encoding)} (seed {seed})")
+    seeds = df.groupby("encoding.kind")["train.seed"].nunique()
+    ax.set_title("(" + ", ".join(f"{_label('encoding.kind', e)}: {n} seed{'s' if n > 1 else ''}"
+                                 for e, n in seeds.items()) + "; one line per seed, no CI)")
     ax.set_yscale("log")
     ax.set_xlabel("Training iterations")
     ax.set_ylabel("Training perplexity")
-    ax.legend(fontsize="x-small", ncol=2)
-    return _save(fig, stem)
+    return _save(fig, stem, note)
 
 
-def table_perplexity(df: pd.DataFrame, stem: Path) -> list[Path]:
+def table_perplexity(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]:
     """Table 1: min / mean / max over seeds of the test (and validation) perplexity."""
     rows = []
     for encoding in _encoding_order(df["encoding.kind"]):
@@ -253,7 +343,7 @@ def table_perplexity(df: pd.DataFrame, stem: Path) -> list[Path]:
     body = "".join("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) else str(v)
                                      for v in r) + " |\n" for r in table.itertuples(index=False))
     atomic_write_text(md, "Table 1: perplexity on WikiText-103 over seeds (min / mean / max)."
-                          "\n\n" + header + body)
+                          + (f"\n\n**{note}**" if note else "") + "\n\n" + header + body)
     return [md, csv]
 
 
@@ -267,9 +357,10 @@ class Figure:
     table: str                                   # a Results.table name
     select: Callable[[pd.DataFrame], pd.Series]  # on run rows
     axes: list[str]      # recipe fields the figure plots (panels, x, hue); the rest must agree
-    draw: Callable[[pd.DataFrame, Path], list[Path]]
+    draw: Callable[[pd.DataFrame, Path, str], list[Path]]
     requires: tuple[str, ...] = ()  # drawn only where a run has one of these encodings
     complete: bool = True           # only finished runs (False: training curves of any run)
+    paper: str = ""  # its grids in recipes/paper/ ("fig02": fig02_*.toml); "" not the paper's
 
 
 PE_PAIR = ("none", "sinusoidal")
@@ -278,37 +369,40 @@ FIGURES = [
     Figure("fig02_reverse_vocabulary", "runs",
            lambda d: _is("task.name", "reverse")(d) & _is("encoding.kind", *PE_PAIR)(d),
            VOCAB_AXES,
-           draw_vocabulary(["token_accuracy", "dl_distance"])),
+           draw_vocabulary(["token_accuracy", "dl_distance"]), paper="fig02"),
     Figure("fig03_dual_frequency", "by_band",
-           _is("task.name", "dual_frequency"), VOCAB_AXES, draw_dual_frequency),
+           _is("task.name", "dual_frequency"), VOCAB_AXES, draw_dual_frequency, paper="fig03"),
     Figure("fig05_stability", "stability",
-           _is("task.name", "dual_frequency"), VOCAB_AXES, draw_stability),
+           _is("task.name", "dual_frequency"), VOCAB_AXES, draw_stability, paper="fig05"),
     Figure("fig07_reverse_add", "runs", _is("task.name", "reverse_add"), VOCAB_AXES,
-           draw_vocabulary(["token_accuracy"])),
+           draw_vocabulary(["token_accuracy"]), paper="fig07"),
     Figure("fig08_sort", "runs",
            lambda d: _is("task.name", "sort")(d) & _is("encoding.kind", *PE_PAIR)(d),
-           VOCAB_AXES, draw_vocabulary(["token_accuracy", "dl_distance"])),
+           VOCAB_AXES, draw_vocabulary(["token_accuracy", "dl_distance"]), paper="fig08"),
     Figure("fig10_predecessor", "runs", _is("task.name", "predecessor"), VOCAB_AXES,
-           draw_vocabulary(["accuracy"])),
+           draw_vocabulary(["accuracy"]), paper="fig10"),
     Figure("fig11_variable_length", "by_length",
            lambda d: _is("task.name", "variable_length")(d)
            & _is("encoding.kind", *PE_PAIR)(d),
-           ["encoding.kind"], draw_by_length),
+           ["encoding.kind"], draw_by_length, paper="fig11"),
     Figure("fig12_double_vanilla", "runs",
            lambda d: _is("task.name", "reverse", "sort")(d)
            & _is("encoding.kind", *PE_PAIR, "duplicate")(d),
-           ["task.name", "encoding.kind"], draw_encodings("task.name"), ("duplicate",)),
+           ["task.name", "encoding.kind"], draw_encodings("task.name"), ("duplicate",),
+           paper="fig12"),
     Figure("fig13_pe_variants", "runs",
            lambda d: _is("task.name", "reverse")(d) & ~_is("encoding.kind", "duplicate")(d),
-           ["encoding.kind"], draw_encodings("encoding.kind"), ("random", "learnable")),
+           ["encoding.kind"], draw_encodings("encoding.kind"), ("random", "learnable"),
+           paper="fig13"),
     Figure("fig14_pe_variants_variable_length", "runs",
            lambda d: _is("task.name", "variable_length")(d)
            & ~_is("encoding.kind", "duplicate")(d),
-           ["encoding.kind"], draw_encodings("encoding.kind"), ("random", "learnable")),
+           ["encoding.kind"], draw_encodings("encoding.kind"), ("random", "learnable"),
+           paper="fig14"),
     Figure("fig15_lm_training", "curves", _is("task.name", "lm"), ["encoding.kind"],
-           draw_lm_training, complete=False),
+           draw_lm_training, complete=False, paper="fig15"),
     Figure("table1_lm_perplexity", "runs", _is("task.name", "lm"), ["encoding.kind"],
-           table_perplexity),
+           table_perplexity, paper="fig15"),
 ]
 
 
@@ -347,8 +441,8 @@ def tied_note(df: pd.DataFrame, tied: list[str], axes: list[str]) -> str:
                  .nunique(dropna=False).max() <= 1]
         along = alone[:1] or varying  # the one axis that decides it, where there is one
         pairs = df[along + [column]].drop_duplicates().sort_values(along)
-        shown = "; ".join(", ".join(format_value(v) for v in row[:-1]) + ": "
-                          + format_value(row[-1]) for row in pairs.itertuples(index=False))
+        shown = "; ".join(", ".join(_spelt(v) for v in row[:-1]) + ": "
+                          + _spelt(row[-1]) for row in pairs.itertuples(index=False))
         notes.append(f"{column} follows {', '.join(short_key(a) for a in along)} ({shown})")
     return "; ".join(notes)
 
@@ -360,7 +454,7 @@ def missing_runs(df: pd.DataFrame, axes: list[str]) -> list[str]:
     missing = []
     for arch, part in df.groupby("model.arch"):
         have = set(map(tuple, part[keys].map(str).to_numpy()))
-        for cell in product(*(sorted(part[k].map(str).unique()) for k in keys)):
+        for cell in product(*(list(map(str, ordered(part[k]))) for k in keys)):
             if cell not in have:
                 missing.append(f"arch={arch} " + " ".join(f"{short_key(k)}={v}"
                                                          for k, v in zip(keys, cell)))
@@ -369,6 +463,67 @@ def missing_runs(df: pd.DataFrame, axes: list[str]) -> list[str]:
 
 def _warn(message: str) -> None:
     console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
+# Fields that never make runs other than the paper's: bookkeeping, and where the prepared
+# data lies on this machine.
+NOT_SETTINGS = (*BOOKKEEPING, "task.data")
+
+
+def paper_folder() -> Path | None:
+    """recipes/paper/ of the checkout this package runs from, or of the working directory
+    (the container's /work); None where neither has it."""
+    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
+        if (root / "recipes" / "paper").is_dir():
+            return root / "recipes" / "paper"
+    return None
+
+
+@functools.cache
+def paper_cells(prefix: str) -> pd.DataFrame:
+    """Every cell of the paper's grids `recipes/paper/<prefix>_*.toml`, one row of recipe
+    fields (as results.flatten spells them) per cell; empty where there is none."""
+    folder = paper_folder()
+    paths = sorted(folder.glob(f"{prefix}_*.toml")) if folder and prefix else []
+    return pd.DataFrame([flatten(cell.recipe) for path in paths
+                         for cell in load_grid(path).cells])
+
+
+def _spelt(value) -> str:
+    """A recipe value as compared with the paper's: 'unset' for None/NaN, 512 for 512.0."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "unset"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return format_value(value)
+
+
+def paper_difference(part: pd.DataFrame, figure: Figure, columns: list[str]) -> str:
+    """How the runs of one figure file differ from the paper's grids for that figure: 'not
+    the paper's settings: hidden_size 32 (paper: 512); iterations 400 (paper: 300000)', or
+    '' when each run is a cell of them (seeds aside). A run is compared with the cells of
+    its own model (the paper's grids differ per model); a model the figure's grids do not
+    have is itself the difference."""
+    cells = paper_cells(figure.paper)
+    if cells.empty:
+        return ""
+    compared = [c for c in columns if c in cells.columns and c not in NOT_SETTINGS]
+    found: dict[str, tuple[set, set]] = {}
+    for _, run in part.drop_duplicates(compared).iterrows():
+        same = cells[cells["model.arch"] == run["model.arch"]]
+        for column in compared:
+            paper = same[column] if len(same) else cells[column]
+            if _spelt(run[column]) not in set(map(_spelt, paper)):
+                ours, theirs = found.setdefault(column, (set(), set()))
+                ours.add(run[column])
+                theirs.update(paper)
+    if not found:
+        return ""
+    names = short_names(found)
+    shown = [f"{names[c]} {', '.join(map(_spelt, ordered(ours)))} (paper: "
+             f"{', '.join(dict.fromkeys(map(_spelt, ordered(theirs))))})"
+             for c, (ours, theirs) in found.items()]
+    return "Not the paper's settings: " + "; ".join(shown)
 
 
 def make_figures(runs: list[Path], out: Path = Path("figures")) -> list[Path]:
@@ -380,13 +535,22 @@ def make_figures(runs: list[Path], out: Path = Path("figures")) -> list[Path]:
     out = Path(out)
     with hold(out, "figures"):
         remove_stale_temps(out, lambda name: name.startswith(
-            ("results", *(figure.name for figure in FIGURES))))
+            ("results", "other_", *(figure.name for figure in FIGURES))))
         return _make_figures(results, out)
 
 
 def _make_figures(results: Results, out: Path) -> list[Path]:
     for line in results.duplicates:
         _warn(f"ignored a second run of the same recipe: {line}")
+    unfinished = results.runs[~results.runs["complete"]]
+    if len(unfinished):
+        shown = ", ".join(unfinished["run"].head(5)) + (
+            f" and {len(unfinished) - 5} more" if len(unfinished) > 5 else "")
+        _warn(f"{len(unfinished)} unfinished run(s) listed in results.csv (complete = False) "
+              f"and left out of every figure but Fig. 15's training curves: {shown}")
+    if paper_folder() is None:
+        _warn("recipes/paper/ not found (beside the package or in the working directory): "
+              "figures cannot say whether their runs have the paper's settings")
     written = [out / "results.csv"]
     atomic_write_text(written[0], results_table(results).to_csv(index=False))
     for name, table in sorted(results.tables.items()):
@@ -398,22 +562,41 @@ def _make_figures(results: Results, out: Path) -> list[Path]:
         written += _draw(figure, results, out, drawn)
     for figure in other_figures(results.runs, drawn):
         written += _draw(figure, results, out, drawn)
+    earlier = sorted(p.name for p in out.iterdir() if p.suffix in (".png", ".pdf")
+                     and p.name.startswith(("other_", *(f.name for f in FIGURES)))
+                     and p not in written)
+    if earlier:
+        _warn(f"{out}: {len(earlier)} figure file(s) of an earlier `figures` call, not drawn "
+              f"from these runs: {', '.join(earlier[:6])}{' ...' if len(earlier) > 6 else ''}")
     return written
 
 
 def other_figures(runs: pd.DataFrame, drawn: set) -> list[Figure]:
     """A vocabulary figure per task for the finished runs no paper figure drew (a task or
-    an encoding the paper does not have), so that no run is left out of the figures."""
+    an encoding the paper does not have), so that no run is left out of the figures; only
+    those runs, so that no run is drawn twice."""
     left = runs[runs["complete"] & ~runs["run"].isin(drawn)]
     metrics = [m for m in METRICS if m in left.columns and left[m].notna().any()]
-    return [Figure(f"other_{name}_vocabulary", "runs", _is("task.name", name), VOCAB_AXES,
-                   draw_vocabulary(metrics[:2]))
+    undrawn = set(left["run"])
+    return [Figure(f"other_{name}_vocabulary", "runs",
+                   lambda d, name=name: _is("task.name", name)(d) & d["run"].isin(undrawn),
+                   VOCAB_AXES, draw_vocabulary(metrics[:2]))
             for name in kinds.order("task", left["task.name"])] if metrics else []
 
 
-def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
-    """Draw one figure from its runs, one file per setting; adds the runs drawn to `drawn`."""
-    written: list[Path] = []
+@dataclass
+class Part:
+    """One file a figure draws: its runs split off by the settings beyond its axes."""
+    stem: str               # file name without suffix: fig02_reverse_vocabulary[__...]
+    runs: pd.DataFrame      # rows of Results.runs drawn in it
+    rows: pd.DataFrame      # rows of the figure's Results table drawn in it
+    note: str               # settings tied to its axes although they differ (tied_note)
+    differs: str            # how its runs differ from the paper's grids ("" if they do not)
+
+
+def figure_parts(figure: Figure, results: Results) -> list[Part]:
+    """The files `figure` draws from `results`: one per setting, named `__nonpaper` where
+    the runs differ from the paper's grids for the figure (figures and report read this)."""
     chosen = results.runs[figure.select(results.runs)]
     if figure.complete:
         chosen = chosen[chosen["complete"]]
@@ -422,21 +605,34 @@ def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
             part for _, part in settings(chosen, results.recipe_columns, figure.axes)[0]
             if part["encoding.kind"].isin(figure.requires).any()])
     parts, tied = settings(chosen, results.recipe_columns, figure.axes)
+    table = results.table(figure.table)
+    found = []
     for suffix, part in parts:
-        rows = results.table(figure.table)
-        rows = rows[rows["run"].isin(part["run"])]
+        rows = table[table["run"].isin(part["run"])]
         if rows.empty:
             continue
-        note = tied_note(part, tied, figure.axes)
-        if note:
-            console.print(f"{figure.name}{suffix}: one figure although {note}",
+        drawn = part[part["run"].isin(rows["run"])]
+        differs = paper_difference(drawn, figure, results.recipe_columns)
+        found.append(Part(f"{figure.name}{suffix}" + ("__nonpaper" if differs else ""), drawn,
+                          rows, tied_note(part, tied, figure.axes), differs))
+    return found
+
+
+def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
+    """Draw one figure from its runs, one file per part (figure_parts), subtitled with how
+    its runs differ from the paper's; adds the runs drawn to `drawn`."""
+    written: list[Path] = []
+    for part in figure_parts(figure, results):
+        if part.note:
+            console.print(f"{part.stem}: one figure although {part.note}",
                           highlight=False, soft_wrap=True)
-        lacking = missing_runs(part[part["run"].isin(rows["run"])], figure.axes)
+        lacking = missing_runs(part.runs, figure.axes)
         if lacking:
             shown = "; ".join(lacking[:8]) + (f"; and {len(lacking) - 8} more"
                                               if len(lacking) > 8 else "")
-            _warn(f"{figure.name}{suffix}: drawn without {len(lacking)} missing run(s): "
-                  f"{shown}")
-        written += figure.draw(rows, out / f"{figure.name}{suffix}")
-        drawn.update(rows["run"])
+            _warn(f"{part.stem}: drawn without {len(lacking)} missing run(s): {shown}")
+        if part.differs:
+            console.print(f"{part.stem}: {part.differs}", highlight=False, soft_wrap=True)
+        written += figure.draw(part.rows, out / part.stem, part.differs)
+        drawn.update(part.rows["run"])
     return written

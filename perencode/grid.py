@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perencode.errors import UserError
-from perencode.naming import format_value, short_names
+from perencode.naming import format_value, ordered, short_names
 from perencode.recipe import (
     SECTIONS,
     Recipe,
@@ -222,7 +222,7 @@ def _select(cells: list[Cell], axes: dict[str, list], only: list[str], source: s
         unknown = sorted(wanted - known)
         if unknown:
             raise UserError(f"--only '{item}': {unknown[0]} is not a value of {axis} "
-                            f"(values: {', '.join(sorted(known))})")
+                            f"(values: {', '.join(map(format_value, ordered(axes[axis])))})")
         cells = [c for c in cells if format_value(c.coords[axis]) in wanted]
     return cells
 

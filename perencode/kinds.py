@@ -17,6 +17,7 @@ importing them back.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -95,12 +96,34 @@ ENCODINGS: dict[str, EncodingKind] = {}
 REGISTRIES = {"task": TASKS, "model": MODELS, "encoding": ENCODINGS}
 FIELDS = {"task": "task.name", "model": "model.arch", "encoding": "encoding.kind"}
 _loaded: list[bool] = []
+# (registry, name) -> where a kind not of the package came from: a perencode.plugins.Plugin
+# (LOADING holds the one being imported) or (module, file) of the code that registered it.
+ORIGINS: dict[tuple[str, str], Any] = {}
+LOADING: list[Any] = []
+# Loads the installed plugins and those PERENCODE_PLUGINS names on first use, by name as
+# the package's own modules are (it imports this module).
+PLUGIN_LOADER = "perencode.plugins"
+# Where an unknown name sends the user (perencode.plugins).
+PLUGIN_HINT = ("a plugin's kinds load with `perencode --plugin FILE_OR_MODULE`, "
+               "PERENCODE_PLUGINS or an installed package's perencode.kinds entry point "
+               "(docs/extending.md)")
 
 
 def _register(registry: dict, kind):
     if not kind.name or not kind.name.replace("_", "").isalnum():
         raise ValueError(f"kind name {kind.name!r}: letters, digits and '_' only")
     registry[kind.name] = kind
+    # Where it came from (a run's plugins.json): the plugin being loaded, else the module
+    # that called register_*; nothing for the package's own kinds.
+    key = (next(k for k, v in REGISTRIES.items() if v is registry), kind.name)
+    caller = sys._getframe(2).f_globals
+    module = caller.get("__name__", "")
+    if LOADING:
+        ORIGINS[key] = LOADING[-1]
+    elif module == "perencode" or module.startswith("perencode."):
+        ORIGINS.pop(key, None)
+    else:
+        ORIGINS[key] = (module, caller.get("__file__"))
     return kind
 
 
@@ -121,11 +144,13 @@ def register_encoding(kind: EncodingKind) -> EncodingKind:
 
 def registry(kind: str) -> dict:
     """The registry of `kind` ("task", "model" or "encoding"), the package's own kinds
-    loaded."""
+    loaded, then the installed plugins' (entry points) and those PERENCODE_PLUGINS names
+    (perencode.plugins; a plugin that fails to import is a UserError)."""
     if not _loaded:
         _loaded.append(True)  # before the imports: their own look-ups must not recurse
         for module in BUILTIN_MODULES:
             importlib.import_module(module)
+        importlib.import_module(PLUGIN_LOADER).load_installed()
     return REGISTRIES[kind]
 
 
@@ -143,7 +168,7 @@ def get(kind: str, name: str):
     found = registry(kind).get(name)
     if found is None:
         raise ValueError(f"{FIELDS[kind]} = {name!r} is not registered: expected "
-                         f"{choices(kind)}")
+                         f"{choices(kind)}; {PLUGIN_HINT}")
     return found
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections import Counter
 from typing import Any
@@ -30,3 +31,11 @@ def format_value(value: Any) -> str:
     else:
         text = str(value)  # floats: shortest repr, 1e-3 -> 0.001
     return text.replace(os.sep, "-").replace(" ", "_")
+
+
+def ordered(values) -> list:
+    """Distinct axis values in the order a reader expects: numbers by size (32, 64, 128, not
+    128, 32, 64), anything else as first seen."""
+    distinct = list(dict.fromkeys(values))
+    numeric = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in distinct)
+    return sorted(distinct) if numeric else distinct

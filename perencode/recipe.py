@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args
+from types import UnionType
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -24,7 +25,7 @@ from pydantic import (
 )
 from rapidfuzz import process
 
-from perencode import kinds
+from perencode import kinds, plugins
 from perencode.errors import UserError
 
 if sys.version_info >= (3, 11):
@@ -60,7 +61,7 @@ def registered(kind: str, name: str, info: ValidationInfo) -> str:
     the validation reads results (context `any_kind`: a run made with a kind the reader has
     not imported is still a result, under its raw name)."""
     if name not in kinds.registry(kind) and not (info.context or {}).get("any_kind"):
-        raise ValueError(f"Input should be {kinds.choices(kind)}")
+        raise ValueError(f"Input should be {kinds.choices(kind)}; {kinds.PLUGIN_HINT}")
     return name
 
 
@@ -104,7 +105,7 @@ class KindConfig(Section):
         if any_kind and isinstance(name, str):
             return _open_class(cls)
         raise ValueError(f"field '{cls.TAG}': Input should be {kinds.choices(cls.KIND)} "
-                         f"(got {name!r})")
+                         f"(got {name!r}); {kinds.PLUGIN_HINT}")
 
     @classmethod
     def of(cls, **fields: Any) -> KindConfig:
@@ -339,6 +340,13 @@ class OptimConfig(Section):
             raise ValueError("must be at most 3.4e38 (torch's Adam takes it as a float32)")
         return value
 
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _two_betas(cls, value: Any) -> Any:
+        if isinstance(value, (list, tuple)) and len(value) != 2:
+            raise ValueError("expects two numbers [beta1, beta2], e.g. [0.9, 0.98]")
+        return value
+
     @model_validator(mode="after")
     def _betas(self) -> OptimConfig:
         if not all(0.0 <= b < 1.0 for b in self.betas):
@@ -391,6 +399,18 @@ class Recipe(Section):
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
+
+    def to_toml_every_field(self) -> str:
+        """`to_toml` plus a comment line for each unset field (TOML has no null), so that
+        every field of the recipe is shown (`perencode show`)."""
+        data = self.model_dump(mode="json")
+        parts = [tomli_w.dumps({"description": data.pop("description")})]
+        for section, values in data.items():
+            text = tomli_w.dumps({section: {k: v for k, v in values.items() if v is not None}})
+            unset = [k for k, v in values.items() if v is None]
+            parts.append(text + "".join(f"# {key} = unset (see `perencode recipe-schema`)\n"
+                                        for key in unset))
+        return "\n".join(parts)
 
     def identity(self) -> dict[str, Any]:
         """What makes two runs the same run (see `identity`)."""
@@ -549,11 +569,20 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise UserError(f"{path}: not a UTF-8 text file") from None
 
 
+# Top-level keys of a grid file (perencode.grid), never of a recipe.
+GRID_KEYS = ("base", "grid", "sweep", "slurm")
+
+
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Read a TOML recipe, apply `--set` overrides, validate; UserError on any mistake."""
     data = read_toml(path)
+    found = [key for key in GRID_KEYS if key in data]
+    if found:
+        raise UserError(f"{path}: this is a grid (it has {', '.join(found)}), not a recipe: "
+                        f"run its cells with `perencode sweep {path}`")
     if overrides:
         data = apply_overrides(data, overrides)
+    plugins.require(Path(path).parent, data)  # a run's recipe.toml: the plugin it needs
     source = f"{path}" + (" (with --set)" if overrides else "")
     recipe = validate(data, source)
     if "name" not in data.get("task", {}):
@@ -573,11 +602,30 @@ def field_names() -> list[str]:
     return out
 
 
-def _type_name(field) -> str:
-    ann = field.annotation
-    if "Literal" in str(ann):
-        return " | ".join(repr(a) for a in ann.__args__)
+def _type_text(ann: Any) -> str:
+    """A field type as a recipe writer reads it: `int | 'all' | unset`, `[float, float]`."""
+    origin, args = get_origin(ann), get_args(ann)
+    if ann is type(None):
+        return "unset"
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (Union, UnionType):
+        return " | ".join(_type_text(a) for a in args)
+    if origin in (tuple, list):
+        inner = ", ".join(_type_text(a) for a in args if a is not Ellipsis)
+        return f"[{inner}{', ...' if origin is list or Ellipsis in args else ''}]"
     return getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
+
+
+def _type_name(field) -> str:
+    return _type_text(field.annotation)
+
+
+def _default_text(value: Any) -> str:
+    """A default as it is written in a recipe (TOML has no None: unset)."""
+    if value is None:
+        return "unset"
+    return repr(list(value)) if isinstance(value, tuple) else repr(value)
 
 
 def schema_rows() -> list[tuple[str, str, str, str]]:
@@ -593,12 +641,13 @@ def schema_rows() -> list[tuple[str, str, str, str]]:
             if isinstance(names, KindNames):  # whatever registered them
                 type_name = " | ".join(repr(n) for n in kinds.names(names.kind))
                 description = names.describe(description)
-            rows.append((f"{section}.{name}", type_name, repr(field.default), description))
+            rows.append((f"{section}.{name}", type_name, _default_text(field.default),
+                         description))
         if issubclass(model, KindConfig):
             for name, owners in model.options().items():
                 field = model.class_for(owners[0]).model_fields[name]
                 where = f"{kinds.FIELDS[model.KIND]} = {', '.join(owners)} only"
-                rows.append((f"{section}.{name}", _type_name(field), repr(field.default),
+                rows.append((f"{section}.{name}", _type_name(field), _default_text(field.default),
                              f"({where}) {field.description or ''}".rstrip()))
     return rows
 

@@ -1,6 +1,7 @@
 """Run directories: resolved recipe, provenance, metrics, checkpoints, results.
 
     RUN_DIR/recipe.toml            the resolved recipe (overrides applied)
+    RUN_DIR/plugins.json           the plugins its kinds come from (perencode.plugins), if any
     RUN_DIR/env.json               the environment report (`perencode env`), seed, start/end times
     RUN_DIR/metrics.jsonl          one row per log step: step, loss, accuracy, lr, seconds
     RUN_DIR/checkpoints/step-K.pt  every train.checkpoint_every iterations and the last one;
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-from perencode import environment
+from perencode import environment, plugins
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.io import (
@@ -104,7 +105,10 @@ def read_recipe(run_dir: str | Path, any_kind: bool = False) -> Recipe:
         raise UserError(f"{run_dir}: the folder does not exist")
     if not path.is_file():
         raise UserError(f"{run_dir}: not a perencode run directory (no recipe.toml)")
-    return validate(read_toml(path), str(path), any_kind, stored=True)
+    data = read_toml(path)
+    if not any_kind:
+        plugins.require(run_dir, data)  # a plugin's kind: name the plugin and how to load it
+    return validate(data, str(path), any_kind, stored=True)
 
 
 def foreign_reason(state: dict, recipe: Recipe, path: str | Path) -> str | None:
@@ -196,6 +200,7 @@ class Run:
         existed = self.check_claim(recipe)
         if not existed:
             atomic_write_text(self.dir / "recipe.toml", recipe.to_toml())
+            plugins.record(self.dir, recipe)
         self._recipe = recipe
         return existed
 
@@ -204,18 +209,18 @@ class Run:
         recipe's run, False if it is free; UserError if it holds something else."""
         run_dir = self.dir
         if run_dir.exists() and not run_dir.is_dir():
-            raise UserError(f"{run_dir}: exists and is not a directory; choose another --out")
+            raise UserError(f"{run_dir}: exists and is not a directory; choose another --run-dir")
         path = run_dir / "recipe.toml"
         if path.exists():
             existing = read_recipe(run_dir)
             diff = _differences(existing.identity(), recipe.identity())
             if diff:
                 raise UserError(f"{run_dir}: holds a run of a different recipe ({diff[0]}"
-                                f"{'; ...' if len(diff) > 1 else ''}); choose another --out")
+                                f"{'; ...' if len(diff) > 1 else ''}); choose another --run-dir")
             return True
         if run_dir.exists() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
             raise UserError(f"{run_dir}: exists and is not a perencode run directory; "
-                            "choose another --out")
+                            "choose another --run-dir")
         return False
 
     def start(self, device: torch.device) -> None:
@@ -233,7 +238,7 @@ class Run:
         current = {**environment.report(device), "seed": self.recipe.train.seed}
         starts = [*previous.get("starts", []),
                   {"time": now(), "device": current["device"],
-                   "git_commit": current["git_commit"]}]
+                   "git_commit": current["git_commit"], "git_dirty": current["git_dirty"]}]
         atomic_write_json(path, {**current, "start_time": starts[0]["time"], "starts": starts})
 
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -248,7 +253,7 @@ class Run:
         path, state = found
         restore_model(model, state, path)
         optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["rng"]["generator"].cpu())
+        restore_generator(generator, state["rng"]["generator"], state["iteration"], path)
         torch.set_rng_state(state["rng"]["torch"].cpu())
         self.truncate_metrics(state["iteration"])
         return state["iteration"]
@@ -452,6 +457,23 @@ def restore_model(model: torch.nn.Module, state: dict, path: str | Path) -> None
         first = str(exc).strip().splitlines()[0]
         raise UserError(f"{path}: checkpoint does not fit this run's model ({first[:160]})") \
             from None
+
+
+def restore_generator(generator: torch.Generator, saved: torch.Tensor, iteration: int,
+                      path: str | Path) -> None:
+    """The batch stream as the checkpoint left it; or, for a checkpoint written on another
+    device type (the CPU's generator is a Mersenne Twister, CUDA's a Philox counter: their
+    states do not fit each other), a new stream from the run's seed and the iteration,
+    reproducible but not the batches an uninterrupted run would have drawn (one line says
+    so)."""
+    saved = saved.cpu()
+    if saved.numel() == generator.get_state().numel():
+        generator.set_state(saved)
+        return
+    generator.manual_seed(generator.initial_seed() + iteration)
+    console.print(f"[yellow]note:[/] {path}: written on another device type; the training "
+                  f"batches after iteration {iteration} come from a new stream seeded from "
+                  "the run's seed and that iteration", highlight=False, soft_wrap=True)
 
 
 def read_json(path: str | Path) -> dict[str, Any]:

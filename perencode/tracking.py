@@ -135,14 +135,22 @@ def logdir_spec(run_dirs: list[Path]) -> str:
 
 
 def tensorboard_command(run_dirs: list[Path], port: int = 6006) -> list[str]:
-    """The command that serves these runs' curves side by side. Runs without event files
-    yet are included: a run of a sweep that has just started shows up once it logs."""
+    """The command that serves the curves of these runs that have event files, side by
+    side; UserError when none has (TensorBoard would show an empty page). A run trained
+    with --tensorboard writes its event file as it starts, so a run left out is one trained
+    without it or not started yet (start TensorBoard again once it is)."""
     if not run_dirs:
         raise UserError("no run directories there (folders holding recipe.toml)")
-    logged = sum(bool(event_files(r / FOLDER)) for r in run_dirs)
-    console.print(f"{logged} of {len(run_dirs)} runs have TensorBoard event files "
-                  "(runs log them with `perencode train --tensorboard`)", highlight=False)
-    return [sys.executable, "-m", "tensorboard.main", "--logdir_spec", logdir_spec(run_dirs),
+    logged = [r for r in run_dirs if event_files(r / FOLDER)]
+    if not logged:
+        raise UserError(f"none of the {len(run_dirs)} run(s) has TensorBoard event files "
+                        "(runs write them with `perencode train --tensorboard` or `perencode "
+                        "sweep --tensorboard`)")
+    left = len(run_dirs) - len(logged)
+    console.print(f"{len(logged)} of {len(run_dirs)} runs have TensorBoard event files"
+                  + (f"; {left} without any left out (trained without --tensorboard or not "
+                     "started yet)" if left else ""), highlight=False)
+    return [sys.executable, "-m", "tensorboard.main", "--logdir_spec", logdir_spec(logged),
             "--port", str(port)]
 
 

@@ -17,13 +17,19 @@ by `n` where the table has it), i.e. over seeds; the reproduced value comes with
 percentile-bootstrap CI (10,000 resamples). Verdicts account for the seeds (`three_way`):
 pass when the CI lies entirely on the claimed side of the threshold, fail when it lies
 entirely on the other side, inconclusive when it straddles it or a group has one run (no
-CI); not run when no run matches. Only a fail makes `perencode verify` exit 1.
+CI); not run when no run matches, with the reason: the claim's filters that the runs nearest
+to matching fail and the values they have there ("need model.hidden_size = 512, the
+nearest runs have 32"), or the field that varies within one of the claim's groups though
+the claim does not name it (runs of different settings would be pooled). Only a fail makes
+`perencode verify` exit 1.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import operator
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -31,6 +37,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from rich.markup import escape
 from rich.table import Table
 
 from perencode.console import console
@@ -181,11 +188,108 @@ def _diff(a: np.ndarray, b: np.ndarray, statistic: str) -> tuple[float, float, f
     return float(getattr(np, statistic)(a) - getattr(np, statistic)(b)), math.nan, math.nan
 
 
-def _mixed(df: pd.DataFrame, claim: Claim, recipe_columns: list[str]) -> list[str]:
-    """Recipe fields that differ among the matched runs but are no part of the claim."""
+def _groups(df: pd.DataFrame, claim: Claim, source: str) -> tuple[pd.DataFrame, list[str]]:
+    """The rows the claim compares and the columns whose values make its groups: its cells
+    (`by`, `along`) and, for a difference, the side (a or b) a row is on."""
+    keys = [k for k in (*claim.by, claim.along) if k is not None and k in df.columns]
+    if claim.test != "difference":
+        return df, keys
+    side = pd.Series(None, index=df.index, dtype=object)
+    side[side.index.isin(select(df, claim.b, source).index)] = "b"
+    side[side.index.isin(select(df, claim.a, source).index)] = "a"
+    return df.assign(_side=side)[side.notna()], [*keys, "_side"]
+
+
+def _mixed(df: pd.DataFrame, claim: Claim, recipe_columns: list[str],
+           source: str) -> tuple[str, list, str] | None:
+    """A recipe field that varies within one of the claim's groups though the claim does
+    not name it: runs of different settings that one statistic would pool. (field, its
+    values there, the group) or None. A field fixed within each group mixes nothing (the
+    three architectures' own vocabulary sizes under by = ["model.arch"]), as in `figures`."""
     used = {*claim.where, *claim.by, *claim.a, *claim.b, claim.along, *BOOKKEEPING}
-    return [c for c in recipe_columns if c in df.columns and c not in used
-            and df[c].nunique(dropna=False) > 1]
+    varying = [c for c in recipe_columns if c in df.columns and c not in used
+               and df[c].nunique(dropna=False) > 1]
+    if not varying:
+        return None
+    rows, keys = _groups(df, claim, source)
+    parts = rows.groupby(keys, dropna=False, sort=True) if keys else [((), rows)]
+    for cell, part in parts:
+        for column in varying:
+            if part[column].nunique(dropna=False) > 1:
+                cell = cell if isinstance(cell, tuple) else (cell,)
+                named = [(k, v) for k, v in zip(keys, cell) if k != "_side"]
+                group = ", ".join(f"{short_key(k)}={v}" for k, v in named)
+                if "_side" in keys:
+                    group = ", ".join(x for x in (group, f"group {cell[-1]}") if x)
+                return column, _values(part[column]), group
+    return None
+
+
+def _values(column: pd.Series) -> list:
+    """The distinct values of a column, sorted (numbers as numbers), None for unset."""
+    values = [None if pd.isna(v) else (v.item() if hasattr(v, "item") else v)
+              for v in column.drop_duplicates()]
+    return sorted(values, key=lambda v: (v is None, not isinstance(v, (int, float)),
+                                         v if isinstance(v, (int, float)) else str(v)))
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "unset"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _shown(values: list, limit: int = 5) -> str:
+    text = ", ".join(map(_text, values[:limit]))
+    return text + (f" and {len(values) - limit} more" if len(values) > limit else "")
+
+
+def _rule(rule: Any) -> str:
+    """A `where` filter in words: '= 512', 'in 32, 64', '>= 3', 'not 1-16'."""
+    if isinstance(rule, list):
+        return f"in {_shown(rule, 8)}"
+    if isinstance(rule, dict):
+        words = []
+        if "min" in rule:
+            words.append(f">= {_text(rule['min'])}")
+        if "max" in rule:
+            words.append(f"<= {_text(rule['max'])}")
+        if "not" in rule:
+            banned = rule["not"] if isinstance(rule["not"], list) else [rule["not"]]
+            words.append(f"not {_shown(banned, 8)}")
+        if "missing" in rule:
+            words.append("unset" if rule["missing"] else "set")
+        return " and ".join(words)
+    return f"= {_text(rule)}"
+
+
+def excluded(df: pd.DataFrame, filters: dict[str, Any], source: str) -> list[dict]:
+    """Why no row of `df` passes `filters`: the filters that the rows nearest to passing
+    (those failing the fewest) fail, each with what it needs, the values those rows have
+    there and how many runs they are; [] when some row passes."""
+    if df.empty:
+        return []
+    passes = {column: df.index.isin(select(df, {column: rule}, source).index)
+              for column, rule in filters.items()}
+    failed = sum((~keep).astype(int) for keep in passes.values())
+    if not filters or failed.min() == 0:
+        return []
+    nearest = failed == failed.min()
+    return [{"field": column, "need": filters[column], "needs": _rule(filters[column]),
+             "have": _values(df.loc[nearest & ~keep, column]),
+             "runs": int(df.loc[nearest & ~keep, "run"].nunique())}
+            for column, keep in passes.items() if (nearest & ~keep).any()]
+
+
+def because(found: list[dict], group: str = "", shown: int = 3) -> str:
+    """'need model.hidden_size = 512 (the nearest runs have 32), model.arch = lstm (gru)':
+    the first `shown` fields (all of them are in verify.json's `excluded`)."""
+    clauses = [f"{x['field']} {x['needs']} ({'the nearest runs have ' if i == 0 else ''}"
+               f"{_shown(x['have'])})" for i, x in enumerate(found[:shown])]
+    more = len(found) - shown
+    rest = f" and {more} more field{'s' * (more > 1)}" if more > 0 else ""
+    who = f"group {group} needs" if group else "need"
+    return f"{who} {', '.join(clauses)}{rest}" if found else ""
 
 
 # --------------------------------------------------------------------------------------
@@ -199,8 +303,9 @@ ONE_SEED = "one run per group: no confidence interval, so no verdict"
 def three_way(holds, low: float, high: float) -> str:
     """The verdict of a claim `holds(x)` about a quantity whose 95% CI is [low, high]:
     pass when it holds over the whole interval, fail when it holds nowhere on it,
-    inconclusive when the interval straddles the claim's boundary. `holds` must be monotone
-    in x (a threshold) or hold on one interval of x (a tolerance)."""
+    inconclusive when the interval straddles the claim's boundary. Only the two ends are
+    looked at, so `holds` must be monotone in x (a threshold `x OP value`); the tolerance
+    band of `approx`, which holds on an interval of x, is decided by `_near` instead."""
     at_low, at_high = holds(low), holds(high)
     if at_low and at_high:
         return PASS
@@ -230,8 +335,10 @@ class Outcome:
     high: float = math.nan
     shown: str = ""                  # value, CI and the cell it comes from, for people
     coverage: str = ""
-    note: str = ""
+    note: str = ""                   # for a claim not run: the reason, in words
     cells: list[dict] = field(default_factory=list)
+    excluded: list[dict] = field(default_factory=list)  # not run: the filters no run passes
+    runs: list[str] = field(default_factory=list)       # the run directories it rests on
 
     def as_dict(self) -> dict:
         c = self.claim
@@ -239,7 +346,8 @@ class Outcome:
                 "verdict": self.verdict, "reproduced": self.shown,
                 "value": None if math.isnan(self.value) else self.value,
                 "ci95": None if math.isnan(self.low) else [self.low, self.high],
-                "coverage": self.coverage, "note": self.note, "cells": self.cells}
+                "coverage": self.coverage, "note": self.note, "cells": self.cells,
+                "excluded": self.excluded, "runs": self.runs}
 
 
 def _fmt(value: float, low: float, high: float) -> str:
@@ -264,35 +372,56 @@ def _coverage(claim: Claim, found: list[tuple]) -> str:
 
 def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcome:
     source = f"claim {claim.id}"
-    rows = results.table(claim.table)
+    every = results.table(claim.table)
+    rows = every
     if claim.table != "curves":  # training curves of unfinished runs count too
         rows = rows[rows["complete"].astype(bool)]
     if rows.empty:  # e.g. no run wrote stability.csv: its columns do not exist either
-        return Outcome(claim, NOT_RUN, note=f"no finished run has table '{claim.table}'")
-    rows = select(rows, claim.where, source)
-    if claim.metric not in rows.columns and not rows.empty:
+        return Outcome(claim, NOT_RUN, note=_no_table(claim.table, results))
+    matched = select(rows, claim.where, source)
+    if claim.metric not in matched.columns and not matched.empty:
         raise UserError(f"{source}: metric '{claim.metric}' is not a column of table "
                         f"'{claim.table}'")
-    if rows.empty:
-        return Outcome(claim, NOT_RUN, note="no finished run matches")
-    mixed = _mixed(rows, claim, results.recipe_columns)
+    if matched.empty:
+        unfinished = select(every, claim.where, source)["run"].nunique()
+        if unfinished:
+            return Outcome(claim, NOT_RUN, note=f"only unfinished runs match ({unfinished})")
+        found = excluded(rows, claim.where, source)
+        return Outcome(claim, NOT_RUN, note=because(found), excluded=found)
+    rows = matched
+    mixed = _mixed(rows, claim, results.recipe_columns, source)
     if mixed:
-        return Outcome(claim, NOT_RUN, note=f"runs of different settings match ({mixed[0]} "
-                       "varies); narrow `where`")
+        column, values, group = mixed
+        return Outcome(claim, NOT_RUN, note=f"runs of different settings match: {column} "
+                       f"takes {_shown(values)}{' within ' + group if group else ''}; "
+                       "narrow `where`")
     keys = claim.by + ([claim.along] if claim.along else [])
     if claim.test == "difference":
-        return _difference(claim, rows, done, source)
-    values = per_run(rows, keys, claim.metric)
-    if claim.test in ("trend", "lowest"):
-        return _along(claim, values)
-    scored = []
-    for cell, vals in _cells(values, claim.by):
-        v, lo, hi = _stat(vals, claim.statistic)
-        if claim.test == "approx":
-            scored.append(_near(claim, cell, (v, lo, hi), len(vals)))
+        outcome = _difference(claim, rows, done, source)
+    else:
+        values = per_run(rows, keys, claim.metric)
+        if claim.test in ("trend", "lowest"):
+            outcome = _along(claim, values)
         else:
-            scored.append(_against(claim, cell, (v, lo, hi), len(vals), len(vals)))
-    return _verdict(claim, scored)
+            scored = []
+            for cell, vals in _cells(values, claim.by):
+                v, lo, hi = _stat(vals, claim.statistic)
+                if claim.test == "approx":
+                    scored.append(_near(claim, cell, (v, lo, hi), len(vals)))
+                else:
+                    scored.append(_against(claim, cell, (v, lo, hi), len(vals), len(vals)))
+            outcome = _verdict(claim, scored)
+    if outcome.verdict != NOT_RUN:  # a difference rests on its groups' runs alone
+        outcome.runs = sorted(set(_groups(rows, claim, source)[0]["run"]))
+    return outcome
+
+
+def _no_table(table: str, results: Results) -> str:
+    finished = int(results.runs["complete"].sum())
+    if table == "stability":
+        return (f"none of the {finished} finished runs has stability.csv (`perencode "
+                "stability RUN` writes it; grids with `after = [\"stability\"]` run it)")
+    return f"none of the {finished} finished runs has rows of table '{table}'"
 
 
 def _near(claim: Claim, cell: tuple, estimate: tuple[float, float, float],
@@ -359,7 +488,9 @@ def _difference(claim: Claim, rows: pd.DataFrame, done: dict[str, Outcome],
     b = per_run(select(rows, claim.b, source), claim.by, claim.metric)
     if a.empty or b.empty:
         missing = "a" if a.empty else "b"
-        return Outcome(claim, NOT_RUN, note=f"no finished run in group {missing}")
+        found = excluded(rows, getattr(claim, missing), source)
+        return Outcome(claim, NOT_RUN, note=because(found, missing) or
+                       f"no finished run in group {missing}", excluded=found)
     b_cells = dict(_cells(b, claim.by))
     scored = [_against(claim, cell, _diff(vals, b_cells[cell], claim.statistic),
                        min(len(vals), len(b_cells[cell])), len(vals) + len(b_cells[cell]))
@@ -387,7 +518,8 @@ def _than(claim: Claim, scored: list[Scored], other: Outcome | None) -> Outcome:
         raise UserError(f"claim {claim.id}: with `than`, set cells = 'first' or 'last' (or "
                         "narrow `where` to one cell)")
     if other is None or other.verdict == NOT_RUN:
-        return Outcome(claim, NOT_RUN, note=f"claim {claim.than} was not run")
+        why = f" ({other.note})" if other is not None and other.note else ""
+        return Outcome(claim, NOT_RUN, note=f"claim {claim.than} was not run{why}")
     pick = scored[-1] if claim.cells == "last" else scored[0]
     d, v = pick.value, abs(pick.value) - abs(other.value)
     mine = _abs_interval(*_interval((pick.value, pick.low, pick.high)))
@@ -460,14 +592,64 @@ RULE = ("Verdicts: pass when the 95% CI of the reproduced value lies entirely on
         "deciding cell; min/max over seeds have no CI and decide on the value itself.")
 
 
-def _reproduced(o: Outcome) -> str:
+def reproduced(o: Outcome) -> str:
+    """The reproduced value for people: value [CI] (deciding cell) (coverage; note)."""
     extra = "; ".join(x for x in (o.coverage, o.note) if x)
     return (o.shown or "-") + (f" ({extra})" if extra else "")
 
 
-def _counts(outcomes: list[Outcome]) -> str:
-    """'1 inconclusive, 0 fail, 0 not run, 3 pass'."""
-    return ", ".join(f"{sum(o.verdict == v for o in outcomes)} {v}" for v in VERDICT_STYLE)
+@dataclass
+class Checked:
+    """The claims of one claims file evaluated on one set of runs."""
+    claims_path: Path
+    outcomes: list[Outcome]
+    results: Results
+
+    @property
+    def decided(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.verdict != NOT_RUN]
+
+    def summary(self) -> str:
+        """'49 claims; 4 concern the 12 finished runs given: 2 pass, 1 fail, 1 inconclusive;
+        45 not run (reasons below).'"""
+        runs = self.results.runs
+        finished = int(runs["complete"].sum())
+        unfinished = len(runs) - finished
+        given = f"{finished} finished run{'s' * (finished != 1)} given" + (
+            f" ({unfinished} unfinished)" if unfinished else "")
+        decided = self.decided
+        verdicts = ", ".join(f"{sum(o.verdict == v for o in decided)} {v}"
+                             for v in (PASS, FAIL, INCONCLUSIVE))
+        left = len(self.outcomes) - len(decided)
+        return (f"{len(self.outcomes)} claims; {len(decided)} concern the {given}"
+                + (f": {verdicts}" if decided else "")
+                + (f"; {left} not run (reasons below)" if left else "") + ".")
+
+    def not_run(self) -> list[tuple[str, list[Outcome]]]:
+        """The claims not run grouped by their reason, the largest group first."""
+        groups: dict[str, list[Outcome]] = {}
+        for o in self.outcomes:
+            if o.verdict == NOT_RUN:
+                groups.setdefault(o.note, []).append(o)
+        return sorted(groups.items(), key=lambda item: -len(item[1]))
+
+    def as_json(self, run_paths: list[Path]) -> dict:
+        return {"claims": str(self.claims_path), "runs": [str(p) for p in run_paths],
+                "summary": self.summary(), "rule": RULE,
+                "results": [o.as_dict() for o in self.outcomes]}
+
+
+def check(runs: list[Path], claims: str | Path = "paper",
+          results: Results | None = None) -> Checked:
+    """Every claim of `claims` evaluated on the runs under `runs` (or on `results`, already
+    collected from them); nothing is written."""
+    claims_path = claims_file(claims)
+    parsed = load_claims(claims_path)
+    results = collect([Path(p) for p in runs]) if results is None else results
+    done: dict[str, Outcome] = {}
+    for claim in sorted(parsed, key=lambda c: c.than is not None):  # referenced ones first
+        done[claim.id] = evaluate(claim, results, done)
+    return Checked(claims_path, [done[c.id] for c in parsed], results)
 
 
 def in_report_order(outcomes: list[Outcome]) -> list[Outcome]:
@@ -475,44 +657,60 @@ def in_report_order(outcomes: list[Outcome]) -> list[Outcome]:
     return sorted(outcomes, key=lambda o: o.verdict != INCONCLUSIVE)
 
 
-def report_markdown(outcomes: list[Outcome], claims_path: Path, run_paths: list[Path]) -> str:
-    counts = _counts(outcomes)
-    lines = [f"# Claims of {claims_path} checked against {', '.join(map(str, run_paths))}", "",
-             f"{counts}.", "", RULE, "",
-             "| claim | statement | paper | reproduced | verdict |", "|---|---|---|---|---|"]
-    for o in in_report_order(outcomes):
-        cells = (o.claim.id, o.claim.statement, o.claim.paper, _reproduced(o), o.verdict)
-        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+def _ids(outcomes: list[Outcome]) -> str:
+    return ", ".join(o.claim.id for o in outcomes)
+
+
+def report_markdown(checked: Checked, run_paths: list[Path]) -> str:
+    lines = [f"# Claims of {checked.claims_path} checked against "
+             f"{', '.join(map(str, run_paths))}", "", checked.summary(), "", RULE, ""]
+    if checked.decided:
+        lines += ["| claim | statement | paper | reproduced | verdict |",
+                  "|---|---|---|---|---|"]
+        for o in in_report_order(checked.decided):
+            cells = (o.claim.id, o.claim.statement, o.claim.paper, reproduced(o), o.verdict)
+            lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+        lines.append("")
+    groups = checked.not_run()
+    if groups:
+        lines += ["## Not run", ""]
+        lines += [f"- {reason}. Claims ({len(group)}): {_ids(group)}" for reason, group in groups]
     return "\n".join(lines) + "\n"
 
 
 def verify_runs(runs: list[Path], claims: str | Path = "paper",
-                out: Path = Path("figures")) -> int:
-    """Evaluate every claim; print a table, write verify.md and verify.json into `out`.
-    Returns 1 if a claim fails (inconclusive and not run do not fail), else 0."""
-    claims_path = claims_file(claims)
-    parsed = load_claims(claims_path)
-    results = collect([Path(p) for p in runs])
-    done: dict[str, Outcome] = {}
-    for claim in sorted(parsed, key=lambda c: c.than is not None):  # referenced ones first
-        done[claim.id] = evaluate(claim, results, done)
-    outcomes = [done[c.id] for c in parsed]
+                out: Path = Path("figures"), as_json: bool = False) -> int:
+    """Evaluate every claim; print a summary, the decided claims and the reasons of those
+    not run (`as_json`: the whole verify.json document on stdout instead), and write
+    verify.md and verify.json into `out`. Returns 1 if a claim fails (inconclusive and not
+    run do not fail), else 0."""
+    checked = check(runs, claims)
+    outcomes = checked.outcomes
+    document = checked.as_json(runs)
     out = Path(out)
     # The lock `figures` takes on the same folder; what a killed verify left is cleared.
     with hold(out, "verify"):
         remove_stale_temps(out, lambda name: name.startswith("verify"))
-        atomic_write_text(out / "verify.md", report_markdown(outcomes, claims_path, runs))
-        atomic_write_json(out / "verify.json", {"claims": str(claims_path),
-                                                "runs": [str(p) for p in runs], "rule": RULE,
-                                                "results": [o.as_dict() for o in outcomes]})
-    table = Table(title=f"claims of {claims_path}")
-    for col in ("claim", "paper", "reproduced (95% CI)", "verdict"):
-        table.add_column(col, overflow="fold")
-    for o in in_report_order(outcomes):
-        table.add_row(f"{o.claim.id}: {o.claim.statement}", o.claim.paper, _reproduced(o),
-                      f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}")
-    console.print(table)
-    counts = _counts(outcomes)
-    console.print(f"{counts}; wrote {out / 'verify.md'} and {out / 'verify.json'}",
-                  highlight=False)
+        atomic_write_text(out / "verify.md", report_markdown(checked, runs))
+        atomic_write_json(out / "verify.json", document)
+    if as_json:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    else:
+        _print(checked)
+    console.print(f"wrote {out / 'verify.md'} and {out / 'verify.json'}", highlight=False)
     return 1 if any(o.verdict == FAIL for o in outcomes) else 0
+
+
+def _print(checked: Checked) -> None:
+    console.print(checked.summary(), highlight=False)
+    if checked.decided:
+        table = Table(title=f"claims of {checked.claims_path}")
+        for col in ("claim", "paper", "reproduced (95% CI)", "verdict"):
+            table.add_column(col, overflow="fold")
+        for o in in_report_order(checked.decided):
+            table.add_row(f"{o.claim.id}: {o.claim.statement}", o.claim.paper,
+                          reproduced(o), f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}")
+        console.print(table)
+    for reason, group in checked.not_run():
+        console.print(f"[yellow]not run[/] ({len(group)}): {escape(reason)}\n    "
+                      f"{_ids(group)}", highlight=False)

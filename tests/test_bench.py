@@ -11,8 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from perencode import kinds
-from perencode.bench import bare_loop, bench
+from perencode.bench import REFERENCE_CELLS, bare_loop, bench
 from perencode.errors import UserError
+from perencode.experiment import build
 from perencode.models import ModelSizes, SequenceModel
 from perencode.recipe import validate
 from perencode.sweep.cost import flops_per_iteration, layer_parameters
@@ -45,6 +46,34 @@ def test_the_bare_loop_learns_the_reverse_task():
     losses = [float(step()) for _ in range(100)]
     assert losses[0] == pytest.approx(math.log(4), abs=0.2)
     assert max(losses[-5:]) < 0.7 * losses[0]
+
+
+@pytest.mark.parametrize("kind, mode", [("sinusoidal", "concat"), ("sinusoidal", "add"),
+                                        ("none", "concat"), ("duplicate", "concat")])
+def test_the_bare_cell_reads_the_models_input_width(monkeypatch, kind, mode):
+    """E = 8: 2E where the encoding is concatenated (or the embedding duplicated), E where
+    it is added or absent; the same width as the model's own first layer."""
+    widths = []
+
+    def recording_gru(input_size, *args, **kwargs):
+        widths.append(input_size)
+        return nn.GRU(input_size, *args, **kwargs)
+
+    monkeypatch.setitem(REFERENCE_CELLS, "gru", recording_gru)
+    r = validate({**recipe(kind=kind).to_dict(), "encoding": {"kind": kind, "mode": mode}},
+                 "test")
+    step = bare_loop(r, CPU)
+    assert math.isfinite(float(step()))
+    model = build(r, CPU)[1]
+    assert widths == [model.in_features] == [{"concat": 16, "add": 8}[mode]
+                                              if kind != "none" else 8]
+
+
+def test_the_printed_ratio_is_the_ratio_of_the_printed_times():
+    result = bench(recipe(), CPU, iterations=3, warmup=1, baseline=True)
+    assert result["ratio_to_bare"] == pytest.approx(
+        result["seconds_per_iteration"] / result["bare_seconds_per_iteration"], rel=1e-12)
+    assert result["sequences_per_second"] == pytest.approx(4 / result["seconds_per_iteration"])
 
 
 # -- sweep.cost: FLOPs per iteration ---------------------------------------------------------

@@ -19,7 +19,7 @@ def test_citation_cff_names_the_package_and_the_paper():
     assert cff["cff-version"] == "1.2.0" and cff["type"] == "software"
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert cff["version"] == project["version"] == perencode.__version__
-    assert cff["license"] == project["license"]["text"] == "MIT"
+    assert cff["license"] == project["license"] == "MIT"  # an SPDX expression
     assert all("name" in a or "family-names" in a for a in cff["authors"])
     paper = cff["preferred-citation"]
     assert paper["type"] == "article" and paper["title"] == TITLE

@@ -182,7 +182,7 @@ def test_show_prints_the_resolved_recipe_and_reads_back(recipe):
         assert shown[section].keys() == fields.keys(), section
 
     result = CliRunner().invoke(app, ["show", str(recipe), "--json"], catch_exceptions=False)
-    assert json.loads(result.stdout) == load_recipe(recipe).to_dict()
+    assert json.loads(result.stdout) == load_recipe(recipe).model_dump(mode="json")
 
 
 def test_show_fills_in_defaults_and_reports_mistakes(cli, tmp_path):

@@ -1,6 +1,9 @@
-"""CUDA smoke test: train, evaluate and analyse stability on a GPU at tiny size.
+"""CUDA tests: train, evaluate and analyse stability on a GPU at tiny size, and what
+`perencode doctor` checks (equivalence with the CPU, determinism, resume across devices,
+the memory estimate), with its logic; tests/test_doctor.py runs the same logic CPU against
+CPU.
 
-Marked `gpu`; skipped where no CUDA device is present (CI has none). Run it on a GPU
+Marked `gpu`; skipped where no CUDA device is present (CI has none). Run them on a GPU
 machine with `pytest -m gpu`.
 """
 
@@ -11,6 +14,9 @@ import json
 import pytest
 import torch
 from conftest import ROOT, assert_scores_consistent, run_cli, tiny_overrides
+
+from perencode import doctor
+from perencode.recipe import load_recipe
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -40,3 +46,49 @@ def test_train_eval_stability_on_cuda(arch, tmp_path):
     assert code == 0, text
     rows = (run / "stability.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 4 * 2  # header, 2 checkpoints x 4 triplets x 2 comparisons
+
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+@pytest.mark.parametrize("arch", doctor.ARCHS)
+@pytest.mark.parametrize("encoding", doctor.ENCODINGS)
+def test_training_steps_on_cuda_match_the_cpu(arch, encoding):
+    recipe = doctor.small_recipe(arch, encoding, doctor.EQUIVALENCE_SIZE)
+    precision = "tf32" if doctor.tf32_in_effect(CUDA, arch) else "fp32"
+    assert doctor.equivalence(recipe, CUDA, CPU) < doctor.TOLERANCE[precision]
+
+
+@pytest.mark.parametrize("arch", doctor.ARCHS)
+def test_training_steps_on_cuda_in_strict_fp32_match_the_cpu(arch, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    recipe = doctor.small_recipe(arch, "sinusoidal", doctor.EQUIVALENCE_SIZE)
+    assert doctor.equivalence(recipe, CUDA, CPU) < doctor.TOLERANCE["fp32"]
+
+
+def test_determinism_on_cuda_is_measured_never_a_failure():
+    [row] = doctor.determinism_check(CUDA, doctor.EQUIVALENCE_SIZE)
+    assert row.verdict in (doctor.PASS, doctor.INFO), row
+
+
+@pytest.mark.parametrize("first,second", [(CPU, CUDA), (CUDA, CPU), (CUDA, CUDA)])
+def test_resume_across_devices(first, second, tmp_path):
+    recipe = doctor.small_recipe("gru", "sinusoidal", doctor.CPU_SIZE, iterations=4,
+                                 checkpoint_every=2, log_every=1, keep_checkpoints="all")
+    result = doctor.resume_across(recipe, first, second, tmp_path)
+    assert result["starts"] == [str(first), str(second)]
+    assert doctor.resume_ok(result, recipe), result
+
+
+def test_memory_estimate_at_the_paper_shape():
+    estimate, peak, ratio = doctor.memory_ratio(load_recipe(ROOT / doctor.FIG2_GRU), CUDA)
+    low, high = doctor.MEMORY_RATIO["cuda"]
+    assert low <= ratio <= high, (estimate, peak)
+
+
+@pytest.mark.slow
+def test_doctor_passes_on_this_gpu(tmp_path):
+    code, text = run_cli("doctor", "--runs", tmp_path)
+    assert code == 0, text
+    assert (tmp_path / ".estimates.json").exists()

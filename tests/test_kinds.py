@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Literal
 
@@ -207,9 +208,12 @@ def test_runs_of_kinds_nobody_registered_are_still_drawn_and_verified(study, mon
     assert code == 0, text
     report = json.loads((tmp_path / "verify.json").read_text())["results"]
     assert [(r["id"], r["verdict"]) for r in report] == [("copy-learnt", "pass")]
-    # Training or evaluating one needs the kind's code: refused in one line.
+    # Training or evaluating one needs the kind's code: refused in one line naming the
+    # module the run's plugins.json says registered it (this file) and how to pass it.
     code, text = run_cli("eval", root / "runs" / "seed111", "--device", "cpu")
-    assert code == 2 and "task.name: Input should be" in text.replace("\n", "")
+    text = text.replace("\n", "")
+    assert code == 2 and "the run needs the plugin test_kinds" in text
+    assert "for task.name = 'copy'" in text and f"--plugin {Path(__file__).resolve()}" in text
 
 
 def test_unregistered_kinds_keep_their_raw_names_and_come_last():

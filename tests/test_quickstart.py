@@ -95,7 +95,7 @@ def test_the_cpu_demo_is_one_figure(tmp_path, capsys):
     says which setting follows which axis."""
     written = make_figures([demo_runs("cpu", tmp_path / "runs")], out=tmp_path / "figs")
     assert sorted(p.name for p in written if p.name.startswith("fig02")) == \
-        ["fig02_reverse_vocabulary.pdf", "fig02_reverse_vocabulary.png"]
+        ["fig02_reverse_vocabulary__nonpaper.pdf", "fig02_reverse_vocabulary__nonpaper.png"]
     captured = capsys.readouterr()
     out = " ".join((captured.out + captured.err).split())
     assert "one figure although train.iterations follows vocab_size (32: 2000; 1024: 4000)" \

@@ -4,7 +4,8 @@ Marked `slurm`. Skipped where no cluster answers, unless PERENCODE_REQUIRE_SLURM
 `make test-slurm`), where a missing cluster fails instead: CI cannot pass them by skipping.
 The scenarios: a 2 x 2 grid as one job array with accounting; a run longer than its time
 limit (signalled, checkpointed, requeued, resumed); a job cancelled with scancel and
-resumed by the next sweep; a failing cell. Interrupted runs end bit-identical to runs
+resumed by the next sweep; a failing cell; cells of a loose plugin's kind (the jobs are
+handed the plugin). Interrupted runs end bit-identical to runs
 trained without interruption.
 """
 
@@ -225,3 +226,34 @@ def test_failing_cell_is_reported_and_the_others_finish(tmp_path):
     assert f"log: {failed / 'train.log'}" in text.replace("\n", "")
     assert "no manifest.json" in (failed / "train.log").read_text()
     assert runs.is_complete(out / "mixed" / "task=reverse")
+
+
+def test_cells_of_a_loose_plugins_kind_finish_as_jobs(tmp_path):
+    """The jobs are handed the plugin the sweep was given (`--plugin`, not an exported
+    variable): every cell of its kind validates and trains in its job."""
+    plugin = tmp_path / "my_pe.py"
+    plugin.write_text("import torch\nfrom perencode.kinds import EncodingKind, "
+                      "register_encoding\n\n\ndef ramp(positions, dim):\n    return "
+                      "torch.linspace(0.0, 1.0, positions)[:, None].expand(positions, dim)"
+                      ".clone()\n\n\nregister_encoding(EncodingKind(\"lin_ramp\", "
+                      "label=\"Linear ramp\", table=ramp))\n")
+    grid = write_grid(tmp_path, "plugged", '[grid]\n"task.vocab_size" = [8, 16]\n'
+                      '"encoding.kind" = ["lin_ramp"]\n')
+    out = tmp_path / "runs"
+    env = {k: v for k, v in subprocess_env().items() if k != "PERENCODE_PLUGINS"}
+    proc = subprocess.run([PYTHON, "-m", "perencode", "--plugin", str(plugin), "sweep",
+                           str(grid), "--runs", str(out), "--executor", "slurm", "--device",
+                           "cpu", "--no-progress"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cells = sorted(p.parent for p in (out / "plugged").glob("*/*/eval.json"))
+    assert len(cells) == 2 and all(runs.is_complete(c) for c in cells)
+    for cell in cells:
+        assert json.loads((cell / "eval.json").read_text())["encoding"] == "lin_ramp"
+        assert json.loads((cell / "plugins.json").read_text())["plugins"][0]["file"] == \
+            str(plugin.resolve())
+    array = job_ids(out, "plugged")[0].split("_")[0]
+    deadline = time.monotonic() + 60
+    while (states := sacct_states(array)) != ["COMPLETED"] * 2 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert states == ["COMPLETED"] * 2

@@ -11,7 +11,7 @@ from conftest import ROOT
 from fake_runs import by_band, fake_run, stability_rows
 
 from perencode.errors import UserError
-from perencode.verify import claims_file, load_claims, verify_runs
+from perencode.verify import check, claims_file, load_claims, verify_runs
 
 REVERSE = '{ "task.name" = "reverse", "model.arch" = "gru" }'
 
@@ -153,7 +153,14 @@ def test_verdicts_on_known_numbers(runs_root, tmp_path):
     assert got["pe-worse-min"]["value"] == pytest.approx(38.4 - 37.0)
     assert got["pe-helps-at-smallest"]["value"] == pytest.approx(0.01 - 0.37)
     md = (tmp_path / "out" / "verify.md").read_text()
-    assert "| pe-above-95 |" in md and "0 inconclusive, 0 fail, 1 not run, 8 pass" in md
+    assert "| pe-above-95 |" in md and "| s4d |" not in md
+    assert ("9 claims; 8 concern the 24 finished runs given: 8 pass, 0 fail, 0 inconclusive; "
+            "1 not run (reasons below).") in md
+    assert md.endswith("## Not run\n\n- need model.arch = s4d (the nearest runs have gru, "
+                       "lstm). Claims (1): s4d\n")
+    assert got["s4d"]["excluded"] == [{"field": "model.arch", "need": "s4d",
+                                       "needs": "= s4d", "have": ["gru", "lstm"], "runs": 24}]
+    assert got["s4d"]["runs"] == [] and len(got["pe-above-95"]["runs"]) == 6
 
 
 def test_a_false_claim_fails_the_run(runs_root, tmp_path):
@@ -178,7 +185,38 @@ def test_runs_of_different_settings_are_not_mixed(runs_root, tmp_path):
     claims = write(tmp_path, CLAIMS.split("[[claim]]\nid = \"vanilla-degrades\"")[0])
     verify_runs([runs_root, tmp_path / "extra"], claims=claims, out=tmp_path / "out")
     result = json.loads((tmp_path / "out" / "verify.json").read_text())["results"][0]
-    assert result["verdict"] == "not run" and "model.hidden_size varies" in result["note"]
+    assert result["verdict"] == "not run"
+    assert result["note"] == ("runs of different settings match: model.hidden_size takes 16, "
+                              "512 within vocab_size=64; narrow `where`")
+
+
+def test_a_field_fixed_within_each_group_mixes_nothing(tmp_path):
+    """Fig. 3's three architectures have their own vocabulary sizes (and only the S4D a
+    state size): a claim over by = ["model.arch"] pools nothing across them."""
+    for arch, vocab in (("gru", 64), ("lstm", 1024), ("s4d", 2048)):
+        for seed in (111, 222):
+            fake_run(tmp_path / "runs", f"{arch}/{seed}", arch=arch, vocab=vocab, seed=seed,
+                     task="dual_frequency", metrics={"by_band": by_band(0.97, 0.3)})
+    claim = '''
+[[claim]]
+id = "rare-among-frequent"
+statement = "rare targets among frequent disturbants: fine for every architecture"
+table = "by_band"
+where = { "encoding.kind" = "none", "target" = "RARE", "disturbants" = "FREQUENT" }
+metric = "accuracy"
+by = ["model.arch"]
+test = "threshold"
+op = ">="
+value = 0.90
+'''
+    checked = check([tmp_path / "runs"], write(tmp_path, claim))
+    assert [o.verdict for o in checked.outcomes] == ["pass"]
+    # The same runs pooled over the architectures do mix settings, and it says which field.
+    pooled = check([tmp_path / "runs"], write(tmp_path, claim.replace(
+        'by = ["model.arch"]\n', "")))
+    assert pooled.outcomes[0].verdict == "not run"
+    assert pooled.outcomes[0].note == ("runs of different settings match: task.vocab_size "
+                                       "takes 64, 1024, 2048; narrow `where`")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -303,3 +341,82 @@ def test_claims_file_is_a_path_or_a_bundled_name(tmp_path):
         claims_file("nope")
     with pytest.raises(UserError, match="claims file not found"):
         claims_file(tmp_path / "paper")  # a path is never taken for a bundled name
+
+
+def test_a_shrunk_sweep_says_why_no_claim_was_run(tmp_path, cli):
+    """Runs at hidden size 32 (a shrunk Fig. 2 sweep): every paper claim is not run, and
+    verify says which recipe field excluded the runs and what they have there."""
+    for enc in ("none", "sinusoidal"):
+        for seed in (111, 222):
+            fake_run(tmp_path / "runs", f"{enc}/{seed}", encoding=enc, seed=seed, vocab=64,
+                     hidden=32, metrics={"token_accuracy": 0.5, "dl_distance": 3.0})
+    fake_run(tmp_path / "runs", "unfinished", hidden=32, vocab=128, encoding="sinusoidal",
+             finished=False)
+    code, output = cli("verify", tmp_path / "runs", "--out", tmp_path / "out")
+    assert code == 0
+    lines = output.splitlines()
+    assert lines[0] == ("49 claims; 0 concern the 4 finished runs given (1 unfinished); 49 not "
+                        "run (reasons below).")
+    assert "not run (3): need model.hidden_size = 512 (the nearest runs have 32)\n" in output
+    report = {r["id"]: r for r in json.loads((tmp_path / "out" / "verify.json").read_text())
+              ["results"]}
+    assert report["1a-gru-pe-above-95"]["note"] == ("need model.hidden_size = 512 (the nearest "
+                                                    "runs have 32)")
+    assert report["1a-gru-pe-above-95"]["excluded"][0]["runs"] == 2  # the PE runs
+    assert report["2a-lstm-pe-above-95"]["note"] == (
+        "need model.hidden_size = 512 (the nearest runs have 32), model.arch = lstm (gru), "
+        "task.vocab_size in 256, 512, 1024, 2048, 4096, 8192, 16384 (64)")
+    assert report["7d-lstm-predecessor"]["note"] == (
+        "need task.name = predecessor (the nearest runs have reverse), task.length = 16 (64), "
+        "model.hidden_size = 512 (32) and 1 more field")
+    assert [x["field"] for x in report["7d-lstm-predecessor"]["excluded"]] == [
+        "task.name", "task.length", "model.hidden_size", "model.arch"]
+    assert report["5a-gru-vanilla-frequent-among-rare"]["note"].startswith(
+        "none of the 4 finished runs has rows of table 'by_band'")
+    # --json: the whole document on stdout, every field of every claim.
+    code, output = cli("verify", tmp_path / "runs", "--out", tmp_path / "out", "--json")
+    document = json.loads(output[:output.rindex("}") + 1])
+    assert document["summary"].startswith("49 claims; 0 concern") and len(
+        document["results"]) == 49
+    assert set(document["results"][0]) == {
+        "id", "statement", "source", "paper", "verdict", "reproduced", "value", "ci95",
+        "coverage", "note", "cells", "excluded", "runs"}
+
+
+def test_an_empty_group_and_unfinished_runs_are_named(three_way_runs, tmp_path):
+    claims = write(tmp_path, DIFF.format(id="random", k=32, op=">").replace(
+        '"sinusoidal"', '"random"') + DIFF.format(id="later", k=512, op=">"))
+    fake_run(tmp_path / "more", "512", vocab=512, finished=False)
+    checked = check([three_way_runs, tmp_path / "more"], claims)
+    random, later = checked.outcomes
+    assert random.note == "group a needs encoding.kind = random (the nearest runs have none, " \
+                          "sinusoidal)"
+    assert later.note == "only unfinished runs match (1)"
+
+
+@pytest.mark.parametrize("rule, words", [
+    (512, "= 512"), (True, "= true"), ([32, 64], "in 32, 64"),
+    ({"min": 3, "max": 9}, ">= 3 and <= 9"), ({"not": ["1-16", "17-32"]}, "not 1-16, 17-32"),
+    ({"missing": True}, "unset"), (list(range(10)), "in 0, 1, 2, 3, 4, 5, 6, 7 and 2 more"),
+])
+def test_a_filter_in_words(rule, words):
+    from perencode.verify import _rule
+
+    assert _rule(rule) == words
+
+
+def test_the_nearest_runs_decide_the_reason():
+    """Of runs failing one filter and runs failing two, the first are the nearest: the
+    reason names their one field and their values there."""
+    from perencode.verify import excluded
+
+    df = pd.DataFrame({"run": ["a", "b", "c", "d"], "model.arch": ["gru", "gru", "lstm", "gru"],
+                       "model.hidden_size": [32, 64, 32, 512],
+                       "task.length": [64, 64, 16, 16]})
+    found = excluded(df, {"model.arch": "gru", "model.hidden_size": 512, "task.length": 64},
+                     "test")
+    assert found == [{"field": "model.hidden_size", "need": 512, "needs": "= 512",
+                      "have": [32, 64], "runs": 2},
+                     {"field": "task.length", "need": 64, "needs": "= 64", "have": [16],
+                      "runs": 1}]
+    assert excluded(df, {"model.arch": "lstm"}, "test") == []  # run c passes

@@ -9,6 +9,7 @@ to that run instead of trained twice.
     plan.py    the state of each cell's run and the commands still to run
     local.py   the local executor (subprocesses, GPUs round-robin)
     slurm.py   the SLURM executor (a job array through submitit; submit and leave)
+    check.py   the cells validated in a process started as the workers are (plugins)
     board.py   the live table
     cost.py    disk, FLOPs and device-hours of a grid (--dry-run, --estimate)
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from perencode import plugins
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.grid import SlurmConfig, load_grid
@@ -24,6 +26,7 @@ from perencode.lock import hold
 from perencode.recipe import validate_table
 from perencode.sweep import slurm as slurm_executor
 from perencode.sweep.board import Board
+from perencode.sweep.check import check_in_worker
 from perencode.sweep.cost import measure, print_plan
 from perencode.sweep.local import run_local
 from perencode.sweep.plan import FINISHED, Run, RunState, live_jobs, mark_queued, plan, prepare
@@ -50,6 +53,9 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
                         "outlive the sweep there; local runs would not)")
     if not g.cells:
         raise UserError(f"{grid}: --only leaves no cell to run")
+    # The workers get this process's plugins; each cell is validated as they will.
+    handed = plugins.handed_on([c.recipe for c in g.cells])
+    check_in_worker({f"{grid} [grid] {c.name}": c.recipe for c in g.cells}, handed)
     planned = plan(g, out, tensorboard)
     if estimate:
         measure(planned, out, device, jobs)
@@ -62,11 +68,12 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
     # beside a running one) exits 2 naming the first, instead of training every run twice.
     with hold(tree, f"perencode sweep {g.path}"):
         return _sweep(g, planned, out, executor, jobs, runs_per_gpu, device, options,
-                      progress, wait)
+                      progress, wait, handed)
 
 
 def _sweep(g, planned: list[Run], out: Path, executor: str, jobs: int, runs_per_gpu: int,
-           device: str, options: SlurmConfig, progress: bool, wait: bool) -> int:
+           device: str, options: SlurmConfig, progress: bool, wait: bool,
+           handed: list[str]) -> int:
     if any(r.job for r in planned):
         mark_queued(planned)
     title = f"{g.path} -> {out / g.name} ({executor})"
@@ -74,9 +81,10 @@ def _sweep(g, planned: list[Run], out: Path, executor: str, jobs: int, runs_per_
         ready = prepare([r for r in planned if r.commands or r.state == RunState.REUSE])
         board.update()
         if executor == "local":
-            finished = run_local(ready, board, jobs, runs_per_gpu, device) if ready else True
+            finished = (run_local(ready, board, jobs, runs_per_gpu, device, handed)
+                        if ready else True)
         else:
-            finished = _slurm(ready, planned, board, g, out, options, device, wait)
+            finished = _slurm(ready, planned, board, g, out, options, device, wait, handed)
         board.update()
     if not (progress and console.is_terminal):
         console.print(board.table())
@@ -98,7 +106,7 @@ def _sweep(g, planned: list[Run], out: Path, executor: str, jobs: int, runs_per_
 
 
 def _slurm(ready: list[Run], planned: list[Run], board: Board, grid, out: Path,
-           options: SlurmConfig, device: str, wait: bool) -> bool:
+           options: SlurmConfig, device: str, wait: bool, handed: list[str]) -> bool:
     """Submit what is ready (after the twins' jobs, where a cell is another grid's run
     still training), then wait for those and for the jobs of earlier sweeps."""
     pairs = []
@@ -107,7 +115,7 @@ def _slurm(ready: list[Run], planned: list[Run], board: Board, grid, out: Path,
         if dependency:
             live = live_jobs(dependency) if options.cluster == "slurm" else {}
             dependency = [j for j in dependency if j in live]
-        jobs = slurm_executor.submit(ready, grid, out, options, device, dependency)
+        jobs = slurm_executor.submit(ready, grid, out, options, device, dependency, handed)
         pairs += list(zip(ready, jobs))
     if not wait:
         return True

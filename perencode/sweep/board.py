@@ -22,7 +22,7 @@ QUIET = (RunState.DONE, RunState.REUSE, RunState.NEW, RunState.PARTIAL)
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return ""
-    seconds = int(seconds)
+    seconds = round(seconds)  # not int(): t0 + 5 - t0 can be 4.999...
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
         f"{seconds // 60}m{seconds % 60:02d}s"
 
@@ -36,14 +36,31 @@ class Board:
             if enabled and console.is_terminal else None
         self.enabled = enabled
         self._seen = {id(r): r.state for r in all_runs}
-        self._last_summary = time.monotonic()
+        self._last_summary = self._t0 = time.monotonic()
+        self._start_steps = sum(r.step for r in all_runs)
+
+    def overall(self, now: float | None = None) -> str:
+        """'elapsed 2m03s, ETA 5m10s': the sweep's time so far, and the iterations left (of
+        runs not finished, failed or linked) at the rate of iterations done since it began."""
+        elapsed = (time.monotonic() if now is None else now) - self._t0
+        done = sum(r.step for r in self.runs) - self._start_steps
+        left = sum(max(0, r.iterations - r.step) for r in self.runs if r.state not in
+                   (RunState.DONE, RunState.REUSE, RunState.FAILED, RunState.CONFLICT))
+        if not left:
+            eta = "0m00s"
+        elif done > 0 and elapsed > 0:
+            eta = duration(left * elapsed / done)
+        else:
+            eta = "unknown until a run logs its first steps"
+        return f"elapsed {duration(elapsed)}, ETA {eta}"
 
     def table(self, every_run: bool = True) -> Table:
         """All runs, or (a live view of a big grid) those not yet finished or waiting."""
         shown = [r for r in self.runs if every_run or r.state not in QUIET]
         counts = Counter(str(r.state) for r in self.runs)
         table = Table(title=self.title, caption=", ".join(f"{n} {state}" for state, n in
-                                                          sorted(counts.items())))
+                                                          sorted(counts.items()))
+                      + f"; {self.overall()}")
         for col in ("run", "state", "step", "train acc", "ETA"):
             table.add_column(col, justify="left" if col in ("run", "state") else "right",
                              no_wrap=True)
@@ -80,6 +97,7 @@ class Board:
                 print(f"[sweep] {r.cell.name}: {r.state}{note}", file=sys.stderr, flush=True)
         if time.monotonic() - self._last_summary > 60:
             self._last_summary = time.monotonic()
+            print(f"[sweep] {self.overall()}", file=sys.stderr, flush=True)
             for r in self.runs:
                 if r.state == RunState.RUNNING:
                     acc = f" acc {r.accuracy:.3f}" if r.accuracy is not None else ""

@@ -174,7 +174,22 @@ def _gb(n: float) -> str:
 
 
 def _hours(hours: float) -> str:
-    return f"{hours:,.0f}" if hours >= 100 else f"{hours:.3g}"
+    """Device time with its unit, to three significant figures (tiny grids take seconds)."""
+    seconds = hours * 3600
+    if seconds < 60:
+        return f"{seconds:.2g} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.3g} min"
+    return f"{hours:,.0f} h" if hours >= 100 else f"{hours:.3g} h"
+
+
+def _flop(n: float) -> str:
+    """A FLOP count in the largest SI unit under it, three significant figures."""
+    for unit, scale in (("EFLOP", 1e18), ("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9),
+                        ("MFLOP", 1e6)):
+        if n >= scale:
+            return f"{n / scale:,.3g} {unit}" if n < 1000 * scale else f"{n / scale:,.0f} {unit}"
+    return f"{n:,.0f} FLOP"
 
 
 def print_plan(grid, planned: list[Run], out: Path, device: str, jobs: int) -> dict:
@@ -183,7 +198,7 @@ def print_plan(grid, planned: list[Run], out: Path, device: str, jobs: int) -> d
     dev, threads, label = _device(device, jobs)
     cache = Estimates(out)
     table = Table(title=f"{grid.path}: {len(planned)} runs -> {out / grid.name}")
-    for col in ("run", "state", "to run", "disk", "device-h"):
+    for col in ("run", "state", "to run", "disk", "device time"):
         table.add_column(col, justify="left" if col in ("run", "state") else "right",
                          no_wrap=col != "run", overflow="fold")
     totals = {"runs": len(planned), "to_train": 0, "disk_bytes": 0, "hours": 0.0,
@@ -217,19 +232,19 @@ def print_plan(grid, planned: list[Run], out: Path, device: str, jobs: int) -> d
             console.print(f"{run.cell.name}: {run.message}", highlight=False, soft_wrap=True)
     states = ", ".join(f"{sum(r.state == s for r in planned)} {s}" for s in RunState
                        if any(r.state == s for r in planned))
-    pflop = sum(flops_per_iteration(r.cell.recipe) * r.iterations for r in planned
-                if r.state != RunState.REUSE) / 1e15
-    totals["pflop"] = pflop
+    flop = sum(flops_per_iteration(r.cell.recipe) * r.iterations for r in planned
+               if r.state != RunState.REUSE)
+    totals["pflop"] = flop / 1e15
     console.print(f"{len(planned)} runs ({states}); {totals['to_train']} to train; "
-                  f"{pflop:,.0f} PFLOP of training (forward and backward)", highlight=False)
+                  f"{_flop(flop)} of training (forward and backward)", highlight=False)
     console.print(f"disk: {_gb(totals['disk_bytes'])} of checkpoints once finished "
                   f"({len(sizes)} shape(s); checkpoints kept per run: train.keep_checkpoints)",
                   highlight=False)
     if totals["unknown"] == len(planned):
         rate = matmul_rate(dev, threads)
-        floor = pflop * 1e15 / rate / 3600
+        floor = flop / rate / 3600
         totals["floor_hours"] = floor
-        console.print(f"device-hours on {label}: not measured yet; at least {_hours(floor)} "
+        console.print(f"device time on {label}: not measured yet; at least {_hours(floor)} "
                       f"(the FLOPs at this device's matmul rate, {rate / 1e12:.3g} TFLOP/s: "
                       f"recurrent steps run well below it). `--estimate` times "
                       f"{len(sizes)} shape(s) (3 iterations each) and caches them in "
@@ -240,9 +255,9 @@ def print_plan(grid, planned: list[Run], out: Path, device: str, jobs: int) -> d
             notes.append(f"{totals['extrapolated']} run(s) extrapolated by FLOPs (~)")
         if totals["unknown"]:
             notes.append(f"{totals['unknown']} run(s) unknown (?): `--estimate` measures them")
-        console.print(f"device-hours on {label}: {_hours(totals['hours'])} in all, "
+        console.print(f"device time on {label}: {_hours(totals['hours'])} in all, "
                       f"{_hours(totals['remaining_hours'])} still to run (about "
-                      f"{_hours(totals['remaining_hours'] / jobs)} h wall-clock with --jobs "
+                      f"{_hours(totals['remaining_hours'] / jobs)} wall-clock with --jobs "
                       f"{jobs}){'; ' + '; '.join(notes) if notes else ''}. Analyses "
                       f"({', '.join(grid.sweep.after) or 'none'}) are not included.",
                       highlight=False)

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from perencode import runs
+from perencode import plugins, runs
 from perencode.device import available_cores, visible_gpus
 from perencode.lock import describe, live_holder
 from perencode.sweep.board import Board
@@ -66,9 +66,12 @@ def launch(command: list[str], run_dir: Path, env: dict[str, str]) -> tuple[subp
                             env={**env, PARENT_ENV: str(me)}, preexec_fn=_die_with(me)), log
 
 
-def thread_env(threads: int, gpu: str | None = None) -> dict[str, str]:
+def thread_env(threads: int, gpu: str | None = None,
+               handed: list[str] | None = None) -> dict[str, str]:
+    """A child's environment: its threads, its GPU, and the plugins it is handed
+    (PERENCODE_PLUGINS, perencode.plugins.handed_on)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", **plugins.environment(handed or []))
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     return env
@@ -79,8 +82,9 @@ def raise_interrupt(signum, frame):
 
 
 def run_local(ready: list[Run], board: Board, jobs: int, runs_per_gpu: int,
-              device: str) -> bool:
-    """Up to `jobs` runs at once as subprocesses, GPUs round-robin; False if interrupted."""
+              device: str, handed: list[str] | None = None) -> bool:
+    """Up to `jobs` runs at once as subprocesses, GPUs round-robin, each handed the plugins
+    `handed`; False if interrupted."""
     gpus = visible_gpus(device)
     slots = min(jobs, len(gpus) * runs_per_gpu) if gpus else jobs
     threads = max(1, available_cores() // max(1, min(slots, len(ready))))
@@ -95,7 +99,7 @@ def run_local(ready: list[Run], board: Board, jobs: int, runs_per_gpu: int,
             return
         # With a GPU of its own (CUDA_VISIBLE_DEVICES) a run sees it as device 0.
         command = [*run.commands.pop(0), "--device", "cuda" if gpus else device]
-        run.proc, run.log = launch(command, run.dir, thread_env(threads, run.gpu))
+        run.proc, run.log = launch(command, run.dir, thread_env(threads, run.gpu, handed))
         run.state, run.message = RunState.RUNNING, ""
 
     previous = signal.signal(signal.SIGTERM, raise_interrupt)

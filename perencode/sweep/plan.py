@@ -199,7 +199,7 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[Run]:
             if not same:
                 run.state = RunState.CONFLICT
                 run.message = run.message or ("holds a run of a different recipe; move it "
-                                              "away or sweep into another --out")
+                                              "away or sweep into another --runs")
                 continue
             run.state = RunState.DONE if runs.is_complete(run_dir) else RunState.PARTIAL
         refresh(run)

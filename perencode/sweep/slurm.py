@@ -31,12 +31,14 @@ class TrainJob(submitit.helpers.Checkpointable):
         self.proc: subprocess.Popen | None = None
 
     def __call__(self, run_dir: str, commands: list[list[str]], device: str,
-                 threads: int) -> str:
+                 threads: int, handed: list[str] | None = None) -> str:
+        # `handed`: the sweep's plugins, given to each command (not left to the job's
+        # inherited environment, which a cluster may not pass on: sbatch --export=NONE).
         for command in commands:
             if command[0] == "train" and runs.is_complete(run_dir):
                 continue  # a requeued job whose training had finished
             self.proc, log = launch([*command, "--device", device], Path(run_dir),
-                                    thread_env(threads))
+                                    thread_env(threads, None, handed))
             try:
                 code = self._wait()
             finally:
@@ -97,11 +99,13 @@ def executor(folder: Path, name: str, options: SlurmConfig,
 
 
 def submit(ready: list[Run], grid: Grid, out: Path, options: SlurmConfig, device: str,
-           dependency: list[str]) -> list:
-    """Submit the runs as one job array; records their job ids. Returns submitit's jobs."""
+           dependency: list[str], handed: list[str] | None = None) -> list:
+    """Submit the runs as one job array, handing each the plugins `handed`; records their
+    job ids. Returns submitit's jobs."""
     ex = executor(out / grid.name / ".submitit", grid.name, options, dependency)
     jobs = ex.map_array(TrainJob(), [str(r.dir) for r in ready], [r.commands for r in ready],
-                        [device] * len(ready), [options.cpus_per_job] * len(ready))
+                        [device] * len(ready), [options.cpus_per_job] * len(ready),
+                        [list(handed or [])] * len(ready))
     for run, job in zip(ready, jobs):
         run.state, run.job, run.message = RunState.SUBMITTED, str(job.job_id), \
             f"job {job.job_id}"

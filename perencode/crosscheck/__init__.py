@@ -1,0 +1,108 @@
+"""`perencode crosscheck`: perencode against the authors' own code, on identical inputs and
+weights (REPRODUCE.md, "Check the implementation against the authors' code").
+
+`run_crosscheck(repo, out)` imports the authors' modules from the user's clone
+(authors.py), runs every group of checks, prints one table and writes crosscheck.md and
+crosscheck.json. Exit codes: 0 every check agrees or could not run (with its reason), 1 a
+check disagrees; a folder that is not their repository is a UserError (exit 2).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from perencode import __version__
+from perencode.console import console
+from perencode.crosscheck import lm, models, schedule, stability, tasks, training
+from perencode.crosscheck.authors import KNOWN_COMMIT, Authors, NotRun, authors_code, locate
+from perencode.crosscheck.report import DISAGREE, NOT_RUN, Check, table, write
+from perencode.device import resolve_device
+from perencode.errors import UserError
+
+__all__ = ["GROUPS", "KNOWN_COMMIT", "run_crosscheck"]
+
+# (group, what it compares, what of theirs it runs, the function)
+GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Check]]], ...] = (
+    ("encoding", "positional encodings", "model.time_encoding", models.check_encodings),
+    ("schedule", "learning-rate schedule", "timm CosineLRScheduler", schedule.check_schedule),
+    ("forward", "forward logits", "model.rnn.RNN, model.ssm.SSM", models.check_forward),
+    ("Adam trajectory", "parameters after Adam steps", "train_palindrome[_ssm].Learner",
+     models.check_trajectory),
+    ("fixed-length tasks", "reverse, sort, reverse_add", "data.dataset, their tests",
+     tasks.check_fixed_length),
+    ("variable_length", "variable-length reverse", "data.dataset, their test",
+     tasks.check_variable_length),
+    ("predecessor", "predecessor query", "data.dataset, their test", tasks.check_predecessor),
+    ("dual_frequency", "dual-frequency reverse", "data.dataset, their test",
+     tasks.check_dual_frequency),
+    ("stability", "gradient stability", "model.jacobian_analysis", stability.check_stability),
+    ("language model", "vocabulary layout, batches, perplexity", "train_lm.py", lm.check_lm),
+)
+
+
+def _run(group: str, compared: str, theirs: str,
+         fn: Callable[[], list[Check]]) -> list[Check]:
+    try:
+        return fn()
+    except NotRun as exc:
+        return [Check(group, compared, theirs, verdict=NOT_RUN, reason=str(exc))]
+    except UserError:
+        raise
+    except Exception as exc:  # a crash on either side is a disagreement, never a pass
+        return [Check(group, compared, theirs, verdict=DISAGREE,
+                      reason=f"could not compare: {type(exc).__name__}: {exc}")]
+
+
+def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
+                   train_shape: str = "cpu", seeds: int = 3, iterations: int | None = None,
+                   device: str = "auto", progress: bool = True) -> int:
+    """Run every check (and the training comparison with `train`); returns the exit code."""
+    repo = locate(repo_path)
+    if train_shape not in training.SHAPES:
+        raise UserError(f"--train-shape {train_shape}: must be one of "
+                        f"{', '.join(training.SHAPES)}")
+    if repo.note:
+        console.print(repo.note, highlight=False)
+    shape = training.SHAPES[train_shape]
+    if iterations is not None:
+        shape = training.Shape(**{**shape.__dict__, "iterations": iterations,
+                                  "warmup": min(shape.warmup, max(1, iterations // 10))})
+    dev = resolve_device(device)
+    started = time.perf_counter()
+    checks: list[Check] = []
+    with authors_code(repo) as authors:
+        for i, (group, compared, theirs, fn) in enumerate(GROUPS, start=1):
+            if progress:
+                console.print(f"[{i}/{len(GROUPS)}] {group}", highlight=False)
+            checks += _run(group, compared, theirs, lambda fn=fn: fn(authors))
+        if train:
+            checks += _run("training", "held-out accuracy after training", "their Learner",
+                           lambda: training.check_training(authors, shape, seeds, dev,
+                                                           progress))
+    wall = time.perf_counter() - started
+    commit = repo.commit or f"unknown (no .git; written against {KNOWN_COMMIT})"
+    header = [f"- authors' repository: `{repo.root}`, commit {commit}",
+              f"- perencode {__version__}, torch {torch.__version__}, Python "
+              f"{platform.python_version()}, device {dev}",
+              f"- wall time {wall:.1f} s",
+              "- verdicts: agree (within the tolerance, or the documented difference exactly), "
+              "disagree, not run (with the reason)"]
+    if repo.note:
+        header.append(f"- {repo.note}")
+    console.print(table(checks, f"perencode crosscheck against {repo.root} ({wall:.0f} s)"))
+    out = Path(out)
+    write(out, checks, header, {"repository": str(repo.root), "commit": repo.commit,
+                                "written_against": KNOWN_COMMIT, "note": repo.note,
+                                "perencode": __version__, "torch": torch.__version__,
+                                "device": str(dev), "wall_seconds": round(wall, 2)})
+    failed = sum(c.verdict == DISAGREE for c in checks)
+    skipped = sum(c.verdict == NOT_RUN for c in checks)
+    console.print(f"{len(checks) - failed - skipped} agree, {failed} disagree, {skipped} not "
+                  f"run; wrote {out / 'crosscheck.md'} and {out / 'crosscheck.json'}",
+                  highlight=False)
+    return 1 if failed else 0

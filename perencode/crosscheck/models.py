@@ -1,0 +1,218 @@
+"""Positional encodings, whole-model forward logits and a short Adam trajectory, ours against
+the authors' modules on the same weights.
+
+Our weights are drawn by perencode, mapped onto the authors' parameter names
+(`their_state_dict`) and loaded into their `model.RNN` / `model.SSM` with strict names, so
+a parameter left unmapped fails the check instead of passing unnoticed.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from perencode import encoding
+from perencode.crosscheck.authors import Authors
+from perencode.crosscheck.report import Check, numeric
+from perencode.models.rnn import RecurrentModel
+from perencode.models.s4d import S4DModel
+from perencode.recipe import EncodingConfig, OptimConfig, TaskConfig
+from perencode.tasks import make
+from perencode.train import learning_rate, make_optimizer, train_step
+
+# Small shapes: every comparison is of the same operations, which the sizes do not change.
+K, L, E, H, BATCH = 12, 8, 16, 16, 4
+D_STATE = 64  # the authors' S4D fixes its state size at 64
+FORMS = {"none": None, "sinusoidal": "sinusoidal", "random": "random",
+         "learnable": "learnable", "duplicate": "dummy"}
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
+
+
+def script_literals(path: Path, variable: str) -> dict:
+    """The literal keyword arguments of `variable = dict(...)` in one of their scripts,
+    read with `ast` (nothing of the script runs); non-literal ones (`args.x`) are left out."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == variable for t in node.targets)
+                and isinstance(node.value, ast.Call)):
+            out = {}
+            for kw in node.value.keywords:
+                try:
+                    out[kw.arg] = ast.literal_eval(kw.value)
+                except ValueError:
+                    continue
+            return out
+    raise ValueError(f"{path.name}: no `{variable} = dict(...)` found")
+
+
+def ours(arch: str, form: str, num_embeddings: int = K + 1) -> nn.Module:
+    cfg = EncodingConfig(kind=form, mode="concat")
+    if arch == "s4d":
+        return S4DModel(num_embeddings, K, E, H, D_STATE, cfg, 2 * L)
+    return RecurrentModel(arch, num_embeddings, K, E, H, cfg, 2 * L)
+
+
+def theirs(authors: Authors, arch: str, form: str) -> nn.Module:
+    kwargs = dict(embed_size=E, time_encoding=None if form == "none" else "concat",
+                  time_encoding_form=FORMS[form] or "sinusoidal", max_length=2 * L,
+                  learnable_padding_token=True)
+    if arch == "s4d":
+        return authors.module("model.ssm").SSM(K, H, **kwargs)
+    return authors.module("model.rnn").RNN(K, H, arch.upper(), **kwargs)
+
+
+def their_state_dict(model: nn.Module, target: nn.Module) -> dict[str, Tensor]:
+    """Our parameters under the authors' names. Their sinusoidal frequencies are their own
+    buffer (ours is recomputed, not stored) and are kept."""
+    out = {}
+    for name, value in model.state_dict().items():
+        if name == "encoding.table":
+            name = "time_encoder.embeddings"
+        elif name.startswith("head."):
+            name = "to_logits." + name[len("head."):]
+        elif name.startswith("s4d.out_proj."):
+            # Their 1x1 Conv1d(H, 2H) is our Linear(H, 2H) with a kernel dimension.
+            name = "ssm.0.output_linear.0." + name[len("s4d.out_proj."):]
+            value = value[..., None] if value.dim() == 2 else value
+        elif name == "s4d.D":
+            name = "ssm.0.D"
+        elif name.startswith("s4d."):
+            name = "ssm.0.kernel." + name[len("s4d."):]
+        out[name] = value
+    own = target.state_dict()
+    for name in own:
+        if name.endswith("time_encoder.frequencies"):
+            out[name] = own[name]
+    return out
+
+
+def pair(authors: Authors, arch: str, form: str, seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    """(ours, theirs) with the same weights (ours drawn from `seed`)."""
+    torch.manual_seed(seed)
+    mine = ours(arch, form)
+    other = theirs(authors, arch, form)
+    other.load_state_dict(their_state_dict(mine, other), strict=True)
+    return mine.eval(), other.eval()
+
+
+def _tokens(seed: int, rows: int = BATCH) -> Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, K, (rows, L), generator=gen)
+    return torch.cat([x, torch.full_like(x, K)], dim=1)  # [B, 2L]: inputs, command tokens
+
+
+def check_encodings(authors: Authors) -> list[Check]:
+    te = authors.module("model.time_encoding")
+    T, D = 128, 512  # the paper's 2L and E
+    errors = {}
+    for name, dtype in DTYPES.items():
+        mine = encoding.sinusoidal(T, D).to(dtype)
+        other = te.SinusoidalPositionEncoder(D).to(dtype)(torch.zeros(1, T, D, dtype=dtype))[0]
+        errors[name] = float((mine - other).abs().max())
+    # Both encoders are computed from fp32 frequencies (ours rounded to fp32 at the end,
+    # theirs an fp32 buffer): at t = 127 the angles carry fp32 rounding, ~1e-5, / sqrt(256).
+    checks = [numeric(
+        "encoding: sinusoidal", f"table [{T}, {D}] ([sin | cos] / sqrt(E/2), base 10,000)",
+        "model.time_encoding.SinusoidalPositionEncoder", {"fp32": 2e-6, "fp64": 2e-6}, errors)]
+    for form, cls in (("random", te.RandomPositionalEncoder),
+                      ("learnable", te.LearnablePositionEncoder)):
+        torch.manual_seed(7)
+        mine = encoding.PositionalEncoding(EncodingConfig(kind=form), D, T).table.detach()
+        torch.manual_seed(7)
+        other = cls(D, T).embeddings.detach()
+        shape = 0.0 if mine.shape == other.shape else math.inf
+        norm = float((mine.norm(dim=-1) - other.norm(dim=-1)).abs().max())
+        same = float((mine - other).abs().max()) if not shape else math.inf
+        err = max(shape, norm, same)
+        checks.append(numeric(
+            f"encoding: {form}", f"table [{T}, {D}]: shape, row norms and values from one "
+            "seed (both draw torch.randn(T, E) first)",
+            f"model.time_encoding.{cls.__name__}", {"fp32": 0.0, "fp64": 0.0},
+            {"fp32": err, "fp64": err}))
+    return checks
+
+
+def check_forward(authors: Authors) -> list[Check]:
+    cases = [(a, f) for a in ("gru", "lstm", "s4d") for f in ("none", "sinusoidal")]
+    cases += [("gru", "random"), ("gru", "learnable"), ("gru", "duplicate")]
+    tokens = _tokens(1)
+    checks = []
+    for arch, form in cases:
+        mine, other = pair(authors, arch, form, seed=len(checks))
+        errors = {}
+        for name, dtype in DTYPES.items():
+            mine, other = mine.to(dtype), other.to(dtype)
+            with torch.no_grad():
+                a = mine.head(mine(tokens))
+                b = other(tokens)
+            errors[name] = float((a - b).abs().max())
+        # fp64: the sinusoidal tables are fp32-computed on both sides (check above).
+        fp64 = 1e-7 if form == "sinusoidal" else 1e-10
+        checks.append(numeric(
+            f"forward: {arch} {form}", f"logits [{BATCH}, {2 * L}, {K}] on the same weights "
+            f"(K={K}, L={L}, E=H={E})",
+            f"model.{'ssm.SSM' if arch == 's4d' else 'rnn.RNN'}.forward",
+            {"fp32": 1e-5, "fp64": fp64}, errors))
+    return checks
+
+
+def their_learner(authors: Authors, arch: str, model: nn.Module, iterations: int,
+                  warmup: int, lr: float):
+    """Their training step's Learner (train_palindrome[_ssm].py) around `model`, with the
+    optimizer and scheduler their script configures; their __init__ (logging, folders,
+    checkpoints) is bypassed."""
+    script = "train_palindrome_ssm.py" if arch == "s4d" else "train_palindrome.py"
+    module = authors.script(script)
+    optim_config = script_literals(authors.repo.code / script, "optim_config") | {"lr": lr}
+    scheduler_config = script_literals(authors.repo.code / script, "scheduler_config") | {
+        "t_initial": iterations, "warmup_t": warmup}
+    learner = module.Learner.__new__(module.Learner)
+    attr = "ssm" if arch == "s4d" else "rnn"
+    setattr(learner, attr, model)
+    learner.device = torch.device("cpu")
+    learner.checkpoint = {"modules": {attr: {"init_args": {"vocab_size": K}}}}
+    learner.optimizer = torch.optim.Adam(learner.get_parameters(), **optim_config)
+    learner.scheduler = authors.cosine_scheduler()(learner.optimizer, **scheduler_config)
+    return learner, optim_config, scheduler_config
+
+
+def check_trajectory(authors: Authors, steps: int = 6) -> list[Check]:
+    """`steps` Adam steps with clipping and the warm-up + cosine schedule, from the same
+    weights on the same batches: ours through perencode.train, theirs through their
+    Learner.train_per_iteration."""
+    iterations, warmup = steps, 2
+    optim = OptimConfig(warmup=warmup)  # the package's defaults (the code's) otherwise
+    task = make(TaskConfig.of(name="reverse", vocab_size=K, length=L, held_out=4), seed=0)
+    gen = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, K, (8, L), generator=gen) for _ in range(steps)]
+    checks = []
+    for arch in ("gru", "s4d"):
+        errors, settings = {}, ""
+        for name, dtype in DTYPES.items():
+            mine, other = pair(authors, arch, "none", seed=11)
+            mine, other = mine.to(dtype).train(), other.to(dtype).train()
+            learner, oc, sc = their_learner(authors, arch, other, iterations, warmup, optim.lr)
+            settings = f"their Adam {oc}, scheduler {sc}"
+            opt = make_optimizer(mine, optim)
+            for k, rows in enumerate(batches, start=1):
+                for group in opt.param_groups:
+                    group["lr"] = learning_rate(k - 1, optim, iterations)
+                train_step(mine, opt, task.build(rows), optim.clip_norm)
+                learner.train_per_iteration(rows, {}, k)
+            mapped = their_state_dict(mine, other)
+            errors[name] = max(float((mapped[n] - v).abs().max())
+                               for n, v in other.state_dict().items())
+        # fp32 allows for different summation orders; fp64 would show a changed Adam
+        # constant (eps 1e-9 -> 1e-8 moves parameters by ~1e-9).
+        checks.append(numeric(
+            f"Adam trajectory: {arch}", f"parameters after {steps} steps (warm-up {warmup}, "
+            f"cosine over {iterations}, clip {optim.clip_norm}); {settings}",
+            f"{'train_palindrome_ssm' if arch == 's4d' else 'train_palindrome'}.Learner"
+            ".train_per_iteration, torch Adam, timm CosineLRScheduler",
+            {"fp32": 1e-5, "fp64": 1e-11}, errors))
+    return checks

@@ -1,0 +1,105 @@
+"""A crosscheck's result: one `Check` per comparison, shown as a table and written as
+crosscheck.md and crosscheck.json."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.markup import escape
+from rich.table import Table
+
+from perencode.io import atomic_write_json, atomic_write_text
+
+AGREE, DISAGREE, NOT_RUN = "agree", "disagree", "not run"
+DTYPES = ("fp32", "fp64")
+
+
+@dataclass
+class Check:
+    """One comparison of perencode with the authors' code.
+
+    tolerance/error: per precision ("fp32", "fp64"), the largest error allowed and the one
+    measured (a check without a float path states one tolerance for both).
+    theirs: what of the authors' code the check runs. difference: the documented
+    difference (REPRODUCE.md) the check confirms, if it checks one.
+    """
+
+    name: str
+    compared: str
+    theirs: str
+    tolerance: dict[str, float] = field(default_factory=dict)
+    error: dict[str, float] = field(default_factory=dict)
+    unit: str = "max |ours - theirs|"
+    verdict: str = AGREE
+    reason: str = ""
+    difference: str = ""
+
+    def settle(self) -> Check:
+        """Verdict from the errors: agree when each is within its tolerance."""
+        if self.verdict == NOT_RUN:
+            return self
+        over = [d for d in self.error
+                if not (math.isfinite(self.error[d]) and self.error[d] <= self.tolerance[d])]
+        if over:
+            self.verdict = DISAGREE
+            detail = ", ".join(f"{d}: {self.error[d]:.3g} > {self.tolerance[d]:.3g}"
+                               for d in over)
+            self.reason = f"{detail}; {self.reason}" if self.reason else detail
+        return self
+
+
+def numeric(name: str, compared: str, theirs: str, tolerance: dict[str, float],
+            error: dict[str, float], **extra) -> Check:
+    return Check(name, compared, theirs, tolerance, error, **extra).settle()
+
+
+def _fmt(values: dict[str, float]) -> str:
+    if not values:
+        return "-"
+    if len(set(values.values())) == 1 and len(values) == len(DTYPES):
+        return f"{next(iter(values.values())):.2g} (both)"
+    return " / ".join(f"{values[d]:.2g}" for d in DTYPES if d in values)
+
+
+def verdict_text(check: Check) -> str:
+    text = check.verdict
+    if check.reason:
+        text += f": {check.reason}"
+    if check.difference and check.verdict == AGREE:
+        text += f" (documented difference: {check.difference})"
+    return text
+
+
+def table(checks: list[Check], title: str) -> Table:
+    t = Table(title=title, show_lines=False)
+    t.add_column("check", min_width=12)
+    t.add_column("compared", min_width=20, ratio=3)
+    t.add_column("tolerance fp32 / fp64", min_width=9)
+    t.add_column("max error fp32 / fp64", min_width=9)
+    t.add_column("verdict", min_width=12, ratio=2)
+    colour = {AGREE: "green", DISAGREE: "bold red", NOT_RUN: "yellow"}
+    for c in checks:
+        t.add_row(c.name, escape(c.compared), _fmt(c.tolerance), _fmt(c.error),
+                  f"[{colour[c.verdict]}]{escape(verdict_text(c))}[/]")
+    return t
+
+
+def markdown(checks: list[Check], header: list[str]) -> str:
+    lines = ["# perencode crosscheck", "", *header, "",
+             "| check | compared | authors' code run | tolerance fp32 / fp64 | "
+             "max error fp32 / fp64 | verdict |", "|---|---|---|---|---|---|"]
+    for c in checks:
+        error = f"{_fmt(c.error)} ({c.unit})" if c.error else "-"
+        cells = [c.name, c.compared, c.theirs, _fmt(c.tolerance), error, verdict_text(c)]
+        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, checks: list[Check], header: list[str], meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "crosscheck.md", markdown(checks, header))
+    atomic_write_json(out / "crosscheck.json", meta | {"checks": [
+        asdict(c) | {"error": {k: (v if math.isfinite(v) else str(v))
+                               for k, v in c.error.items()}} for c in checks]})

@@ -1,0 +1,213 @@
+"""Training equivalence (`crosscheck --train`): S seeds of each implementation trained for M
+iterations on the reverse task at one shape, final held-out token accuracies compared by
+Welch's two-sample t-test.
+
+Ours: perencode's task, model, optimizer, schedule and train_step. Theirs: their
+`model.RNN` initialised by their code from the seed, their `data.dataset.RandomSequence`
+(held-out set and rejection sampling, one `__getitem__` per row as their DataLoader's
+workers did, drawn here in the main process), their `train_palindrome.Learner`'s
+`train_per_iteration` (loss, clipping, Adam, timm's scheduler) with the per-iteration
+reseeding of their `train` loop, and their `Learner.test` for the accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from perencode.console import console
+from perencode.crosscheck.authors import Authors
+from perencode.crosscheck.models import script_literals
+from perencode.crosscheck.report import AGREE, DISAGREE, Check
+from perencode.crosscheck.tasks import Log
+from perencode.experiment import output_logits
+from perencode.models.rnn import RecurrentModel
+from perencode.progress import Reporter
+from perencode.recipe import EncodingConfig, OptimConfig, TaskConfig
+from perencode.tasks import make
+from perencode.train import learning_rate, make_optimizer, train_step
+
+ALPHA = 0.01  # agree unless the accuracies differ at this significance
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the two implementations train: a PE GRU on the reverse task."""
+
+    name: str
+    vocab_size: int
+    length: int
+    embed: int
+    batch: int
+    iterations: int
+    warmup: int
+    held_out: int
+
+    def describe(self) -> str:
+        return (f"reverse, GRU + sinusoidal PE, K={self.vocab_size}, L={self.length}, "
+                f"E=H={self.embed}, batch {self.batch}, {self.iterations:,} iterations "
+                f"(warm-up {self.warmup}), {self.held_out} held out")
+
+
+SHAPES = {
+    # About a minute on a laptop core; accuracies end mid-way (about 0.4 against chance
+    # 0.125), where a difference between the implementations would show most.
+    "cpu": Shape("cpu", vocab_size=8, length=8, embed=32, batch=32, iterations=1000,
+                 warmup=50, held_out=256),
+    # The paper's sizes (Fig. 2 GRU at K = 256); the iterations are the user's choice.
+    "paper": Shape("paper", vocab_size=256, length=64, embed=512, batch=512, iterations=2000,
+                   warmup=1000, held_out=1024),
+}
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Welch's two-sample t-test: (t, degrees of freedom, two-sided p)."""
+    na, nb = len(a), len(b)
+    ma, mb = sum(a) / na, sum(b) / nb
+    va = sum((x - ma) ** 2 for x in a) / (na - 1)
+    vb = sum((x - mb) ** 2 for x in b) / (nb - 1)
+    se2 = va / na + vb / nb
+    if se2 == 0.0:  # both constant: equal means cannot differ, unequal ones surely do
+        return (0.0, math.inf, 1.0) if ma == mb else (math.inf, math.inf, 0.0)
+    t = (ma - mb) / math.sqrt(se2)
+    df = se2 ** 2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
+    return t, df, betainc(df / 2.0, 0.5, df / (df + t * t))
+
+
+def _ours(shape: Shape, seed: int, device: torch.device):
+    """Returns (one_step(k), accuracy())."""
+    task = make(TaskConfig.of(name="reverse", vocab_size=shape.vocab_size, length=shape.length,
+                              held_out=shape.held_out), seed=seed, device=device)
+    torch.manual_seed(seed)
+    model = RecurrentModel("gru", task.num_embeddings, task.num_classes, shape.embed,
+                           shape.embed, EncodingConfig(kind="sinusoidal"), task.max_steps)
+    model = model.to(device)
+    optim = OptimConfig(warmup=shape.warmup)
+    opt = make_optimizer(model, optim)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+
+    def step(k: int) -> None:
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(k - 1, optim, shape.iterations)
+        train_step(model, opt, task.sample(shape.batch, gen), optim.clip_norm)
+
+    def accuracy() -> float:
+        model.eval()
+        with torch.no_grad():
+            result = task.evaluate(lambda b: output_logits(model, b), 1024)
+        return result["token_accuracy"]
+
+    return step, accuracy
+
+
+def _theirs(authors: Authors, shape: Shape, seed: int, device: torch.device):
+    module = authors.script("train_palindrome.py")
+    dataset_module = authors.module("data.dataset")
+    rnn = authors.module("model.rnn")
+    script = authors.repo.code / "train_palindrome.py"
+    torch.manual_seed(seed)  # their Learner seeds before building the model
+    model = rnn.RNN(shape.vocab_size, shape.embed, "GRU", embed_size=shape.embed,
+                    time_encoding="concat", time_encoding_form="sinusoidal",
+                    max_length=2 * shape.length, learnable_padding_token=True).to(device)
+    learner = module.Learner.__new__(module.Learner)
+    learner.rnn, learner.device, learner.logger, learner.seed = model, device, Log(), seed
+    learner.checkpoint = {"modules": {"rnn": {"init_args": {"vocab_size": shape.vocab_size}}}}
+    learner.optimizer = torch.optim.Adam(learner.get_parameters(), **(
+        script_literals(script, "optim_config") | {"lr": OptimConfig().lr}))
+    learner.scheduler = authors.cosine_scheduler()(learner.optimizer, **(
+        script_literals(script, "scheduler_config")
+        | {"t_initial": shape.iterations, "warmup_t": shape.warmup}))
+    dataset = dataset_module.RandomSequence(shape.vocab_size, shape.length, shape.held_out)
+
+    def step(k: int) -> None:
+        model.train()
+        rows = torch.stack([dataset[i] for i in range(shape.batch)])
+        torch.manual_seed(k + seed)  # their train loop reseeds every iteration
+        learner.train_per_iteration(rows, {}, k)
+
+    def accuracy() -> float:
+        model.eval()
+        learner.logger = Log()
+        with torch.no_grad():
+            learner.test(dataset.held_out)
+        return learner.logger.number(r"Test accuracy \(token\)")
+
+    return step, accuracy
+
+
+def check_training(authors: Authors, shape: Shape, seeds: int, device: torch.device,
+                   progress: bool = True) -> list[Check]:
+    sides = {"ours": lambda s: _ours(shape, s, device),
+             "theirs": lambda s: _theirs(authors, shape, s, device)}
+    # Cost first: three timed steps of each side, scaled to the whole comparison.
+    per_step = {}
+    for name, build in sides.items():
+        step, _ = build(10_000)
+        step(1)
+        t0 = time.perf_counter()
+        for k in range(2, 4):
+            step(k)
+        per_step[name] = (time.perf_counter() - t0) / 2
+    total = sum(per_step.values()) * shape.iterations * seeds
+    console.print(f"crosscheck --train: {seeds} seeds x 2 implementations x "
+                  f"{shape.iterations:,} iterations ({shape.describe()}) on {device}: about "
+                  f"{total / 60:.1f} min (ours {per_step['ours'] * 1e3:.0f} ms/step, theirs "
+                  f"{per_step['theirs'] * 1e3:.0f} ms/step)", highlight=False)
+    accuracies: dict[str, list[float]] = {"ours": [], "theirs": []}
+    with Reporter("crosscheck --train", 2 * seeds * shape.iterations, log_every=
+                  max(1, shape.iterations // 4), enabled=progress) as reporter:
+        for seed in range(111, 111 * (seeds + 1), 111):  # the paper's seeds 111, 222, ...
+            for name, build in sides.items():
+                step, accuracy = build(seed)
+                for k in range(1, shape.iterations + 1):
+                    step(k)
+                    reporter.advance(1)
+                accuracies[name].append(accuracy())
+    t, df, p = welch(accuracies["ours"], accuracies["theirs"])
+    mean = {k: sum(v) / len(v) for k, v in accuracies.items()}
+    listed = "; ".join(f"{k} " + ", ".join(f"{a:.4f}" for a in v) for k, v in accuracies.items())
+    check = Check(
+        f"training: {shape.name}", f"held-out token accuracy after training ({shape.describe()}"
+        f", seeds 111..{111 * seeds}): {listed}",
+        "train_palindrome.Learner.train_per_iteration and .test, data.dataset.RandomSequence,"
+        " model.rnn.RNN", error={"fp32": abs(mean["ours"] - mean["theirs"])},
+        unit="|difference of mean accuracies|",
+        reason=f"Welch's t-test t = {t:.3g}, df = {df:.3g}, p = {p:.3g} "
+        f"(agree: p >= {ALPHA})")
+    check.verdict = AGREE if p >= ALPHA else DISAGREE
+    return [check]

@@ -1,0 +1,286 @@
+"""One page for a reviewer (`perencode report`): report.html beside the figures.
+
+`make_report` draws the figures (perencode.figures, into the same folder), checks the
+claims (perencode.verify, nothing written but the page) and writes `report.html`: a
+summary of the verdicts; then each figure with the claims it supports beside it (a claim
+stands beside the figure drawing the largest share of the runs its verdict rests on, the
+one its `source` cites first) and the runs behind it (count, seeds, sizes, devices, code
+commits, device-hours: training wall time summed over the runs); the claims that rest on
+no drawn figure; and the claims not run, grouped by their reason. The page is
+self-contained: images inline as base64 PNG, styles inline, nothing fetched, so it can be
+mailed or opened offline. verify.md / verify.json and the PNG/PDF files stay the formats
+for people and machines that prefer them.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from perencode import runs as run_dirs
+from perencode.figures import (
+    FIGURES,
+    Figure,
+    figure_parts,
+    make_figures,
+    other_figures,
+)
+from perencode.io import atomic_write_text, remove_stale_temps
+from perencode.lock import hold
+from perencode.naming import format_value, short_key
+from perencode.results import Results, collect
+from perencode.verify import (
+    FAIL,
+    INCONCLUSIVE,
+    NOT_RUN,
+    PASS,
+    RULE,
+    Checked,
+    Outcome,
+    check,
+    reproduced,
+)
+
+REPORT = "report.html"
+# The sizes a reader compares with the paper's first (hidden size 512, L = 64, 300,000
+# iterations for most figures): a demo or a shrunk sweep shows it here at once.
+SETTINGS = ("model.hidden_size", "model.embed_size", "task.length", "train.iterations",
+            "train.batch_size")
+COLOURS = {PASS: "#1a7f37", FAIL: "#cf222e", INCONCLUSIVE: "#9a6700", NOT_RUN: "#6e7781"}
+
+
+@dataclass
+class Panel:
+    """One drawn figure file and the runs drawn in it."""
+    stem: str           # file name without suffix: fig02_reverse_vocabulary
+    image: Path | None  # its PNG (None for a table)
+    runs: pd.DataFrame  # rows of Results.runs
+    table: str          # the Results table it draws (runs, by_band, stability, ...)
+    note: str = ""      # settings that differ among its runs yet drawn together
+    differs: str = ""   # how its runs differ from the paper's grids for the figure
+
+
+def panels(results: Results, written: list[Path]) -> list[Panel]:
+    """The figures `figures` wrote, in the paper's order, each with the runs drawn in it."""
+    files = {p.name: p for p in written}
+    found: list[Panel] = []
+    drawn: set = set()
+
+    def add(figures: list[Figure]) -> None:
+        for figure in figures:
+            for part in figure_parts(figure, results):
+                if f"{part.stem}.png" in files or f"{part.stem}.csv" in files:
+                    found.append(Panel(part.stem, files.get(f"{part.stem}.png"), part.runs,
+                                       figure.table, part.note, part.differs))
+                    drawn.update(part.runs["run"])
+
+    add(FIGURES)
+    add(other_figures(results.runs, drawn))
+    return found
+
+
+def provenance(part: pd.DataFrame) -> dict:
+    """Count, seeds, devices, commits and device-hours of the runs in `part` (devices and
+    commits from each run's env.json, device-hours from its logged training time)."""
+    devices: dict[str, int] = {}
+    commits: dict[str, int] = {}
+    for run in part["run"]:
+        path = Path(run) / "env.json"
+        env = run_dirs.read_json(path) if path.is_file() else {}
+        device = env.get("device")
+        name = env.get("device_name")
+        label = f"{device} ({name})" if device and name else (device or "not recorded")
+        devices[label] = devices.get(label, 0) + 1
+        commit = env.get("git_commit")
+        commit = commit[:10] if isinstance(commit, str) and commit else "not recorded"
+        if env.get("git_dirty"):
+            commit += " (edited checkout)"
+        commits[commit] = commits.get(commit, 0) + 1
+    seconds = part["train_seconds"].fillna(0).sum() if "train_seconds" in part else 0.0
+    shown = {short_key(c): _distinct(part[c]) for c in SETTINGS if c in part}
+    return {"runs": len(part), "seeds": sorted(int(s) for s in part["train.seed"].unique()),
+            "settings": {k: v for k, v in shown.items() if v}, "devices": devices,
+            "commits": commits, "device_hours": float(seconds) / 3600}
+
+
+def _distinct(column: pd.Series) -> str:
+    """'2000, 4000': the values taken, integers as integers (a column with gaps is float)."""
+    values = [v.item() if hasattr(v, "item") else v for v in sorted(column.dropna().unique())]
+    return ", ".join(format_value(int(v) if isinstance(v, float) and v.is_integer() else v)
+                     for v in values)
+
+
+# --------------------------------------------------------------------------------------
+# The page
+# --------------------------------------------------------------------------------------
+
+STYLE = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px;
+       color: #1f2328; background: #fff; max-width: 1500px; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32px;
+  border-bottom: 1px solid #d0d7de; padding-bottom: 4px; }
+.meta, .rule { color: #59636e; font-size: 13px; }
+.summary { font-size: 16px; margin: 12px 0; padding: 10px 14px; background: #f6f8fa;
+           border: 1px solid #d0d7de; border-radius: 6px; }
+.figure img { max-width: 100%; border: 1px solid #d0d7de; }
+.side h3 { font-size: 15px; margin: 12px 0 4px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+table.claims { width: 100%; }
+.claims td:first-child { width: 38%; } .claims td:nth-child(2) { width: 22%; }
+th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; }
+.verdict { font-weight: bold; color: #fff; padding: 1px 6px; border-radius: 4px;
+           white-space: nowrap; }
+.runs { display: grid; grid-template-columns: 120px auto; gap: 2px 8px; margin: 0;
+        font-size: 14px; }
+.runs dt { font-weight: bold; } .runs dd { margin: 0; }
+li { margin-bottom: 6px; }
+.note { color: #9a6700; font-size: 14px; }
+"""
+
+
+def _e(text) -> str:
+    return html.escape(str(text))
+
+
+def _badge(verdict: str) -> str:
+    return f'<span class="verdict" style="background:{COLOURS[verdict]}">{_e(verdict)}</span>'
+
+
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join(f"{_e(k)} (&times;{n})" if len(counts) > 1 else _e(k)
+                     for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _runs_box(part: pd.DataFrame) -> str:
+    p = provenance(part)
+    return ('<dl class="runs">'
+            f'<dt>runs</dt><dd>{p["runs"]}</dd>'
+            f'<dt>seeds</dt><dd>{_e(", ".join(map(str, p["seeds"])))}</dd>'
+            + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in p["settings"].items())
+            + f'<dt>devices</dt><dd>{_counted(p["devices"])}</dd>'
+            f'<dt>commits</dt><dd>{_counted(p["commits"])}</dd>'
+            f'<dt>device-hours</dt><dd>{p["device_hours"]:.3g}</dd></dl>')
+
+
+def _claims_table(outcomes: list[Outcome]) -> str:
+    if not outcomes:
+        return '<p class="meta">No claim rests on these runs.</p>'
+    rows = "".join(
+        f"<tr><td><b>{_e(o.claim.id)}</b><br>{_e(o.claim.statement)}</td>"
+        f"<td>{_e(o.claim.paper)}</td><td>{_e(reproduced(o))}</td>"
+        f"<td>{_badge(o.verdict)}</td></tr>" for o in outcomes)
+    return ('<table class="claims"><tr><th>claim</th><th>paper</th>'
+            f"<th>reproduced [95% CI]</th><th>verdict</th></tr>{rows}</table>")
+
+
+def _cited_not_run(stem: str, checked: Checked) -> str:
+    """The claims about this figure (their `source` cites it) that were not run."""
+    ids = [o.claim.id for o in checked.outcomes
+           if o.verdict == NOT_RUN and _cited(stem, o.claim.source)]
+    if not ids:
+        return ""
+    return (f'<p class="meta">Not run, though about this figure ({len(ids)}): '
+            f'{_e(", ".join(ids))}; the reasons are under <a href="#not-run">Claims not '
+            "run</a>.</p>")
+
+
+def _image(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{_e(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def _table_file(out: Path, stem: str) -> str:
+    """A table `figures` wrote as CSV (Table 1), as an HTML table."""
+    frame = pd.read_csv(out / f"{stem}.csv")
+    return frame.to_html(index=False, float_format=lambda v: f"{v:.4f}", border=0)
+
+
+def _cited(stem: str, source: str) -> bool:
+    """Whether a claim's `source` ("Appendix B, Fig. 11; ...") names this figure file."""
+    found = re.match(r"(fig|table)(\d+)", stem)
+    if not found:
+        return False
+    word = "Fig." if found.group(1) == "fig" else "Table"
+    return re.search(rf"\b{re.escape(word)} {int(found.group(2))}\b", source) is not None
+
+
+def placed(decided: list[Outcome], found: list[Panel]) -> dict[str, list[Outcome]]:
+    """Panel stem -> the claims shown beside it: each claim goes to the figure(s) drawing
+    the largest share of the runs its verdict rests on; among those, first the figure its
+    `source` cites, then one of the claim's own table (Fig. 5's stability claims rest on
+    Fig. 3's runs too, Fig. 11's and Fig. 14's share theirs)."""
+    beside: dict[str, list[Outcome]] = {p.stem: [] for p in found}
+    for outcome in decided:
+        rested = set(outcome.runs)
+        scores = {p.stem: (len(rested & set(p.runs["run"])) / max(len(rested), 1),
+                           _cited(p.stem, outcome.claim.source),
+                           p.table == outcome.claim.table) for p in found}
+        best = max(scores.values(), default=(0, False, False))
+        if best[0] > 0:
+            for stem, score in scores.items():
+                if score == best:
+                    beside[stem].append(outcome)
+    return beside
+
+
+def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path]) -> str:
+    decided = checked.decided
+    beside = placed(decided, found)
+    shown = {o.claim.id for claims in beside.values() for o in claims}
+    sections = []
+    for panel in found:
+        picture = _image(panel.image) if panel.image else _table_file(out, panel.stem)
+        sections.append(
+            f'<h2 id="{_e(panel.stem)}">{_e(panel.stem)}</h2><div class="figure">'
+            f'<div class="picture">{picture}</div>'
+            + (f'<p class="note">{_e(panel.differs)}.</p>'
+               if panel.differs else "")
+            + (f'<p class="note">Drawn together although {_e(panel.note)}.</p>'
+               if panel.note else "")
+            + '<div class="side"><h3>Runs behind it</h3>'
+            f'{_runs_box(panel.runs)}<h3>Claims</h3>{_claims_table(beside[panel.stem])}'
+            + _cited_not_run(panel.stem, checked) + "</div></div>")
+    rest = [o for o in decided if o.claim.id not in shown]
+    if rest:
+        sections.append("<h2>Claims decided on runs no figure draws</h2>"
+                        + _claims_table(rest))
+    groups = checked.not_run()
+    if groups:
+        items = "".join(f"<li>{_e(reason)} <b>({len(group)})</b><br>"
+                        f"<span class=\"meta\">{_e(', '.join(o.claim.id for o in group))}"
+                        "</span></li>" for reason, group in groups)
+        sections.append(f'<h2 id="not-run">Claims not run</h2><ul>{items}</ul>')
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    counts = " ".join(f"{_badge(v)} {sum(o.verdict == v for o in checked.outcomes)}"
+                      for v in (PASS, FAIL, INCONCLUSIVE, NOT_RUN))
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<title>perencode report</title>"
+            f"<style>{STYLE}</style></head><body>"
+            "<h1>Positional Encoding Helps RNNs Handle a Large Vocabulary: reproduction "
+            "report</h1>"
+            f'<p class="meta">Runs: {_e(", ".join(map(str, run_paths)))} &middot; claims: '
+            f"{_e(checked.claims_path.name)} &middot; written {when} by perencode</p>"
+            f'<div class="summary">{_e(checked.summary())}<br>{counts}</div>'
+            f'<p class="rule">{_e(RULE)}</p>' + "".join(sections) + "</body></html>\n")
+
+
+def make_report(runs: list[Path], claims: str | Path = "paper",
+                out: Path = Path("figures")) -> Path:
+    """Draw the figures into `out`, check the claims and write `out`/report.html; its path."""
+    run_paths = [Path(p) for p in runs]
+    out = Path(out)
+    results = collect(run_paths)
+    checked = check(run_paths, claims, results=results)  # a bad claims file stops it here
+    written = make_figures(run_paths, out=out)
+    page = render(checked, panels(results, written), out, run_paths)
+    with hold(out, "report"):
+        remove_stale_temps(out, lambda name: name == REPORT)
+        atomic_write_text(out / REPORT, page)
+    return out / REPORT

@@ -1,0 +1,339 @@
+"""`perencode crosscheck`: the checks against the authors' repository (when it is on disk),
+their sensitivity to one changed constant on our side, the report and the exit codes."""
+
+import json
+import math
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, run_cli
+
+from perencode import crosscheck, encoding
+from perencode import stability as our_stability
+from perencode.crosscheck import authors as au
+from perencode.crosscheck import models, schedule, stability, tasks, training
+from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN, Check
+from perencode.errors import UserError
+
+AUTHORS = Path(os.environ.get("PERENCODE_AUTHORS_REPO",
+                              ROOT.parent / "shared" / "authors" / "position-encoded_rnn"))
+needs_authors = pytest.mark.skipif(
+    not (AUTHORS / "code" / "model" / "rnn.py").is_file(),
+    reason=f"the authors' repository is not at {AUTHORS} (set PERENCODE_AUTHORS_REPO to a "
+    "clone of github.com/tkc-morita/position-encoded_rnn)")
+
+
+@pytest.fixture(scope="module")
+def authors():
+    with au.authors_code(au.locate(AUTHORS)) as a:
+        yield a
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks}
+
+
+def fake_repository(root: Path) -> Path:
+    for name in au.REQUIRED:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("")
+    return root
+
+
+# -- locating the repository ---------------------------------------------------------------
+
+
+def test_missing_and_foreign_folders_exit_2_in_one_line(tmp_path):
+    code, out = run_cli("crosscheck", tmp_path / "nowhere")
+    assert code == 2 and "no such folder" in out and len(out.strip().splitlines()) == 1
+    (tmp_path / "code" / "model").mkdir(parents=True)
+    code, out = run_cli("crosscheck", tmp_path)
+    assert code == 2 and len(out.strip().splitlines()) == 1
+    assert "not the authors' repository" in out and "code/model/rnn.py" in out
+
+
+def test_commit_is_read_from_git_and_another_commit_warns(tmp_path):
+    root = fake_repository(tmp_path)
+    assert au.locate(root).commit is None and "could not be read" in au.locate(root).note
+    git = root / ".git"
+    (git / "refs" / "heads").mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    (git / "packed-refs").write_text(f"# pack-refs\n{au.KNOWN_COMMIT}abcdef refs/heads/main\n")
+    found = au.locate(root)
+    assert found.commit == f"{au.KNOWN_COMMIT}abcdef" and found.note == ""
+    (git / "refs" / "heads" / "main").write_text("0123456789abcdef\n")  # a loose ref wins
+    found = au.locate(root)
+    assert found.commit == "0123456789abcdef"
+    assert found.note.startswith("warning:") and au.KNOWN_COMMIT in found.note
+    (git / "HEAD").write_text("fedcba9876543210\n")  # detached HEAD
+    assert au.locate(root).commit == "fedcba9876543210"
+    assert au.locate(root / "code").root == root  # the code/ folder names the repository
+
+
+def test_their_modules_are_unloaded_and_ours_put_back(tmp_path):
+    root = fake_repository(tmp_path)
+    (root / "code" / "model" / "__init__.py").write_text("WHO = 'theirs'\n")
+    mine = types.ModuleType("model")
+    sys.modules["model"] = mine
+    path = list(sys.path)
+    try:
+        with au.authors_code(au.locate(root)) as a:
+            assert a.module("model").WHO == "theirs"
+        assert sys.modules["model"] is mine and sys.path == path
+    finally:
+        del sys.modules["model"]
+
+
+def test_welch_known_answers():
+    t, df, p = training.welch([0.9, 0.92, 0.91], [0.88, 0.93, 0.90])
+    assert (t, df, p) == pytest.approx((0.4264014327, 2.6162162162, 0.7024220395), rel=1e-8)
+    t, df, p = training.welch([0.5, 0.51, 0.49], [0.7, 0.71, 0.69])
+    assert df == pytest.approx(4.0) and p == pytest.approx(1.648308899e-05, rel=1e-6)
+    assert training.welch([1.0, 1.0], [1.0, 1.0])[2] == 1.0
+    assert training.welch([1.0, 1.0], [0.5, 0.5])[2] == 0.0
+    assert training.betainc(2.0, 3.0, 0.4) == pytest.approx(0.5248, rel=1e-12)
+
+
+# -- the report and exit codes (stand-in groups: no repository needed beyond its files) ---
+
+
+def _groups(*verdicts):
+    def group(verdict):
+        def run(_):
+            if verdict == "raise":
+                raise RuntimeError("boom")
+            if verdict == NOT_RUN:
+                raise au.NotRun("needs something")
+            error = 0.0 if verdict == AGREE else 1.0
+            return [models.numeric(f"g {verdict}", "x", "y", {"fp32": 0.5, "fp64": 0.5},
+                                   {"fp32": error, "fp64": error})]
+        return (verdict, "what", "theirs", run)
+    return tuple(group(v) for v in verdicts)
+
+
+@pytest.mark.parametrize("verdicts, code", [((AGREE, NOT_RUN), 0), ((AGREE, DISAGREE), 1),
+                                            ((AGREE, "raise"), 1)])
+def test_exit_code_report_and_files(tmp_path, monkeypatch, verdicts, code):
+    monkeypatch.setattr(crosscheck, "GROUPS", _groups(*verdicts))
+    out = tmp_path / "out"
+    got, text = run_cli("crosscheck", fake_repository(tmp_path / "repo"), "--out", out)
+    assert got == code
+    data = json.loads((out / "crosscheck.json").read_text())
+    assert data["written_against"] == au.KNOWN_COMMIT and data["commit"] is None
+    seen = [c["verdict"] for c in data["checks"]]
+    assert seen == [AGREE if v == AGREE else NOT_RUN if v == NOT_RUN else DISAGREE
+                    for v in verdicts]
+    md = (out / "crosscheck.md").read_text()
+    assert "| check | compared |" in md and "could not be read" in md
+    if "raise" in verdicts:
+        assert "could not compare: RuntimeError: boom" in md
+    if NOT_RUN in verdicts:
+        assert "not run: needs something" in md
+
+
+# -- every check agrees with the authors' code ---------------------------------------------
+
+GROUP_FUNCTIONS = [g for g in crosscheck.GROUPS if g[0] not in ("language model",)]
+
+
+@needs_authors
+@pytest.mark.parametrize("group", GROUP_FUNCTIONS, ids=[g[0] for g in GROUP_FUNCTIONS])
+def test_group_agrees_with_the_authors(authors, group):
+    try:
+        checks = group[3](authors)
+    except au.NotRun as exc:  # timm missing: the reason names the install line
+        pytest.skip(str(exc))
+    assert checks
+    for c in checks:
+        assert c.verdict == AGREE, (c.name, c.reason)
+        assert set(c.tolerance) == {"fp32", "fp64"} and set(c.error) == {"fp32", "fp64"}
+        assert all(math.isfinite(v) for v in c.error.values())
+
+
+@needs_authors
+def test_documented_differences_are_named(authors):
+    named = {c.name: c.difference for c in tasks.check_dual_frequency(authors)
+             + tasks.check_predecessor(authors) if c.difference}
+    assert set(named) == {"dual_frequency: mixed cells", "dual_frequency: test-set size",
+                          "predecessor: test queries"}
+
+
+@needs_authors
+def test_language_model_is_not_run_with_its_reason(authors):
+    (check,) = crosscheck._run("language model", "lm", "train_lm.py",
+                               lambda: crosscheck.lm.check_lm(authors))
+    if check.verdict == NOT_RUN:
+        assert "torchtext" in check.reason
+
+
+@needs_authors
+def test_without_timm_only_the_scheduler_checks_are_not_run(monkeypatch):
+    def missing():
+        raise au.NotRun("no timm")
+
+    monkeypatch.setattr(au, "_stub_timm", missing)
+    before = sys.modules.get("timm")
+    with au.authors_code(au.locate(AUTHORS)) as a:
+        for fn in (schedule.check_schedule, models.check_trajectory):
+            (check,) = crosscheck._run("x", "x", "x", lambda fn=fn: fn(a))
+            assert check.verdict == NOT_RUN
+            assert "pip install timm==0.9.12 --no-deps" in check.reason
+        # Their scripts still import: the task checks run their test methods.
+        assert {c.verdict for c in tasks.check_fixed_length(a)} == {AGREE}
+    assert sys.modules.get("timm") is before  # the stand-in is gone with their modules
+
+
+# -- sensitivity: one constant changed on our side turns the matching check to disagree -----
+
+
+def disagrees(checks: list[Check], name: str) -> bool:
+    return by_name(checks)[name].verdict == DISAGREE
+
+
+@needs_authors
+def test_pe_base_is_seen(authors, monkeypatch):
+    monkeypatch.setattr(encoding, "SINUSOIDAL_BASE", 10_001.0)
+    assert disagrees(models.check_encodings(authors), "encoding: sinusoidal")
+    assert disagrees(models.check_forward(authors), "forward: lstm sinusoidal")
+
+
+@needs_authors
+def test_s4d_gelu_is_seen(authors, monkeypatch):
+    from perencode.models.s4d import S4D
+    monkeypatch.setattr(S4D, "mix", lambda self, y: torch.nn.functional.glu(
+        self.out_proj(torch.nn.functional.gelu(y, approximate="tanh")), dim=-1))
+    checks = by_name(models.check_forward(authors))
+    assert checks["forward: s4d none"].verdict == DISAGREE
+    assert checks["forward: gru none"].verdict == AGREE
+
+
+needs_timm = pytest.mark.skipif(au.timm_version() is None, reason=f"needs timm: "
+                                f"{au.TIMM_INSTALL}")
+
+
+@needs_authors
+@needs_timm
+def test_schedule_off_by_one_is_seen(authors, monkeypatch):
+    original = schedule.learning_rate
+    monkeypatch.setattr(schedule, "learning_rate", lambda k, o, n: original(k + 1, o, n))
+    assert all(c.verdict == DISAGREE for c in schedule.check_schedule(authors))
+
+
+@needs_authors
+@needs_timm
+def test_adam_eps_is_seen(authors, monkeypatch):
+    original = models.make_optimizer
+    monkeypatch.setattr(models, "make_optimizer",
+                        lambda m, o: original(m, o.model_copy(update={"eps": 1e-8})))
+    checks = models.check_trajectory(authors, steps=3)
+    assert all(c.verdict == DISAGREE for c in checks)
+    assert all(c.error["fp64"] > 1e-11 for c in checks)
+
+
+@needs_authors
+def test_reverse_target_and_dl_are_seen(authors, monkeypatch):
+    from rapidfuzz.distance import Levenshtein
+
+    from perencode import metrics
+    from perencode.tasks.reverse import ReverseTask
+    monkeypatch.setattr(metrics, "dl_distance", lambda p, t: Levenshtein.distance(p, t))
+    checks = by_name(tasks.check_fixed_length(authors))
+    assert checks["reverse: Damerau-Levenshtein"].verdict == DISAGREE
+    assert checks["reverse: targets"].verdict == AGREE
+    monkeypatch.setattr(ReverseTask, "transform", lambda self, rows: rows)
+    checks = by_name(tasks.check_fixed_length(authors))
+    assert checks["reverse: targets"].verdict == DISAGREE
+    assert checks["sort: targets"].verdict == AGREE  # sort has its own transform
+
+
+@needs_authors
+def test_a_held_out_leak_is_seen(authors, monkeypatch):
+    from perencode.tasks.base import SyntheticTask
+    monkeypatch.setattr(SyntheticTask, "sample",
+                        lambda self, n, generator: self.build(self.draw(n, generator)))
+    checks = by_name(tasks.check_fixed_length(authors))
+    assert checks["reverse: held-out set"].verdict == DISAGREE
+    assert checks["reverse: sampling"].verdict == AGREE
+
+
+@needs_authors
+def test_rarity_and_predecessor_target_are_seen(authors, monkeypatch):
+    from perencode.tasks.dual_frequency import DualFrequencyTask, half_tokens
+    from perencode.tasks.predecessor import PredecessorTask
+
+    def draw(self, n, generator):
+        rare = torch.rand((n, self.L), generator=generator) < 0.25  # "three times"
+        return half_tokens(rare, self.K, generator)
+
+    monkeypatch.setattr(DualFrequencyTask, "draw", draw)
+    checks = by_name(tasks.check_dual_frequency(authors))
+    assert checks["dual_frequency: sampling"].verdict == DISAGREE
+    assert checks["dual_frequency: test set"].verdict == AGREE
+    build = PredecessorTask.build
+
+    def successor(self, rows):  # the token after the queried one instead of before
+        batch = build(self, rows)
+        x, q = rows[:, :self.L], rows[:, self.L]
+        batch.targets = x.gather(1, ((q + 1) % self.L)[:, None]).squeeze(1)
+        batch.output_targets = batch.targets[:, None]
+        return batch
+
+    monkeypatch.setattr(PredecessorTask, "build", successor)
+    assert disagrees(tasks.check_predecessor(authors), "predecessor: targets")
+
+
+@needs_authors
+def test_variable_length_distribution_and_targets_are_seen(authors, monkeypatch):
+    from perencode.tasks.reverse import VariableLengthReverseTask
+
+    def longer(self, n, generator):  # lengths from min_length + 1: one length never drawn
+        lengths = torch.randint(self.cfg.min_length + 1, self.L + 1, (n,), generator=generator)
+        return self._rows(lengths, generator)
+
+    monkeypatch.setattr(VariableLengthReverseTask, "draw", longer)
+    assert disagrees(tasks.check_variable_length(authors), "variable_length: sampling")
+    monkeypatch.undo()
+    build = VariableLengthReverseTask.build
+
+    def unreversed(self, rows):  # the output in input order
+        batch = build(self, rows)
+        batch.output_targets = batch.sequences.masked_fill(~batch.output_mask, -1)
+        return batch
+
+    monkeypatch.setattr(VariableLengthReverseTask, "build", unreversed)
+    assert disagrees(tasks.check_variable_length(authors), "variable_length: targets")
+
+
+@needs_authors
+def test_stability_weighting_is_seen(authors, monkeypatch):
+    monkeypatch.setitem(our_stability.METRICS, "weighted", our_stability.METRICS["mean"])
+    assert all(c.verdict == DISAGREE for c in stability.check_stability(authors))
+
+
+# -- the whole command ---------------------------------------------------------------------
+
+
+@needs_authors
+@needs_timm
+@pytest.mark.slow
+def test_crosscheck_command_agrees_and_trains(tmp_path):
+    code, out = run_cli("crosscheck", AUTHORS, "--out", tmp_path, "--train", "--seeds", "2",
+                        "--iterations", "20", "--no-progress")
+    assert code == 0, out
+    assert "crosscheck --train: 2 seeds x 2 implementations x 20 iterations" in out
+    data = json.loads((tmp_path / "crosscheck.json").read_text())
+    verdicts = {c["name"]: c["verdict"] for c in data["checks"]}
+    assert DISAGREE not in verdicts.values()
+    assert verdicts["training: cpu"] == AGREE
+    assert "p = " in by_name([Check(**c) for c in data["checks"]])["training: cpu"].reason
+
+
+def test_bad_train_shape_is_one_line(tmp_path):
+    code, out = run_cli("crosscheck", fake_repository(tmp_path), "--train-shape", "huge")
+    assert code == 2 and "--train-shape huge: must be one of cpu, paper" in out
+    with pytest.raises(UserError):
+        crosscheck.run_crosscheck(tmp_path, tmp_path / "o", train_shape="huge")

@@ -1,0 +1,225 @@
+"""`perencode doctor`'s checks run CPU against CPU: the same functions compare a CUDA device
+with the CPU on a GPU node (tests/test_gpu.py runs them there)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+
+import pytest
+import torch
+from conftest import ROOT, run_cli
+
+from perencode import doctor, preflight
+from perencode.train import CHUNK_LOGITS
+
+CPU = torch.device("cpu")
+TINY = doctor.CPU_SIZE
+
+
+@pytest.mark.parametrize("arch", doctor.ARCHS)
+@pytest.mark.parametrize("encoding", doctor.ENCODINGS)
+def test_equivalence_of_a_device_with_itself_is_exact(arch, encoding):
+    recipe = doctor.small_recipe(arch, encoding, TINY)
+    assert doctor.equivalence(recipe, CPU, CPU) == 0.0
+
+
+def test_equivalence_fails_when_one_side_is_perturbed():
+    recipe = doctor.small_recipe("gru", "sinusoidal", TINY)
+    steps, lr = doctor.EQUIVALENCE_STEPS, recipe.optim.lr
+
+    def broken(params):  # one weight matrix off by about the update's own size
+        name = next(n for n in params if "weight" in n and "head" not in n)
+        params[name] += steps * lr * torch.randn_like(params[name])
+
+    diff = doctor.equivalence(recipe, CPU, CPU, perturb=broken)
+    assert diff > doctor.TOLERANCE["tf32"] > doctor.TOLERANCE["fp32"]
+    assert 0.1 < diff < 10  # "about the update": the scale the tolerances are set against
+
+
+def test_equivalence_rows_one_per_model_with_the_tolerance_of_its_precision(monkeypatch):
+    rows = doctor.equivalence_checks(CPU, CPU, TINY)
+    assert [r.name for r in rows] == [f"equivalence {a} {e}" for a in doctor.ARCHS
+                                      for e in ("vanilla", "PE")]
+    assert all(r.verdict == doctor.PASS and r.measured.startswith("0.00e+00 apart")
+               and r.expected == "< 0.01 (fp32)" for r in rows)
+    monkeypatch.setattr(doctor, "equivalence", lambda *args, **kw: 0.5)
+    assert {r.verdict for r in doctor.equivalence_checks(CPU, CPU, TINY)} == {doctor.FAIL}
+
+
+@pytest.mark.parametrize("arch", doctor.ARCHS)
+def test_fp32_rounding_stays_far_inside_the_fp32_tolerance(arch):
+    """fp32 against fp64 bounds what two fp32 devices can differ by from rounding alone."""
+    recipe = doctor.small_recipe(arch, "sinusoidal", doctor.EQUIVALENCE_SIZE)
+    model = doctor.initial_model(recipe)
+    batches = doctor.cpu_batches(recipe, doctor.EQUIVALENCE_STEPS)
+    single = doctor.trained_parameters(model, recipe, batches, CPU)
+    double = doctor.trained_parameters(copy.deepcopy(model).double(), recipe, batches, CPU)
+    diff = doctor.parameter_difference(single, double, doctor._start(model))
+    assert 0 < diff < doctor.TOLERANCE["fp32"] / 10
+
+
+def test_parameter_difference_known_answers():
+    start = {"w": torch.zeros(3, dtype=torch.float64)}
+    moved = {"w": torch.tensor([3.0, 4.0, 0.0], dtype=torch.float64)}
+    assert doctor.parameter_difference(moved, moved, start) == 0.0
+    assert doctor.parameter_difference(start, moved, start) == 1.0  # one side never moved
+    half = {"w": moved["w"] / 2}
+    assert doctor.parameter_difference(half, moved, start) == pytest.approx(0.5)
+    assert doctor.parameter_difference(start, start, start) == 0.0
+
+
+def test_determinism_on_the_cpu_is_bit_identical():
+    assert doctor.determinism(doctor.small_recipe("lstm", "sinusoidal", TINY), CPU) == \
+        (True, 0.0)
+
+
+def test_determinism_detects_a_nondeterministic_step(monkeypatch):
+    real = doctor.train_step
+
+    def noisy(model, optimizer, batch, clip):  # as an atomics-based kernel: order-dependent
+        with torch.no_grad():
+            model.head.bias.add_(1e-6 * torch.randn_like(model.head.bias))
+        return real(model, optimizer, batch, clip)
+
+    monkeypatch.setattr(doctor, "train_step", noisy)
+    same, largest = doctor.determinism(doctor.small_recipe("gru", "none", TINY), CPU)
+    assert not same and largest > 0
+    [row] = doctor.determinism_check(CPU, TINY)
+    assert row.verdict == doctor.FAIL and row.measured.startswith("differs by")
+
+
+def resume_recipe():
+    return doctor.small_recipe("gru", "sinusoidal", TINY, iterations=4, checkpoint_every=2,
+                               log_every=1, keep_checkpoints="all")
+
+
+def test_resume_across_devices_through_the_run_directory(tmp_path):
+    recipe = resume_recipe()
+    result = doctor.resume_across(recipe, CPU, CPU, tmp_path)
+    assert result == {"resumed_from": 2, "starts": ["cpu", "cpu"], "final_iteration": 4,
+                      "metrics_steps": [1, 2, 3, 4], "finite": True, "identical": True}
+    assert doctor.resume_ok(result, recipe)
+    [row] = doctor.resume_check(recipe, CPU, CPU)
+    assert row.verdict == doctor.PASS and "bit-identical" in row.measured
+
+
+def test_resume_check_fails_when_training_starts_over(monkeypatch, tmp_path):
+    from perencode import runs
+
+    monkeypatch.setattr(runs.Run, "resume", lambda self, *args, **kw: 0)
+    recipe = resume_recipe()
+    result = doctor.resume_across(recipe, CPU, CPU, tmp_path)
+    assert result["resumed_from"] == 0 and result["identical"]  # same numbers, not resumed
+    assert not doctor.resume_ok(result, recipe)
+
+
+def test_a_checkpoint_from_another_device_type_resumes_on_a_new_stream(tmp_path, capsys):
+    """A CUDA generator's state is 16 bytes (seed and Philox offset), a CPU generator's
+    5,056: a checkpoint written on the GPU is emulated by giving its generator such a
+    state. It resumes, reproducibly, and says that its batches changed stream."""
+    from perencode import runs
+    from perencode.io import atomic_torch_save
+    from perencode.train import train
+
+    recipe = resume_recipe()
+    finals = []
+    for name in ("a", "b"):
+        run = runs.Run(tmp_path / name)
+        train(recipe, run.dir, device="cpu", progress=False)
+        uninterrupted = runs.load_checkpoint(run.checkpoint_path(4))["model"]
+        run.checkpoint_path(4).unlink()
+        (run.dir / "eval.json").unlink()
+        state = runs.load_checkpoint(run.checkpoint_path(2))
+        state["rng"]["generator"] = torch.zeros(16, dtype=torch.uint8)
+        atomic_torch_save(run.checkpoint_path(2), state)
+        train(recipe, run.dir, device="cpu", progress=False)
+        assert "written on another device type" in capsys.readouterr().err
+        finals.append(runs.load_checkpoint(run.checkpoint_path(4))["model"])
+    assert all(torch.equal(finals[0][n], finals[1][n]) for n in uninterrupted)
+    assert not all(torch.equal(finals[0][n], uninterrupted[n]) for n in uninterrupted)
+
+
+def test_memory_ratio_on_the_cpu():
+    """The estimate is perencode.preflight's; the peak is a fresh process's resident-set
+    growth over its size after imports; the CPU doctor's shape lands in the range."""
+    recipe = doctor.small_recipe("gru", "sinusoidal", doctor.CPU_MEMORY_SIZE)
+    estimate, peak, ratio = doctor.memory_ratio(recipe, CPU)
+    assert estimate == preflight.estimate(recipe, CHUNK_LOGITS).total
+    assert ratio == peak / estimate
+    low, high = doctor.MEMORY_RATIO["cpu"]
+    assert low <= ratio <= high
+
+
+def test_a_check_that_raises_is_one_failed_row():
+    def broken():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+
+    [row] = doctor.guarded("speed", broken)
+    assert row.failed and row.measured == \
+        "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+def test_speed_fills_the_estimate_cache_and_prices_each_grid(tmp_path):
+    tiny = ["model.hidden_size=8", "model.embed_size=8", "task.length=4",
+            "train.batch_size=4", "task.held_out=8"]
+    from perencode.recipe import load_recipe
+
+    recipe = load_recipe(ROOT / doctor.FIG2_GRU, tiny)
+    grids = [ROOT / "recipes/paper/fig02_gru_reverse.toml",
+             ROOT / "recipes/paper/fig02_lstm_reverse.toml"]
+    rows = doctor.speed_checks(CPU, recipe, grids, tmp_path, grid_overrides=tiny,
+                               iterations=2)
+    speed, gru, lstm, cache = rows
+    ratio = float(speed.measured.rpartition("(x")[2].rstrip(")"))
+    assert speed.verdict == (doctor.PASS if ratio <= doctor.SPEED_RATIO else doctor.FAIL)
+    # Measured: the GRU's K = 256 PE cell (5 seeds) and the LSTM grid's first cell (5
+    # seeds); every other shape extrapolated by FLOPs.
+    assert gru.measured.endswith("h (35 of 40 by FLOPs)") and gru.verdict == doctor.INFO
+    assert lstm.measured.endswith("h (65 of 70 by FLOPs)")
+    entries = json.loads((tmp_path / ".estimates.json").read_text())
+    [measured] = entries.values()
+    assert sorted(e["arch"] for e in measured.values()) == ["gru", "lstm"]
+    assert cache.measured == str(tmp_path / ".estimates.json")
+
+
+def test_cpu_stack_rows_say_what_is_not_run():
+    rows = doctor.stack_checks(CPU)
+    assert rows[0].name == "torch" and rows[0].measured == torch.__version__
+    assert rows[1].verdict == doctor.NO_DEVICE
+    assert not doctor.tf32_in_effect(CPU, "gru")
+
+
+def test_cli_exits_1_on_a_failed_check(monkeypatch):
+    rows = [doctor.Check("equivalence gru PE", "0.5 apart", "< 0.01 (fp32)", doctor.FAIL),
+            doctor.Check("torch", "2.1.1", "2.1.1", doctor.PASS)]
+    monkeypatch.setattr(doctor, "run_checks", lambda *args, **kw: rows)
+    code, text = run_cli("doctor", "--device", "cpu")
+    assert code == 1
+    assert "0.5 apart" in text and "doctor: 1 failed, 1 passed, 0 not run" in text
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_doctor_runs_the_command():
+    out = subprocess.run(["make", "-n", "--no-print-directory", "doctor", "PERENCODE=perencode",
+                          "PERENCODE_DEPS=", "DOCTOR_DEVICE=cuda:1"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "perencode doctor --device cuda:1 --runs runs"
+
+
+def test_cli_rejects_an_unknown_device():
+    code, text = run_cli("doctor", "--device", "tpu")
+    assert code == 2 and "--device 'tpu'" in text
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only machine's doctor")
+def test_doctor_on_a_cpu_only_machine_passes_and_says_what_it_did_not_run(tmp_path):
+    code, text = run_cli("doctor", "--runs", tmp_path)
+    assert code == 0, text
+    summary = text.strip().splitlines()[-1]
+    assert summary.startswith("doctor: 0 failed, 3 passed, 5 not run"), summary
+    assert text.count("not run: no CUDA") == 5  # CUDA stack, equivalence, resume, memory, speed
+    assert not (tmp_path / ".estimates.json").exists()  # speed runs on a GPU only

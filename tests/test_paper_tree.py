@@ -1,0 +1,68 @@
+"""Every claim of the paper is decidable on the paper's own runs, and every figure drawn:
+a finished tree of every grid of recipes/paper/ (tests/paper_tree.py), numbers chosen so
+that every claim holds."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from paper_tree import paper_tree
+
+from perencode.figures import FIGURES
+from perencode.report import make_report
+from perencode.verify import load_claims, verify_runs
+
+pytestmark = pytest.mark.slow  # the tree takes ~6 s, figures ~13 s, verify ~3 s on one core
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paper")
+    counts = paper_tree(out / "runs")
+    return out, counts
+
+
+def test_the_tree_is_every_cell_of_every_grid(tree):
+    # 530 cells; Fig. 5's 30 are Fig. 3's runs, Fig. 12 and 13 share 40 with Fig. 2 and 8.
+    assert tree[1] == {"cells": 530, "runs": 460}
+
+
+def test_every_paper_claim_is_decided_as_intended(tree):
+    out, _ = tree
+    assert verify_runs([out / "runs"], claims="paper", out=out / "figures") == 0
+    report = json.loads((out / "figures" / "verify.json").read_text())
+    verdicts = {r["id"]: r["verdict"] for r in report["results"]}
+    assert list(verdicts) == [c.id for c in load_claims("paper")]
+    assert set(verdicts.values()) == {"pass"}, {k: v for k, v in verdicts.items() if v != "pass"}
+    assert report["summary"] == ("49 claims; 49 concern the 460 finished runs given: 49 pass, "
+                                 "0 fail, 0 inconclusive.")
+    # The claim spanning the three architectures' Fig. 3 runs (K = 64, 1,024, 2,048).
+    rare = next(r for r in report["results"] if r["id"] == "5d-vanilla-rare-among-frequent-fine")
+    assert [c["cell"] for c in rare["cells"]] == ["arch=gru", "arch=lstm", "arch=s4d"]
+    assert [c["runs"] for c in rare["cells"]] == [5, 5, 5]
+
+
+def test_every_paper_figure_is_drawn_once_beside_its_claims(tree):
+    out, _ = tree
+    page = make_report([out / "runs"], claims="paper", out=out / "report").read_text()
+    names = {p.name for p in (out / "report").iterdir()}
+    for figure in FIGURES:
+        drawn = {n for n in names if n.startswith(figure.name)}
+        expected = ({f"{figure.name}.md", f"{figure.name}.csv"} if figure.name.startswith(
+            "table") else {f"{figure.name}.png", f"{figure.name}.pdf"})
+        assert drawn == expected, figure.name
+    assert not [n for n in names if n.startswith("other_")]
+    # Each claim stands beside the figure (or table) its source cites, and only there.
+    beside = {}
+    for part in re.split(r"<h2[^>]*>", page)[1:]:
+        heading, body = part.split("</h2>", 1)
+        for claim in re.findall(r"<td><b>([^<]+)</b>", body):
+            beside.setdefault(claim, []).append(heading)
+    for claim in load_claims("paper"):
+        cited = re.search(r"(Fig\.|Table) (\d+)", claim.source)
+        prefix = ("fig" if cited.group(1) == "Fig." else "table") + \
+            cited.group(2).zfill(2 if cited.group(1) == "Fig." else 1)
+        assert [h.split("_")[0] for h in beside[claim.id]] == [prefix], claim.id
+    assert "Claims not run" not in page and "no figure draws" not in page

@@ -1,0 +1,167 @@
+"""report.html (perencode.report): each figure with its claims and runs, the claims not run
+with their reasons, self-contained; and drawn by a real browser (headless Chromium)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+from conftest import ROOT
+from fake_runs import fake_run
+
+from perencode.grid import load_grid
+from perencode.report import REPORT, make_report
+from perencode.sweep.plan import plan, prepare
+
+
+@pytest.fixture(scope="module")
+def report(paper_like, tmp_path_factory):
+    """tests/fake_runs.py's stand-in for the paper's grids, the Fig. 2 runs of seed 111
+    with an env.json as `perencode train` writes it, checked against the paper's claims."""
+    for run in (paper_like / "fig2").glob("*/*/111"):
+        (run / "env.json").write_text(json.dumps({
+            "device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3",
+            "git_commit": "0123456789abcdef0123"}))
+    out = tmp_path_factory.mktemp("figures")
+    path = make_report([paper_like], claims="paper", out=out)
+    return out, path.read_text(encoding="utf-8")
+
+
+def sections(page: str) -> dict[str, str]:
+    """h2 heading -> the HTML up to the next one."""
+    parts = re.split(r"<h2[^>]*>", page)[1:]
+    return {part.split("</h2>", 1)[0]: part.split("</h2>", 1)[1] for part in parts}
+
+
+def test_every_figure_is_inline_and_nothing_is_fetched(report):
+    out, page = report
+    pngs = sorted(out.glob("*.png"))
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', page)
+    assert sorted(name for name, _ in images) == [p.stem for p in pngs] and len(pngs) >= 10
+    # The runs are tiny, not the paper's settings: the file name says so.
+    stem = "fig02_reverse_vocabulary__nonpaper"
+    assert base64.b64decode(dict(images)[stem]) == (out / f"{stem}.png").read_bytes()
+    assert not re.search(r'(src|href)="(?!data:|#)', page) and "http" not in page
+    # Still written beside it, for those who prefer them.
+    assert (out / f"{stem}.pdf").is_file() and (out / "results.csv").is_file()
+
+
+def test_each_claim_stands_beside_the_figure_of_its_runs(report):
+    _, page = report
+    found = sections(page)
+    fig2 = found["fig02_reverse_vocabulary__nonpaper"]
+    assert "Not the paper&#x27;s settings: " in fig2 and "iterations 200 (paper: 300000)" in fig2
+    assert "1b-gru-vanilla-degrades" in fig2 and "1a-gru-pe-above-95" in fig2
+    assert "5a-gru-vanilla-frequent-among-rare" in found["fig03_dual_frequency__nonpaper"]
+    # Fig. 5 draws the same runs as Fig. 3: the stability claims go beside the stability.
+    assert "6a-gru-vanilla-stability-declines" in found["fig05_stability__nonpaper"]
+    assert "6a-gru-vanilla-stability-declines" not in found["fig03_dual_frequency__nonpaper"]
+    assert "8b-vanilla-mean" in found["table1_lm_perplexity__nonpaper"]
+    # The paper's value, the reproduced value with its CI, the verdict.
+    row = fig2[fig2.index("1b-gru-vanilla-degrades"):].split("</tr>")[0]
+    assert "degrades as K grows" in row and re.search(r"-0\.38\d* \[-0\.3\d+, -0\.3\d+\]", row)
+    assert ">pass</span>" in row
+
+
+def test_the_runs_behind_a_figure(report):
+    _, page = report
+    fig2 = sections(page)["fig02_reverse_vocabulary__nonpaper"]
+    box = fig2[fig2.index('<dl class="runs">'):fig2.index("</dl>")]
+    # 11 GRU runs (one cell is missing) and Fig. 13's 6 vanilla and PE LSTM ones; 4 of
+    # them with an env.json.
+    assert "<dt>runs</dt><dd>17</dd>" in box and "<dd>111, 222, 333</dd>" in box
+    assert "cuda:0 (NVIDIA H100 80GB HBM3) (&times;4)" in box
+    assert "not recorded (&times;13)" in box and "0123456789 (&times;4)" in box
+    # Each logged 20 s of training.
+    assert f"<dt>device-hours</dt><dd>{17 * 20 / 3600:.3g}</dd>" in box
+
+
+def test_the_claims_not_run_with_their_reasons(report):
+    _, page = report
+    summary = re.search(r'<div class="summary">(.*?)<br>', page).group(1)
+    assert re.fullmatch(r"49 claims; \d+ concern the \d+ finished runs given \(1 unfinished\): "
+                        r"\d+ pass, \d+ fail, \d+ inconclusive; \d+ not run \(reasons below\)\.",
+                        summary)
+    # Beside Fig. 2 (no S4D run, the LSTM at one K): its claims not run.
+    assert ('Not run, though about this figure (3): 2b-lstm-vanilla-degrades, '
+            '3-s4d-pe-larger-vocabulary, 4c-s4d-pe-lower-dl; the reasons are under '
+            '<a href="#not-run">') in \
+        sections(page)["fig02_reverse_vocabulary__nonpaper"]
+    not_run = sections(page)["Claims not run"]
+    assert "<li>need model.arch = s4d (the nearest runs have gru) <b>(5)</b>" in not_run
+    assert "3-s4d-pe-larger-vocabulary" in not_run
+
+
+# Token accuracy of the quick demo's runs as measured (recipes/quick, claims/quick.toml):
+# K = 32 solved by both, K = 1,024 PE ahead on every seed.
+QUICK = {(32, "none"): (0.99, 0.985, 0.995), (32, "sinusoidal"): (0.995, 0.99, 1.0),
+         (1024, "none"): (0.17, 0.175, 0.18), (1024, "sinusoidal"): (0.22, 0.26, 0.3)}
+
+
+def quick_runs(out):
+    """The quick demo's grid planned by the sweep's code, its runs finished with QUICK's
+    numbers (and a DL distance that falls as the accuracy rises)."""
+    grid = load_grid(ROOT / "recipes" / "quick" / "quickstart.toml")
+    planned = plan(grid, out)
+    prepare(planned)
+    for run in planned:
+        recipe = run.cell.recipe
+        seed = (111, 222, 333).index(recipe.train.seed)
+        acc = QUICK[recipe.task.vocab_size, recipe.encoding.kind][seed]
+        fake_run(run.dir.parent, run.dir.name, recipe=recipe, metrics={
+            "token_accuracy": acc, "dl_distance": (1 - acc) * 6 * 0.9,
+            "sequence_accuracy": acc ** 6, "n_sequences": 1024, "n_tokens": 6144})
+    return out
+
+
+def test_report_through_the_cli(tmp_path, cli):
+    runs = quick_runs(tmp_path / "runs")
+    code, output = cli("report", runs, "--claims", "quick", "--out", tmp_path / "figures")
+    assert code == 0 and f"wrote {tmp_path / 'figures' / REPORT}" in output.replace("\n", "")
+    page = (tmp_path / "figures" / REPORT).read_text()
+    assert "4 claims; 4 concern the 12 finished runs given: 4 pass, 0 fail, 0 inconclusive." \
+        in page
+    assert "Claims not run" not in page
+    fig2 = sections(page)["fig02_reverse_vocabulary__nonpaper"]
+    assert all(f"q{i}-" in fig2 for i in range(1, 5))
+    # Not the paper's sizes, and said so beside the figure.
+    assert "<dt>hidden_size</dt><dd>128</dd>" in fig2 and "<dt>length</dt><dd>6</dd>" in fig2
+    assert "<dt>iterations</dt><dd>2000, 4000</dd>" in fig2
+    assert ("Drawn together although train.iterations follows vocab_size (32: 2000; 1024: "
+            "4000).") in fig2
+
+
+def test_a_wrong_claims_file_is_one_line_before_any_drawing(paper_like, tmp_path, cli):
+    code, output = cli("report", paper_like, "--claims", "papr", "--out", tmp_path / "out")
+    assert code == 2 and "papr: claims file not found" in output
+    assert not (tmp_path / "out").exists()
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(chromium() is None, reason="chromium is not installed (`make test` "
+                    "installs it as root with apt-get: make/chromium.mk)")
+def test_a_browser_draws_the_page_offline(report, tmp_path):
+    import matplotlib.image
+    import numpy as np
+
+    out, _ = report
+    shot = tmp_path / "report.png"
+    # No network, no profile, no GPU: the page must draw from the file alone.
+    subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+                    "--disable-background-networking", "--disable-component-update",
+                    "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'p'}",
+                    f"--screenshot={shot}", "--window-size=1200,2000",
+                    (out / REPORT).as_uri()], capture_output=True, timeout=120, check=True)
+    pixels = matplotlib.image.imread(shot)[..., :3]
+    assert pixels.shape[:2] == (2000, 1200)
+    colours = np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0)
+    assert len(colours) > 500  # text, plots, verdict badges: not a blank or error page
+    ink = (pixels < 0.9).any(axis=2).mean()
+    assert 0.03 < ink < 0.9
