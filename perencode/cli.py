@@ -377,7 +377,7 @@ def lm_prepare(
                                 "threads (0: the cores this process may use; the authors' "
                                 "run used 16)."),
     force: bool = typer.Option(False, "--force", help="Skip the memory check (SentencePiece "
-                               "needs about 17 times the training text's size)."),
+                               "needs about 20 times the training text's size)."),
     sample_sentences: int = typer.Option(0, "--sample", min=0, help="Train the "
                                          "vocabulary on this many random paragraphs (0: all, "
                                          "as the authors did; a sample departs from their "

@@ -509,7 +509,8 @@ def test_lm_prepare_refuses_what_cannot_fit_with_the_way_out(tmp_path, monkeypat
     size = sum(len(line.encode()) for line in (corpus_1mb / "wiki.train.raw").open()
                if line.strip() and not line.startswith(" ="))
     need = (lm_prepare.SPM_MEMORY_BASE + lm_prepare.SPM_MEMORY_PER_BYTE * size) / 2**30
-    fits = (210 * 2**20 - lm_prepare.SPM_MEMORY_BASE) // 17 * paragraphs // size
+    fits = (210 * 2**20 - lm_prepare.SPM_MEMORY_BASE) // lm_prepare.SPM_MEMORY_PER_BYTE \
+        * paragraphs // size
     assert line == (f"error: training SentencePiece on {size / 1e6:.1f} MB of text needs about "
                     f"{need:.1f} GiB at its peak, more than the 0.2 GiB of the SLURM job's "
                     f"memory (--mem): run it where there is more memory, or pass --force to "
