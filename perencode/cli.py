@@ -22,7 +22,7 @@ from rich.table import Table
 
 from perencode import __version__
 from perencode.console import console
-from perencode.errors import UserError
+from perencode.errors import UserError, refused_write
 
 
 class _PlainArgument(typer.core.TyperArgument):
@@ -90,13 +90,19 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def user_errors(fn):
-    """Turn UserError into one line and exit 2; no traceback."""
+    """Turn UserError, and a write the filesystem refuses (read-only, full, no permission,
+    no locks) wherever it happens, into one line naming the path and exit 2; no traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
             fail(str(exc))
+        except OSError as exc:
+            message = refused_write(exc)
+            if message is None:
+                raise
+            fail(message)
     return wrapper
 
 
@@ -172,7 +178,7 @@ def train(
     except Interrupted as stop:
         console.print(f"interrupted at iteration {stop.iteration}; checkpoint saved to "
                       f"{stop.path}. Run the same command again to resume.")
-        raise typer.Exit(130) from None
+        raise typer.Exit(128 + stop.signum) from None
     if already:
         console.print(f"{run_dir}: run is already complete; results in {run_dir}/eval.json")
     _print_metrics(result, run_dir / "eval.json")
@@ -367,14 +373,27 @@ def lm_prepare(
     out: Path = typer.Option(Path("data/wikitext103"), help="Output folder."),
     vocab_size: int = typer.Option(32768, min=16, help="SentencePiece unigram vocabulary."),
     max_tokens: int = typer.Option(1024, min=1, help="Input tokens kept per paragraph."),
-    threads: int = typer.Option(0, min=0, help="Encoding threads (0: all cores)."),
+    threads: int = typer.Option(0, min=0, help="SentencePiece's training and encoding "
+                                "threads (0: the cores this process may use; the authors' "
+                                "run used 16)."),
+    force: bool = typer.Option(False, "--force", help="Skip the memory check (SentencePiece "
+                               "needs about 20 times the training text's size)."),
+    sample_sentences: int = typer.Option(0, "--sample", min=0, help="Train the "
+                                         "vocabulary on this many random paragraphs (0: all, "
+                                         "as the authors did; a sample departs from their "
+                                         "vocabulary but needs less memory)."),
     progress: bool = typer.Option(True, help="Show progress."),
 ) -> None:
     """Prepare WikiText-103 for language modelling: clean, train SentencePiece, encode."""
     from perencode.lm.prepare import prepare
 
-    manifest = prepare(source=source, out=out, vocab_size=vocab_size, max_tokens=max_tokens,
-                  threads=threads, progress=progress)
+    try:
+        manifest = prepare(source=source, out=out, vocab_size=vocab_size,
+                           max_tokens=max_tokens, threads=threads, progress=progress,
+                           force=force, sample_sentences=sample_sentences)
+    except KeyboardInterrupt:
+        console.print(f"interrupted; the unfinished build was removed ({out} is as it was)")
+        raise typer.Exit(130) from None
     console.print(f"prepared {out} ({manifest.get('status', 'done')})")
 
 

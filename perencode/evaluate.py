@@ -8,7 +8,9 @@ import torch
 from torch import nn
 
 from perencode import runs
+from perencode.console import console
 from perencode.device import resolve_device
+from perencode.errors import UserError
 from perencode.experiment import build, output_logits
 from perencode.io import remove_stale_temps
 from perencode.lock import hold
@@ -37,6 +39,29 @@ def load_run(run_dir: str | Path | runs.Run, device: torch.device,
     return run.recipe, task, model, state["iteration"]
 
 
+def _say_what_is_scored(run: runs.Run) -> None:
+    """On an unfinished run, one line: where it stands and which checkpoint is scored (the
+    newest periodic one; an interrupt's resume.pt only when asked for)."""
+    steps = run.checkpoints()
+    total = run.recipe.train.iterations
+    if not steps or steps[-1][0] == total:
+        return
+    newest = steps[-1][0]
+    resumed = None
+    if run.resume_path.exists():
+        try:
+            resumed = runs.load_checkpoint(run.resume_path)["iteration"]
+        except UserError:
+            resumed = None  # unreadable: `train` sets it aside; nothing to offer here
+    at = max(newest, resumed or 0)
+    line = (f"{run.dir}: unfinished run at iteration {at} of {total}; scoring "
+            f"{steps[-1][1].name} (iteration {newest})")
+    if resumed is not None and resumed > newest:
+        line += (f"; the newer {run.resume_path.name} (iteration {resumed}, saved when "
+                 f"training was stopped) is scored only with --checkpoint {run.resume_path}")
+    console.print(f"[yellow]note:[/] {line}", highlight=False, soft_wrap=True)
+
+
 def evaluate_run(run_dir: str | Path, device: str = "auto",
                  checkpoint: str | Path | None = None, **options) -> tuple[dict, Path]:
     """Evaluate a run; the final model goes to eval.json, another checkpoint to eval-step-K.json.
@@ -47,6 +72,8 @@ def evaluate_run(run_dir: str | Path, device: str = "auto",
     recipe = run.recipe  # not a run: say so before creating the lock file in it
     with hold(run.dir, "eval"):
         remove_stale_temps(run.dir)
+        if checkpoint is None:
+            _say_what_is_scored(run)
         _, task, model, iteration = load_run(run, dev, checkpoint)
         result = evaluate_model(model, task, recipe, **options)
         result["iteration"] = iteration

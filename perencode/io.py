@@ -11,7 +11,6 @@ A write the filesystem refuses for space, quota, permission or a read-only mount
 
 from __future__ import annotations
 
-import errno
 import io
 import json
 import os
@@ -25,12 +24,8 @@ from typing import Any
 
 import torch
 
-from perencode.errors import UserError
+from perencode.errors import DISK_ERRORS, UserError
 
-# The errors of a full, over-quota, read-only or forbidden filesystem: the user's to fix.
-DISK_ERRORS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-               errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
-               errno.EPERM: "operation not permitted"}
 # mkstemp(prefix=".NAME.", suffix=".tmp"): eight characters of [a-z0-9_] in between.
 TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

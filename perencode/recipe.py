@@ -37,7 +37,9 @@ import tomli_w
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Every number of a recipe is a physical quantity (a rate, a decay, a size): inf and nan
+    # are refused before anything is written, never trained on.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -304,6 +306,13 @@ class EncodingConfig(KindConfig):
         return self
 
 
+# The largest float32: torch's optimizers turn their coefficients into float32 numbers.
+FLOAT32_MAX = 3.4028234663852886e38
+# Seeds are 32-bit, so that the offset streams (runs.TRAINING_SEED_OFFSET, ...) of every
+# seed stay within what torch.manual_seed takes, as NumPy-style seeds do.
+MAX_SEED = 2**32 - 1
+
+
 class OptimConfig(Section):
     lr: float = Field(1e-3, gt=0.0, le=10.0, description="Peak learning rate of Adam.")
     betas: tuple[float, float] = Field(
@@ -311,7 +320,8 @@ class OptimConfig(Section):
         description="Adam betas. Code: [0.9, 0.98]; paper text: [0.9, 0.999].",
     )
     eps: float = Field(1e-9, gt=0.0, le=1.0, description="Adam epsilon (code: 1e-9).")
-    weight_decay: float = Field(0.0, ge=0.0, description="Adam weight decay.")
+    weight_decay: float = Field(0.0, ge=0.0, description="Adam weight decay "
+                                "(a float32 number: torch's Adam converts it).")
     warmup: int = Field(1000, ge=0, description="Linear warm-up iterations.")
     schedule: Literal["timm", "cosine"] = Field(
         "timm",
@@ -322,6 +332,13 @@ class OptimConfig(Section):
     clip_norm: float = Field(
         1.0, ge=0.0, description="Global gradient-norm clip (0 disables; code: 1.0)."
     )
+
+    @field_validator("weight_decay", "clip_norm")
+    @classmethod
+    def _float32(cls, value: float) -> float:
+        if value > FLOAT32_MAX:
+            raise ValueError("must be at most 3.4e38 (torch's Adam takes it as a float32)")
+        return value
 
     @field_validator("betas", mode="before")
     @classmethod
@@ -343,7 +360,8 @@ class TrainConfig(Section):
     checkpoint_every: int = Field(
         5000, ge=1, description="Save checkpoints/step-<k>.pt every this many iterations."
     )
-    seed: int = Field(111, ge=0, description="Seed of initialisation, held-out set and batches.")
+    seed: int = Field(111, ge=0, le=MAX_SEED, description="Seed of initialisation, held-out "
+                      "set and batches (0 to 4294967295).")
     log_every: int = Field(100, ge=1, description="Write a metrics.jsonl row every N steps.")
     eval_batch_size: int = Field(1024, ge=1, description="Batch size when scoring held-out.")
     keep_checkpoints: int | Literal["all"] | None = Field(
@@ -356,8 +374,7 @@ class TrainConfig(Section):
     @classmethod
     def _at_least_one(cls, value: int | str | None) -> int | str | None:
         if isinstance(value, int) and value < 1:
-            raise ValueError(f"field 'keep_checkpoints': \"all\" or an integer >= 1, got "
-                             f"{value!r}")
+            raise ValueError("\"all\" or an integer >= 1")
         return value
 
 
@@ -539,6 +556,9 @@ def validate(data: dict[str, Any], source: str, any_kind: bool = False,
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder; give a recipe file (e.g. "
+                        f"recipes/gru_vocab256.toml)")
     if not path.is_file():
         raise UserError(f"{path}: recipe file not found")
     try:
@@ -564,7 +584,12 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         data = apply_overrides(data, overrides)
     plugins.require(Path(path).parent, data)  # a run's recipe.toml: the plugin it needs
     source = f"{path}" + (" (with --set)" if overrides else "")
-    return validate(data, source)
+    recipe = validate(data, source)
+    if "name" not in data.get("task", {}):
+        # An empty file would otherwise be every default: a full 300,000-iteration run.
+        raise UserError(f"{source}: names no task; a recipe needs at least [task] name = ... "
+                        f"(`perencode recipe-schema` lists every field and its default)")
+    return recipe
 
 
 def field_names() -> list[str]:

@@ -11,8 +11,9 @@
     RUN_DIR/tensorboard/           TensorBoard event files (`train --tensorboard`; tracking.py)
     RUN_DIR/.perencode.lock        while a command writes in the run (perencode.lock)
 
-A checkpoint found unreadable when resuming is renamed step-K.pt.corrupt (never deleted)
-and the run resumes from the newest readable one.
+A checkpoint found unreadable when resuming is renamed step-K.pt.corrupt, one of another
+run (another recipe or seed: `foreign_reason`) step-K.pt.foreign (never deleted), and the run
+resumes from the newest readable checkpoint of its own; with none left it starts over.
 
 `Run` owns all of it: train, evaluate and stability read and write a run directory through
 it, and it alone knows the checkpoint format (version 1): a dict with format, version,
@@ -100,6 +101,8 @@ def read_recipe(run_dir: str | Path, any_kind: bool = False) -> Recipe:
     """The run's resolved recipe; `any_kind` for reading its results (a task, model or
     encoding the reader has not registered keeps its name; perencode.recipe.validate)."""
     path = Path(run_dir) / "recipe.toml"
+    if not Path(run_dir).exists():
+        raise UserError(f"{run_dir}: the folder does not exist")
     if not path.is_file():
         raise UserError(f"{run_dir}: not a perencode run directory (no recipe.toml)")
     data = read_toml(path)
@@ -108,14 +111,29 @@ def read_recipe(run_dir: str | Path, any_kind: bool = False) -> Recipe:
     return validate(data, str(path), any_kind, stored=True)
 
 
-def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+def foreign_reason(state: dict, recipe: Recipe, path: str | Path) -> str | None:
+    """Why checkpoint `state` (read from `path`) is not a checkpoint of `recipe`'s run, or
+    None when it is: the one test resume, eval and stability apply. Its recipe's identity
+    (every field that defines the run, the seed included) must equal the run's."""
+    try:
+        theirs = validate(state["recipe"], str(path), any_kind=True, stored=True).identity()
+    except UserError:
+        return "its recipe is unreadable"
+    diff = _differences(theirs, recipe.identity(), names=("in the checkpoint", "in the run"))
+    if not diff:
+        return None
+    return f"it is another run's checkpoint ({diff[0]}{'; ...' if len(diff) > 1 else ''})"
+
+
+def _differences(a: dict, b: dict, prefix: str = "",
+                 names: tuple[str, str] = ("there", "now")) -> list[str]:
     out = []
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key), b.get(key)
         if isinstance(va, dict) and isinstance(vb, dict):
-            out += _differences(va, vb, f"{prefix}{key}.")
+            out += _differences(va, vb, f"{prefix}{key}.", names)
         elif va != vb:
-            out.append(f"{prefix}{key}: {va!r} there vs {vb!r} now")
+            out.append(f"{prefix}{key}: {va!r} {names[0]} vs {vb!r} {names[1]}")
     return out
 
 
@@ -179,6 +197,16 @@ class Run:
         A different recipe in an existing run directory is refused: a finished run is never
         silently overwritten.
         """
+        existed = self.check_claim(recipe)
+        if not existed:
+            atomic_write_text(self.dir / "recipe.toml", recipe.to_toml())
+            plugins.record(self.dir, recipe)
+        self._recipe = recipe
+        return existed
+
+    def check_claim(self, recipe: Recipe) -> bool:
+        """`claim`'s checks without writing anything: True if the directory holds this
+        recipe's run, False if it is free; UserError if it holds something else."""
         run_dir = self.dir
         if run_dir.exists() and not run_dir.is_dir():
             raise UserError(f"{run_dir}: exists and is not a directory; choose another --run-dir")
@@ -189,20 +217,24 @@ class Run:
             if diff:
                 raise UserError(f"{run_dir}: holds a run of a different recipe ({diff[0]}"
                                 f"{'; ...' if len(diff) > 1 else ''}); choose another --run-dir")
-            self._recipe = recipe
             return True
         if run_dir.exists() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
             raise UserError(f"{run_dir}: exists and is not a perencode run directory; "
                             "choose another --run-dir")
-        atomic_write_text(path, recipe.to_toml())
-        plugins.record(run_dir, recipe)
-        self._recipe = recipe
         return False
 
     def start(self, device: torch.device) -> None:
         """env.json: provenance of the first start, plus one entry per (re)start."""
         path = self.dir / "env.json"
-        previous = read_json(path) if path.exists() else {}
+        try:
+            previous = read_json(path) if path.exists() else {}
+        except UserError as exc:
+            # Provenance only: losing the earlier starts must not stop a run from resuming.
+            os.replace(path, path.with_name("env.json.corrupt"))
+            console.print(f"[yellow]note:[/] {exc}; kept aside as env.json.corrupt, the "
+                          "run's provenance starts again from this start", highlight=False,
+                          soft_wrap=True)
+            previous = {}
         current = {**environment.report(device), "seed": self.recipe.train.seed}
         starts = [*previous.get("starts", []),
                   {"time": now(), "device": current["device"],
@@ -228,23 +260,35 @@ class Run:
 
     def resume_state(self, map_location: str | torch.device = "cpu"
                      ) -> tuple[Path, dict] | None:
-        """The newest readable checkpoint to resume from (the last step-K.pt, or resume.pt
-        when it is later) and its state; None when there is none.
+        """The newest checkpoint of this run to resume from (the last step-K.pt, or
+        resume.pt when it is later) and its state; None when there is none.
 
-        An unreadable candidate is renamed NAME.corrupt (kept for inspection, out of every
-        listing) and the next older one is tried; one line says what happened.
+        A candidate that cannot be read is renamed NAME.corrupt, one of another run
+        (`foreign_reason`: another recipe or seed) NAME.foreign; both are kept for
+        inspection, out of every listing, and the next older one is tried. One line says
+        what happened to each and what the run does instead.
         """
         found: tuple[Path, dict] | None = None
-        corrupt: list[tuple[Path, str]] = []
+        aside: list[tuple[Path, str, str]] = []
+
+        def set_aside(path: Path, suffix: str, why: str) -> None:
+            os.replace(path, path.with_name(path.name + suffix))
+            aside.append((path, suffix, why))
 
         def read(path: Path) -> dict | None:
             try:
-                return load_checkpoint(path, map_location)
+                state = load_checkpoint(path, map_location)
             except CorruptCheckpoint as exc:
-                aside = path.with_name(path.name + ".corrupt")
-                os.replace(path, aside)
-                corrupt.append((path, str(exc).partition(": ")[2]))
+                set_aside(path, ".corrupt", str(exc).partition(": ")[2])
                 return None
+            except UserError as exc:  # another format or version: not this run's either
+                set_aside(path, ".foreign", str(exc).partition(": ")[2])
+                return None
+            why = foreign_reason(state, self.recipe, path)
+            if why is not None:
+                set_aside(path, ".foreign", why)
+                return None
+            return state
 
         if self.resume_path.exists():
             state = read(self.resume_path)
@@ -257,9 +301,10 @@ class Run:
             if state is not None:
                 found = (path, state)
                 break
-        then = f"resuming from {found[0].name}" if found else "training from the start"
-        for path, why in corrupt:
-            console.print(f"[yellow]note:[/] {path}: {why}; kept aside as {path.name}.corrupt, "
+        then = (f"resuming from {found[0].name}" if found else
+                "no checkpoint of this run is left: training starts over from iteration 0")
+        for path, suffix, why in aside:
+            console.print(f"[yellow]note:[/] {path}: {why}; kept aside as {path.name}{suffix}, "
                           f"{then}", highlight=False, soft_wrap=True)
         return found
 
@@ -313,14 +358,23 @@ class Run:
         except CorruptCheckpoint as exc:
             if not newest:
                 raise
-            raise CorruptCheckpoint(f"{exc}; score an older one with --checkpoint, or run "
-                                    f"`perencode train` on the run again: it resumes from the "
-                                    f"newest readable checkpoint") from None
-        if validate(state["recipe"], str(checkpoint), any_kind=True,
-                    stored=True).identity() != recipe.identity():
-            raise UserError(f"{checkpoint}: checkpoint belongs to another recipe than "
-                            f"{self.dir / 'recipe.toml'}")
+            raise CorruptCheckpoint(f"{exc}; {self._instead(Path(checkpoint))}") from None
+        why = foreign_reason(state, recipe, checkpoint)
+        if why is not None:
+            raise UserError(f"{checkpoint}: not a checkpoint of the run in {self.dir}: {why}")
         return Path(checkpoint), state
+
+    def _instead(self, bad: Path) -> str:
+        """What to run when the newest checkpoint cannot be read: a command that works."""
+        older = [p for _, p in self.checkpoints() if p != bad]
+        if older:
+            return (f"score the older {older[-1].name} with `perencode eval {self.dir} "
+                    f"--checkpoint {older[-1]}`")
+        if not self.is_complete():
+            return (f"`perencode train {self.dir / 'recipe.toml'} --run-dir {self.dir}` "
+                    f"sets it aside and resumes from the newest readable checkpoint")
+        return (f"no other checkpoint is kept: train the recipe again into a new run "
+                f"directory, `perencode train {self.dir / 'recipe.toml'} --run-dir NEW_DIR`")
 
     def log(self, row: dict[str, Any]) -> None:
         """One metrics.jsonl row."""

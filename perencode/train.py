@@ -3,8 +3,11 @@ data, not by subclassing the loop)."""
 
 from __future__ import annotations
 
+import ctypes
 import math
+import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from perencode import preflight, runs
+from perencode.console import console
 from perencode.device import resolve_device
 from perencode.evaluate import evaluate_model
 from perencode.experiment import build, output_features
@@ -119,13 +123,36 @@ def training_generator(recipe: Recipe, device: torch.device) -> torch.Generator:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
 
+# Set by a sweep for its local workers: the pid of the sweep. A worker whose parent is no
+# longer that process (the sweep was killed, even by SIGKILL) stops as on SIGTERM, so no
+# trainer outlives its sweep (PR_SET_PDEATHSIG does the same at once on Linux).
+PARENT_ENV = "PERENCODE_PARENT_PID"
+
+
+def _forget_parent_death_signal() -> None:
+    """A sweep worker that is stopping: Linux sends the death signal the sweep asked for
+    (PR_SET_PDEATHSIG) again whenever the process the worker was handed to ends too, and
+    one arriving after the checkpoint would kill it before it says where it stopped."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, 0)  # PR_SET_PDEATHSIG, none
+
+
 class _Stop:
-    """SIGINT/SIGTERM/SIGUSR2 ask the loop to checkpoint and exit after the current
-    iteration."""
+    """SIGINT/SIGTERM/SIGUSR2, or the death of the sweep that started this process, ask the
+    loop to checkpoint and exit after the current iteration."""
 
     def __init__(self):
         self.signum: int | None = None
         self._old = {}
+        parent = os.environ.get(PARENT_ENV, "")
+        self._parent = int(parent) if parent.isdigit() else None
+
+    def requested(self) -> bool:
+        if self.signum is None and self._parent is not None and os.getppid() != self._parent:
+            self.signum = signal.SIGTERM
+        if self.signum is not None and self._parent is not None:
+            _forget_parent_death_signal()
+        return self.signum is not None
 
     def __enter__(self):
         for s in STOP_SIGNALS:
@@ -137,6 +164,8 @@ class _Stop:
 
     def _handle(self, signum, frame):
         self.signum = signum
+        if self._parent is not None:
+            _forget_parent_death_signal()
 
     def __exit__(self, *exc):
         for s, old in self._old.items():
@@ -144,9 +173,12 @@ class _Stop:
 
 
 class Interrupted(Exception):
-    def __init__(self, iteration: int, path: Path):
+    """Training stopped by signal `signum` after `iteration`, checkpointed at `path`; the
+    CLI exits 128 + signum (130 on Ctrl-C, 143 on SIGTERM), as a shell reports a signal."""
+
+    def __init__(self, iteration: int, path: Path, signum: int = signal.SIGINT):
         super().__init__(f"interrupted at iteration {iteration}; checkpoint {path}")
-        self.iteration, self.path = iteration, path
+        self.iteration, self.path, self.signum = iteration, path, int(signum)
 
 
 def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "auto",
@@ -160,7 +192,10 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
     the checkpoint. `tensorboard` also writes the log steps as TensorBoard event files.
 
     Before anything is written, a recipe that cannot fit in the device's memory is refused
-    (perencode.preflight; `force` skips that). The run directory is locked from its claim
+    (perencode.preflight; `force` skips that), and the task and model are built (a missing
+    data file fails there): a run directory is claimed (recipe.toml) only by a recipe that
+    passed every check that can fail before the first step, so fixing it and running again
+    is never refused as "a different recipe". The run directory is locked from its claim
     to its eval.json (perencode.lock): a second `train` of it fails at once. A write the
     filesystem refuses (full disk, quota, read-only) ends it with a UserError naming the
     last complete checkpoint.
@@ -170,16 +205,28 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
     device = resolve_device(device) if isinstance(device, str) else device
     if not force and not run.is_complete():
         preflight.check(recipe, device, CHUNK_LOGITS)
-    with hold(run.dir, "train"):
-        try:
-            existed = run.claim(recipe)
-            if existed and run.is_complete():
-                return runs.read_json(run.dir / "eval.json")
-            for folder in (run.dir, run.checkpoint_dir):
-                remove_stale_temps(folder)
-            return _train(run, device, progress, existed, board)
-        except WriteError as exc:
-            raise WriteError(f"{exc}; {_kept(run)}") from None
+    new_dir = not run.dir.exists()
+    claimed = False
+    try:
+        with hold(run.dir, "train"):
+            try:
+                existed = run.check_claim(recipe)
+                if existed and run.is_complete():
+                    return runs.read_json(run.dir / "eval.json")
+                built = build(recipe, device)
+                run.claim(recipe)
+                claimed = True
+                for folder in (run.dir, run.checkpoint_dir):
+                    remove_stale_temps(folder)
+                return _train(run, device, progress, existed, board, built)
+            except WriteError as exc:
+                raise WriteError(f"{exc}; {_kept(run)}") from None
+    finally:
+        if new_dir and not claimed:  # refused before its claim: leave no empty folder
+            try:
+                run.dir.rmdir()
+            except OSError:
+                pass
 
 
 def _kept(run: runs.Run) -> str:
@@ -194,14 +241,18 @@ def _kept(run: runs.Run) -> str:
 
 
 def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
-           board: TensorBoardLog) -> dict:
-    """`train` inside the claimed, locked run directory."""
+           board: TensorBoardLog, built: tuple) -> dict:
+    """`train` inside the claimed, locked run directory, with the recipe's (task, model)."""
     recipe, tc, oc = run.recipe, run.recipe.train, run.recipe.optim
     run.start(device)
-    task, model = build(recipe, device)
+    task, model = built
     optimizer = make_optimizer(model, oc)
     generator = training_generator(recipe, device)
     start = run.resume(model, optimizer, generator, device) if existed else 0
+    if start:
+        # On the terminal and in a sweep's train.log alike (its stdout goes there).
+        console.print(f"{run.dir}: resuming from iteration {start} of {tc.iterations}",
+                      highlight=False, soft_wrap=True)
 
     t0 = time.perf_counter()
     model.train()
@@ -227,10 +278,10 @@ def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
             saved = None
             if k % tc.checkpoint_every == 0 or k == tc.iterations:
                 saved = run.save(k, model, optimizer, generator)
-            elif stop.signum is not None:
+            elif stop.requested():
                 saved = run.save(k, model, optimizer, generator, interrupted=True)
-            if stop.signum is not None and k < tc.iterations:
-                raise Interrupted(k, saved)
+            if stop.requested() and k < tc.iterations:
+                raise Interrupted(k, saved, stop.signum)
 
     result = evaluate_model(model, task, recipe)
     result["iteration"] = tc.iterations

@@ -42,7 +42,8 @@ from rich.table import Table
 
 from perencode.console import console
 from perencode.errors import UserError
-from perencode.io import atomic_write_json, atomic_write_text
+from perencode.io import atomic_write_json, atomic_write_text, remove_stale_temps
+from perencode.lock import hold
 from perencode.naming import short_key
 from perencode.recipe import read_toml, validate_table
 from perencode.results import BOOKKEEPING, Results, collect
@@ -687,9 +688,11 @@ def verify_runs(runs: list[Path], claims: str | Path = "paper",
     outcomes = checked.outcomes
     document = checked.as_json(runs)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "verify.md", report_markdown(checked, runs))
-    atomic_write_json(out / "verify.json", document)
+    # The lock `figures` takes on the same folder; what a killed verify left is cleared.
+    with hold(out, "verify"):
+        remove_stale_temps(out, lambda name: name.startswith("verify"))
+        atomic_write_text(out / "verify.md", report_markdown(checked, runs))
+        atomic_write_json(out / "verify.json", document)
     if as_json:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:

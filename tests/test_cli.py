@@ -30,7 +30,7 @@ RECIPE = str(ROOT / "recipes/gru_vocab256.toml")
     (["train", RECIPE, "--set", "task.vocab_size=2", "--set", "task.length=4"],
      "task.held_out"),
     (["train", RECIPE, "--device", "tpu"], "--device 'tpu'"),
-    (["eval", "no_such_dir"], "not a perencode run directory"),
+    (["eval", "no_such_dir"], "no_such_dir: the folder does not exist"),
     (["bench", RECIPE, "--set", "train.bogus=1"], "unknown key 'bogus' in [train]"),
 ])
 def test_user_errors_are_one_line_exit_2(cli, args, needle):
@@ -187,7 +187,7 @@ def test_show_prints_the_resolved_recipe_and_reads_back(recipe):
 
 def test_show_fills_in_defaults_and_reports_mistakes(cli, tmp_path):
     recipe = tmp_path / "bare.toml"
-    recipe.write_text("[task]\nvocab_size = 32\n")
+    recipe.write_text("[task]\nname = \"reverse\"\nvocab_size = 32\n")
     code, text = cli("show", recipe)
     shown = tomllib.loads(text)
     assert code == 0 and shown["task"]["vocab_size"] == 32

@@ -38,7 +38,7 @@ def test_shipped_core_recipes_are_the_paper_settings():
 
 
 def test_overrides_parse_toml_literals(tmp_path):
-    path = write(tmp_path, "[model]\narch = 'lstm'\n")
+    path = write(tmp_path, "[task]\nname = 'reverse'\n[model]\narch = 'lstm'\n")
     r = load_recipe(path, ["optim.betas=[0.9, 0.999]", "optim.lr=1e-2",
                            "encoding.kind=none", 'model.arch="gru"'])
     assert r.optim.betas == (0.9, 0.999) and r.optim.lr == 1e-2

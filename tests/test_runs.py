@@ -161,10 +161,12 @@ def test_load_checks_the_checkpoint_is_this_runs(tmp_path):
     other.claim(_recipe(seed=222))
     (other.checkpoint_dir).mkdir()
     path.replace(other.checkpoint_path(30))
-    with pytest.raises(UserError, match="belongs to another recipe"):
+    with pytest.raises(UserError, match="another run.s checkpoint .train.seed: 111 in the "
+                                        "checkpoint vs 222 in the run"):
         other.load()
     other.checkpoint_path(30).write_bytes(b"")
-    with pytest.raises(CorruptCheckpoint, match="score an older one with --checkpoint"):
+    with pytest.raises(CorruptCheckpoint,
+                       match="--run-dir .* sets it aside and resumes from the newest readable"):
         other.load()
 
 

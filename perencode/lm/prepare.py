@@ -12,7 +12,16 @@ A paragraph of fewer than 2 pieces has nothing to predict and is left out (count
 
 The folder is built beside `out` and renamed into place once complete, so `out` is always
 either the previous complete build or the new one. Re-running with the same inputs and
-options finds the manifest's fingerprint unchanged and does nothing.
+options finds the manifest's fingerprint unchanged and does nothing. A build folder left by
+a killed run is removed by the next one.
+
+SentencePiece holds every training sentence in memory (as the authors' torchtext call did):
+about SPM_MEMORY_PER_BYTE bytes per byte of training text at its peak. Before training, that
+estimate is checked against the memory this process may use (its cgroup's limit, SLURM's
+allocation, the free RAM); a build that cannot fit is refused with the way out (`--force`,
+or `--sample N`, a departure from the authors' full-corpus vocabulary). The
+trainer runs in a child process, so that its progress is shown while it trains and Ctrl-C
+ends it within a second.
 """
 
 from __future__ import annotations
@@ -22,9 +31,13 @@ import hashlib
 import io
 import itertools
 import json
+import multiprocessing
 import os
 import re
+import resource
 import shutil
+import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -59,18 +72,120 @@ NEEDS_SOURCE = ("pass --source DIR: a folder with wiki.train.raw, wiki.valid.raw
 ENCODE_CHUNK = 8192  # paragraphs per multi-threaded SentencePiece call
 
 
-def trainer_options(vocab_size: int) -> dict:
+# SentencePiece's unigram trainer at its peak, per byte of training text (every sentence,
+# its suffix array and the seed pieces), SentencePiece 0.2.3: 17 on a 540 MB WikiText-shaped
+# corpus (9.0 GB), 20 on tests/wikitext_like.py's 109 MB (2,271 MiB); the larger, so that
+# the check errs towards a refusal `--force` overrides rather than a killed process.
+SPM_MEMORY_PER_BYTE = 20
+SPM_MEMORY_BASE = 200 << 20
+# How often a log line reports the trainer's progress when the output is not a terminal.
+PROGRESS_EVERY_S = 30.0
+
+
+def trainer_options(vocab_size: int, sample_sentences: int = 0) -> dict:
     """SentencePiece trainer options: torchtext's call (unigram, vocabulary size) with the
     library defaults it relied on written out, so the manifest records them and another
-    library default cannot change the tokenizer unnoticed.
+    library default cannot change the tokenizer unnoticed. `sample_sentences` > 0 trains on
+    that many sentences drawn at random (SentencePiece's own sampling), not on all of them.
 
-    num_threads is among them because the unigram EM sums per-thread statistics: another
-    thread count gives slightly different scores and pieces. 16 is SentencePiece's default,
-    so it is what the authors ran; `--threads` sets the encoding threads only.
+    The trainer's thread count (`--threads`) is recorded beside these, not among them: the
+    unigram EM sums per-thread statistics, so another count can move a score in its last
+    digits, but a build made with any count is a valid build of the same options.
+    SentencePiece's default, which the authors ran, is 16.
     """
+    sample = {"input_sentence_size": sample_sentences, "shuffle_input_sentence": True} \
+        if sample_sentences else {"input_sentence_size": 0}
     return {"model_type": "unigram", "vocab_size": vocab_size, "character_coverage": 0.9995,
-            "max_sentence_length": 4192, "input_sentence_size": 0, "num_threads": 16,
+            "max_sentence_length": 4192, **sample,
             "unk_id": 0, "bos_id": 1, "eos_id": 2, "pad_id": -1}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: SLURM's and taskset's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_limit() -> int | None:
+    """The tightest memory limit of this process's cgroup and its ancestors (v2), or the
+    v1 memory controller's; None when unlimited or unknown."""
+    limits = []
+    try:
+        entries = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        entries = []
+    for entry in entries:
+        hierarchy, _, rest = entry.partition(":")
+        controllers, _, group = rest.partition(":")
+        if hierarchy == "0":  # v2: memory.max along the path up to the root
+            path = Path("/sys/fs/cgroup") / group.lstrip("/")
+            for folder in [path, *path.parents]:
+                if folder == Path("/sys/fs"):
+                    break
+                limits.append(_read_int(folder / "memory.max"))
+        elif "memory" in controllers.split(","):
+            limits.append(_read_int(f"/sys/fs/cgroup/memory{group}/memory.limit_in_bytes"))
+            limits.append(_read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+    found = [n for n in limits if n is not None and n < 1 << 60]  # v1 "unlimited" is huge
+    return min(found) if found else None
+
+
+def memory_available() -> tuple[int, str] | None:
+    """(bytes, what) of the tightest limit on this process's memory: its cgroup's limit,
+    SLURM's allocation (--mem, --mem-per-cpu) or the free RAM; None if none is known."""
+    found = []
+    cgroup = _cgroup_limit()
+    if cgroup is not None:
+        found.append((cgroup, "this process's cgroup memory limit"))
+    per_node = os.environ.get("SLURM_MEM_PER_NODE", "")
+    per_cpu = os.environ.get("SLURM_MEM_PER_CPU", "")
+    if per_node.isdigit():
+        found.append((int(per_node) << 20, "the SLURM job's memory (--mem)"))
+    elif per_cpu.isdigit():
+        cpus = os.environ.get("SLURM_CPUS_ON_NODE", "")
+        n = int(cpus) if cpus.isdigit() else usable_cores()
+        found.append((int(per_cpu) * n << 20, "the SLURM job's memory (--mem-per-cpu)"))
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append((int(line.split()[1]) << 10, "the free RAM (MemAvailable)"))
+    except (OSError, ValueError, IndexError):
+        pass
+    return min(found) if found else None
+
+
+def estimate_memory(train_bytes: int) -> int:
+    """SentencePiece's peak memory, in bytes, training on `train_bytes` of text."""
+    return SPM_MEMORY_BASE + SPM_MEMORY_PER_BYTE * train_bytes
+
+
+def check_memory(train_bytes: int, paragraphs: int, sample_sentences: int) -> None:
+    """Refuse, in one line with the way out, a tokenizer training that cannot fit."""
+    used = train_bytes if not sample_sentences or sample_sentences >= paragraphs else \
+        train_bytes * sample_sentences // max(paragraphs, 1)
+    need = estimate_memory(used)
+    limit = memory_available()
+    if limit is None or need <= limit[0]:
+        return
+    fits = (limit[0] - SPM_MEMORY_BASE) // SPM_MEMORY_PER_BYTE * paragraphs \
+        // max(train_bytes, 1)
+    sample = (f", or --sample {min(fits, paragraphs)} to train the vocabulary on "
+              f"a random sample of the paragraphs (a departure from the authors' full-corpus "
+              f"vocabulary)") if fits >= 1 else ""
+    raise UserError(f"training SentencePiece on {train_bytes / 1e6:,.1f} MB of text needs "
+                    f"about {need / 2**30:.1f} GiB at its peak, more than the "
+                    f"{limit[0] / 2**30:.1f} GiB of {limit[1]}: run it where there is more "
+                    f"memory, or pass --force to try anyway{sample}")
 
 
 def is_paragraph(line: str) -> bool:
@@ -190,38 +305,97 @@ def _paragraphs(path: Path) -> Iterator[str]:
             yield line.rstrip("\n")
 
 
-@contextmanager
-def _stderr_to(path: Path):
-    """Point file descriptor 2, where SentencePiece's C++ trainer logs, at `path` meanwhile
-    (its own `logstream` needs a `sys.stderr` with a file number, which notebooks and test
-    runners lack)."""
-    saved = os.dup(2)
-    try:
-        with open(path, "w", encoding="utf-8") as log:
-            os.dup2(log.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def _train_tokenizer(train_text: Path, folder: Path, vocab_size: int):
-    """Train the unigram model on the training paragraphs; write .model, .vocab and .log."""
+def _train_child(train_text: str, folder: str, options: dict) -> None:
+    """The child process that trains the tokenizer: SentencePiece logs to its own file
+    descriptor 2, pointed at sentencepiece.log, and the model goes to sentencepiece.model.
+    Ctrl-C is the parent's to act on: it ends this process."""
     import sentencepiece as spm
 
-    model = io.BytesIO()  # model_writer keeps build paths out of the model's trainer spec
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if options.get("input_sentence_size"):
+        spm.set_random_generator_seed(0)  # the same sample on every run
+    with open(Path(folder) / "sentencepiece.log", "w", encoding="utf-8") as log:
+        os.dup2(log.fileno(), 2)
+        model = io.BytesIO()  # model_writer keeps build paths out of the model's trainer spec
+        try:
+            spm.SentencePieceTrainer.train(sentence_iterator=_paragraphs(Path(train_text)),
+                                           model_writer=model, **options)
+        except RuntimeError as exc:
+            print(f"perencode: SentencePiece training failed: {str(exc).splitlines()[0]}",
+                  file=log, flush=True)
+            raise SystemExit(1) from None
+    (Path(folder) / "sentencepiece.model").write_bytes(model.getvalue())
+
+
+def _stage(log: Path) -> str:
+    """The trainer's latest log line, without its source-file prefix."""
     try:
-        with _stderr_to(folder / "sentencepiece.log"):
-            spm.SentencePieceTrainer.train(sentence_iterator=_paragraphs(train_text),
-                                           model_writer=model, **trainer_options(vocab_size))
-    except RuntimeError as exc:
-        raise UserError(f"SentencePiece training failed: {str(exc).splitlines()[0]}") from None
-    (folder / "sentencepiece.model").write_bytes(model.getvalue())
-    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 2048))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    last = next((line for line in reversed(lines) if line.strip()), "")
+    # 0.2.x glog style "I0000 00:00:17.5 123 trainer.cc:903] ...", older "x.cc(12) LOG(INFO) "
+    return re.sub(r"^.*?\.cc(?::\d+\]|\(\d+\))\s*(?:LOG\(\w+\)\s*)?", "", last).strip()[:100]
+
+
+def _elapsed(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _train_tokenizer(train_text: Path, folder: Path, options: dict, progress: bool):
+    """Train the unigram model on the training paragraphs in a child process, saying how
+    long it has been at it and what it is doing; write .model, .vocab and the log. Ctrl-C
+    (KeyboardInterrupt) ends the child within a second and propagates."""
+    import sentencepiece as spm
+
+    log = folder / "sentencepiece.log"
+    child = multiprocessing.get_context("spawn").Process(
+        target=_train_child, args=(str(train_text), str(folder), options), daemon=True)
+    t0 = time.monotonic()
+    child.start()
+    status = console.status("") if progress and console.is_terminal else None
+    last_line = t0
+    try:
+        if status is not None:
+            status.start()
+        while child.is_alive():
+            child.join(0.2)
+            now = time.monotonic()
+            if status is not None:
+                status.update(f"SentencePiece {_elapsed(now - t0)}: {_stage(log)}")
+            elif progress and now - last_line >= PROGRESS_EVERY_S:
+                last_line = now
+                console.print(f"[lm-prepare] SentencePiece training, {_elapsed(now - t0)} "
+                              f"elapsed: {_stage(log)}", markup=False, highlight=False,
+                              soft_wrap=True)
+    finally:
+        if status is not None:
+            status.stop()
+        if child.is_alive():  # interrupted: end it now, not when its training ends
+            child.terminate()
+            child.join(1.0)
+            if child.is_alive():
+                child.kill()
+                child.join()
+    if child.exitcode != 0:
+        raise UserError(f"SentencePiece training failed (exit code {child.exitcode}): "
+                        f"{_stage(log) or 'no message'}")
+    # The largest child this process has waited for: the trainer (Linux: KiB; macOS: bytes).
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    peak_mb = peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+    if progress:
+        console.print(f"trained SentencePiece in {_elapsed(time.monotonic() - t0)}, peak "
+                      f"memory {peak_mb:,.0f} MiB", highlight=False)
+    model = (folder / "sentencepiece.model").read_bytes()
+    sp = spm.SentencePieceProcessor(model_proto=model)
     with open(folder / "sentencepiece.vocab", "w", encoding="utf-8", newline="\n") as f:
         for i in range(sp.get_piece_size()):  # the layout SentencePiece's own .vocab has
             f.write(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n")
-    return sp
+    return sp, round(peak_mb)
 
 
 def _encode(sp, split: str, folder: Path, paragraphs: int, max_tokens: int, threads: int,
@@ -269,19 +443,29 @@ def _encode(sp, split: str, folder: Path, paragraphs: int, max_tokens: int, thre
 
 
 def _build(src: Source, folder: Path, vocab_size: int, max_tokens: int, threads: int,
-           fingerprint: str, progress: bool) -> dict:
+           fingerprint: str, progress: bool, out: Path, force: bool = False,
+           sample_sentences: int = 0) -> dict:
     import sentencepiece as spm
 
     seconds = {}
     t0 = time.perf_counter()
     splits = {split: _clean(src.read(split), folder / f"{split}.txt") for split in SPLITS}
     seconds["clean"] = time.perf_counter() - t0
+    train_bytes = (folder / "train.txt").stat().st_size
+    if not force:
+        check_memory(train_bytes, splits["train"]["paragraphs"], sample_sentences)
 
+    trainer = {**trainer_options(vocab_size, sample_sentences), "num_threads": threads}
     if progress:
-        console.print(f"training SentencePiece unigram ({vocab_size} pieces) on "
-                      f"{splits['train']['paragraphs']:,} paragraphs", highlight=False)
+        sample = f" (a sample of {sample_sentences:,})" if sample_sentences else ""
+        console.print(f"training SentencePiece unigram ({vocab_size} pieces, {threads} threads)"
+                      f" on {splits['train']['paragraphs']:,} paragraphs{sample}, "
+                      f"{train_bytes / 1e6:,.1f} MB, about "
+                      f"{estimate_memory(train_bytes) / 2**30:.1f} GiB at its peak; its log: "
+                      f"{folder / 'sentencepiece.log'} (kept as {out / 'sentencepiece.log'})",
+                      highlight=False, soft_wrap=True)
     t0 = time.perf_counter()
-    sp = _train_tokenizer(folder / "train.txt", folder, vocab_size)
+    sp, peak_mb = _train_tokenizer(folder / "train.txt", folder, trainer, progress)
     seconds["tokenizer"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -301,8 +485,9 @@ def _build(src: Source, folder: Path, vocab_size: int, max_tokens: int, threads:
         "max_tokens": max_tokens,
         "token_dtype": token_dtype(vocab_size).name,
         "tokenizer": {"model": "sentencepiece.model", "vocab": "sentencepiece.vocab",
-                      "log": "sentencepiece.log", "trainer": trainer_options(vocab_size),
-                      "sentencepiece_version": spm.__version__},
+                      "log": "sentencepiece.log", "trainer": trainer,
+                      "sentencepiece_version": spm.__version__,
+                      "peak_memory_mib": peak_mb, "training_text_bytes": train_bytes},
         "splits": splits,
         "files": {name: file_record(folder / name) for name in files},
         "encode_threads": threads,
@@ -351,20 +536,22 @@ def _previous_manifest(out: Path) -> dict | None:
 
 def prepare(source: str | None = None, out: str | Path = "data/wikitext103",
             vocab_size: int = 32768, max_tokens: int = 1024, threads: int = 0,
-            progress: bool = True) -> dict:
+            progress: bool = True, force: bool = False, sample_sentences: int = 0) -> dict:
     """Build `out` from WikiText-103 (or confirm it is up to date); returns its manifest
     plus `status`: "built", "rebuilt" or "up to date".
 
-    threads: encoding threads (0: all cores); it does not change the output.
+    threads: SentencePiece's training and encoding threads (0: the cores this process may
+    use). force: skip the memory check. sample_sentences: train the tokenizer on that many
+    random paragraphs (0: all of them, as the authors did).
     """
     import sentencepiece as spm
 
     out = Path(out)
-    threads = threads or os.cpu_count() or 1
+    threads = threads or usable_cores()
     src = open_source(source)
     options = {"vocab_size": vocab_size, "max_tokens": max_tokens,
-               "trainer": trainer_options(vocab_size), "sentencepiece": spm.__version__,
-               "format_version": FORMAT_VERSION}
+               "trainer": trainer_options(vocab_size, sample_sentences),
+               "sentencepiece": spm.__version__, "format_version": FORMAT_VERSION}
     fingerprint = hashlib.sha256(json.dumps({"source": src.identity, "options": options},
                                             sort_keys=True).encode()).hexdigest()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -372,6 +559,8 @@ def prepare(source: str | None = None, out: str | Path = "data/wikitext103",
         for leftover in out.parent.iterdir():  # a crashed build's folders: never trusted
             if leftover.name.startswith((f".{out.name}.build-", f".{out.name}.old-")):
                 shutil.rmtree(leftover, ignore_errors=True)
+                console.print(f"[yellow]note:[/] removed {leftover}, left by an lm-prepare "
+                              "that was killed", highlight=False, soft_wrap=True)
         previous = _previous_manifest(out)
         if previous is not None and previous.get("fingerprint") == fingerprint:
             try:
@@ -388,7 +577,7 @@ def prepare(source: str | None = None, out: str | Path = "data/wikitext103",
         try:
             with disk_errors(build, kept):
                 manifest = _build(src, build, vocab_size, max_tokens, threads, fingerprint,
-                                  progress)
+                                  progress, out, force, sample_sentences)
                 if out.exists():
                     old = build.with_name(build.name.replace(".build-", ".old-"))
                     os.rename(out, old)

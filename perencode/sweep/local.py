@@ -1,7 +1,16 @@
-"""The local executor: up to --jobs runs at once as `perencode` subprocesses."""
+"""The local executor: up to --jobs runs at once as `perencode` subprocesses.
+
+The workers die with the sweep: on Linux the kernel sends each one SIGTERM when the sweep
+ends however it ends (PR_SET_PDEATHSIG), elsewhere each worker notices at its next iteration
+that its parent is gone (perencode.train.PARENT_ENV); either way it checkpoints and exits as
+on SIGTERM. A run still locked by a live worker of an earlier sweep (killed in the instant
+before its workers stop) is waited for, counted against --jobs, and then resumed.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
@@ -13,8 +22,10 @@ from typing import Any
 
 from perencode import plugins, runs
 from perencode.device import available_cores, visible_gpus
+from perencode.lock import describe, live_holder
 from perencode.sweep.board import Board
 from perencode.sweep.plan import Run, RunState, refresh
+from perencode.train import PARENT_ENV
 
 
 def perencode_command() -> list[str]:
@@ -26,13 +37,33 @@ def perencode_command() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "perencode"]
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with(parent: int):
+    """A preexec_fn for Popen that makes the child receive SIGTERM when `parent` dies
+    (Linux; None elsewhere, where the worker polls its parent instead)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)  # loaded before fork
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the sweep died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
+
+
 def launch(command: list[str], run_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Any]:
-    """Start `perencode COMMAND...`, appending its output to RUN_DIR/train.log."""
+    """Start `perencode COMMAND...`, appending its output to RUN_DIR/train.log; the child
+    stops (checkpointed) when this process dies."""
     argv = [*perencode_command(), *command]
     log = open(run_dir / "train.log", "a", encoding="utf-8")  # noqa: SIM115 - closed by caller
     log.write(f"# {runs.now()} {' '.join(argv)}\n")
     log.flush()
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), log
+    me = os.getpid()
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                            env={**env, PARENT_ENV: str(me)}, preexec_fn=_die_with(me)), log
 
 
 def thread_env(threads: int, gpu: str | None = None,
@@ -60,15 +91,26 @@ def run_local(ready: list[Run], board: Board, jobs: int, runs_per_gpu: int,
     queue, active = list(ready), []
 
     def start(run: Run) -> None:
+        holder = live_holder(run.dir)
+        if holder is not None:  # a worker of an earlier sweep: wait for it in its slot
+            run.proc, run.state = None, RunState.RUNNING
+            run.message = (f"still held by {describe(holder)}, a worker of an earlier "
+                           f"sweep; waiting for it")
+            return
         # With a GPU of its own (CUDA_VISIBLE_DEVICES) a run sees it as device 0.
         command = [*run.commands.pop(0), "--device", "cuda" if gpus else device]
         run.proc, run.log = launch(command, run.dir, thread_env(threads, run.gpu, handed))
-        run.state = RunState.RUNNING
+        run.state, run.message = RunState.RUNNING, ""
 
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         while queue or active:
             for run in list(active):
+                if run.proc is None:  # waiting for an earlier sweep's worker
+                    refresh(run)
+                    if live_holder(run.dir) is None:
+                        start(run)
+                    continue
                 code = run.proc.poll()
                 refresh(run)
                 if code is None:
@@ -81,6 +123,11 @@ def run_local(ready: list[Run], board: Board, jobs: int, runs_per_gpu: int,
                 run.proc, run.eta_s = None, None
                 if code == 0:
                     run.state = RunState.DONE
+                elif code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+                    # Stopped from outside with a checkpoint (train's exit on SIGINT/SIGTERM).
+                    run.state = RunState.INTERRUPTED
+                    run.message = f"stopped by a signal; rerun the sweep to resume (log: " \
+                                  f"{run.dir / 'train.log'})"
                 else:
                     run.state = RunState.FAILED
                     run.message = f"exit code {code}; log: {run.dir / 'train.log'}"
@@ -94,12 +141,14 @@ def run_local(ready: list[Run], board: Board, jobs: int, runs_per_gpu: int,
             board.update()
             time.sleep(0.5)
     except KeyboardInterrupt:
-        for run in active:
+        mine = [run for run in active if run.proc is not None]
+        for run in mine:
             if run.proc.poll() is None:
                 run.proc.send_signal(signal.SIGINT)  # train checkpoints and exits
-        for run in active:
+        for run in mine:
             run.proc.wait()
             run.log.close()
+        for run in active:
             run.state, run.message = RunState.INTERRUPTED, "rerun the sweep to resume"
         board.update()
         return False

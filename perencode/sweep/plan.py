@@ -194,12 +194,12 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[Run]:
         elif (run_dir / "recipe.toml").exists():
             try:
                 same = run_key(runs.read_recipe(run_dir)) == run_key(cell.recipe)
-            except UserError as exc:
-                same, run.message = False, str(exc)
+            except UserError as exc:  # the report names run_dir before the message
+                same, run.message = False, str(exc).removeprefix(f"{run_dir}: ")
             if not same:
                 run.state = RunState.CONFLICT
-                run.message = run.message or (f"{run_dir}: holds a run of a different recipe; "
-                                              "move it away or sweep into another --runs")
+                run.message = run.message or ("holds a run of a different recipe; move it "
+                                              "away or sweep into another --runs")
                 continue
             run.state = RunState.DONE if runs.is_complete(run_dir) else RunState.PARTIAL
         refresh(run)
