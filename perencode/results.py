@@ -109,9 +109,9 @@ def collect(paths: list[Path]) -> Results:
         kept[key] = run_dir
         run = str(run_dir)
         scalars, nested = _read_eval(run_dir)
-        metrics = runs.read_metrics(run_dir)
+        metrics = runs.Run(run_dir).metrics()
         row = {"run": run, **flatten(recipe), **scalars, **_training_summary(metrics),
-               "complete": runs.is_complete(run_dir)}
+               "complete": runs.Run(run_dir).is_complete()}
         if recipe.task.name == "lm" and "train_loss" in row:
             row["train_perplexity"] = math.exp(row["train_loss"])
         rows.append(row)

@@ -419,24 +419,6 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def claim(run_dir: str | Path, recipe: Recipe) -> bool:
-    """Run(run_dir).claim(recipe)."""
-    return Run(run_dir).claim(recipe)
-
-
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """The periodic checkpoints `step-K.pt`, sorted by iteration K."""
-    return Run(run_dir).checkpoints()
-
-
-def is_complete(run_dir: str | Path) -> bool:
-    return Run(run_dir).is_complete()
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    return Run(run_dir).metrics()
-
-
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     """A checkpoint's state, its format and version checked (Run.load also checks that it
     is the run's)."""

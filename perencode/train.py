@@ -22,7 +22,7 @@ from perencode.device import resolve_device
 from perencode.evaluate import evaluate_model
 from perencode.experiment import build, output_features
 from perencode.io import WriteError, remove_stale_temps
-from perencode.lock import hold
+from perencode.lock import PARENT_ENV, hold
 from perencode.progress import Reporter
 from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import Batch
@@ -123,12 +123,6 @@ def training_generator(recipe: Recipe, device: torch.device) -> torch.Generator:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
 
-# Set by a sweep for its local workers: the pid of the sweep. A worker whose parent is no
-# longer that process (the sweep was killed, even by SIGKILL) stops as on SIGTERM, so no
-# trainer outlives its sweep (PR_SET_PDEATHSIG does the same at once on Linux).
-PARENT_ENV = "PERENCODE_PARENT_PID"
-
-
 def _forget_parent_death_signal() -> None:
     """A sweep worker that is stopping: Linux sends the death signal the sweep asked for
     (PR_SET_PDEATHSIG) again whenever the process the worker was handed to ends too, and
@@ -186,7 +180,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
     """Train (or resume, or report complete) the run of `recipe` in `run_dir`.
 
     Returns the eval.json dict (that of the earlier training when the run was already
-    complete: `runs.is_complete` tells the two apart beforehand). A killed run resumes
+    complete: `runs.Run.is_complete` tells the two apart beforehand). A killed run resumes
     from its newest readable checkpoint and ends bit-identical on CPU to an uninterrupted
     one: model, optimizer, schedule position and the batch generator's state are all in
     the checkpoint. `tensorboard` also writes the log steps as TensorBoard event files.

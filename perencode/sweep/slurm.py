@@ -19,7 +19,7 @@ from perencode.errors import UserError
 from perencode.grid import Grid, SlurmConfig
 from perencode.sweep.board import Board
 from perencode.sweep.local import launch, thread_env
-from perencode.sweep.plan import Run, RunState, record_jobs, refresh
+from perencode.sweep.plan import PlannedRun, RunState, record_jobs, refresh
 
 
 class TrainJob(submitit.helpers.Checkpointable):
@@ -35,7 +35,7 @@ class TrainJob(submitit.helpers.Checkpointable):
         # `handed`: the sweep's plugins, given to each command (not left to the job's
         # inherited environment, which a cluster may not pass on: sbatch --export=NONE).
         for command in commands:
-            if command[0] == "train" and runs.is_complete(run_dir):
+            if command[0] == "train" and runs.Run(run_dir).is_complete():
                 continue  # a requeued job whose training had finished
             self.proc, log = launch([*command, "--device", device], Path(run_dir),
                                     thread_env(threads, None, handed))
@@ -98,7 +98,7 @@ def executor(folder: Path, name: str, options: SlurmConfig,
     return ex
 
 
-def submit(ready: list[Run], grid: Grid, out: Path, options: SlurmConfig, device: str,
+def submit(ready: list[PlannedRun], grid: Grid, out: Path, options: SlurmConfig, device: str,
            dependency: list[str], handed: list[str] | None = None) -> list:
     """Submit the runs as one job array, handing each the plugins `handed`; records their
     job ids. Returns submitit's jobs."""
@@ -114,7 +114,7 @@ def submit(ready: list[Run], grid: Grid, out: Path, options: SlurmConfig, device
     return jobs
 
 
-def wait(pairs: list[tuple[Run, Any]], board: Board, options: SlurmConfig) -> bool:
+def wait(pairs: list[tuple[PlannedRun, Any]], board: Board, options: SlurmConfig) -> bool:
     """Watch (run, submitit job) pairs until every job ended; False if interrupted."""
     poll = 1.0 if options.cluster != "slurm" else options.poll_s  # sacct: not to be hammered
     pending = list(pairs)
@@ -145,6 +145,6 @@ def wait(pairs: list[tuple[Run, Any]], board: Board, options: SlurmConfig) -> bo
     return True
 
 
-def reattach(run: Run, out: Path, grid: Grid) -> submitit.SlurmJob:
+def reattach(run: PlannedRun, out: Path, grid: Grid) -> submitit.SlurmJob:
     """The submitit job of a run submitted by an earlier sweep."""
     return submitit.SlurmJob(folder=out / grid.name / ".submitit", job_id=run.job)
