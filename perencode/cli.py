@@ -261,7 +261,7 @@ def recipe_schema(
                                  "editors and validators) instead of the Markdown table."),
 ) -> None:
     """Print every recipe field (key, type, default, meaning) as a Markdown table."""
-    from perencode.recipe import json_schema, schema_rows
+    from perencode.schema import json_schema, schema_rows
 
     if as_json:
         print(json.dumps(json_schema(), indent=2))

@@ -46,8 +46,8 @@ from perencode.recipe import (
     parse_value,
     read_toml,
     validate,
-    validate_table,
 )
+from perencode.validation import validate_table
 
 
 class SlurmConfig(BaseModel):

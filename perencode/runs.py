@@ -45,7 +45,7 @@ from perencode.io import (
     safe_torch_load,
 )
 from perencode.lock import LOCK_NAME
-from perencode.recipe import Recipe, read_toml, validate
+from perencode.recipe import Recipe, migrate_stored, read_toml, validate
 
 CHECKPOINT_FORMAT = "perencode-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -108,7 +108,7 @@ def read_recipe(run_dir: str | Path, any_kind: bool = False) -> Recipe:
     data = read_toml(path)
     if not any_kind:
         plugins.require(run_dir, data)  # a plugin's kind: name the plugin and how to load it
-    return validate(data, str(path), any_kind, stored=True)
+    return validate(migrate_stored(data), str(path), any_kind)
 
 
 def foreign_reason(state: dict, recipe: Recipe, path: str | Path) -> str | None:
@@ -116,7 +116,7 @@ def foreign_reason(state: dict, recipe: Recipe, path: str | Path) -> str | None:
     None when it is: the one test resume, eval and stability apply. Its recipe's identity
     (every field that defines the run, the seed included) must equal the run's."""
     try:
-        theirs = validate(state["recipe"], str(path), any_kind=True, stored=True).identity()
+        theirs = validate(migrate_stored(state["recipe"]), str(path), any_kind=True).identity()
     except UserError:
         return "its recipe is unreadable"
     diff = _differences(theirs, recipe.identity(), names=("in the checkpoint", "in the run"))

@@ -45,9 +45,10 @@ from perencode.errors import UserError
 from perencode.io import atomic_write_json, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.naming import short_key
-from perencode.recipe import read_toml, validate_table
+from perencode.recipe import read_toml
 from perencode.results import BOOKKEEPING, Results, collect
 from perencode.stats import bootstrap_ci, bootstrap_diff_ci
+from perencode.validation import validate_table
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 TABLES = ("runs", "by_band", "by_condition", "by_length", "stability", "curves")

@@ -23,7 +23,6 @@ from perencode.console import console
 from perencode.errors import UserError
 from perencode.grid import SlurmConfig, load_grid
 from perencode.lock import hold
-from perencode.recipe import validate_table
 from perencode.sweep import slurm as slurm_executor
 from perencode.sweep.board import Board
 from perencode.sweep.check import check_in_worker
@@ -39,6 +38,7 @@ from perencode.sweep.plan import (
     prepare,
 )
 from perencode.sweep.slurm import TrainJob
+from perencode.validation import validate_table
 
 __all__ = ["PlannedRun", "RunState", "TrainJob", "plan", "run_sweep"]
 
