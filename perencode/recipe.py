@@ -208,7 +208,7 @@ class Recipe(Section):
     @classmethod
     def _tagged(cls, data: Any, handler: Any, info: ValidationInfo) -> KindConfig:
         """Each kind section is validated by the class its tag names (KindConfig)."""
-        base = cls.model_fields[info.field_name].annotation
+        base = kind_base(str(info.field_name))
         return base.dispatch(data, info.context or {})
 
     def to_dict(self) -> dict[str, Any]:
@@ -235,10 +235,10 @@ class Recipe(Section):
 
     def checkpoints_kept(self) -> int | None:
         """How many periodic checkpoints a run keeps; None: all (train.keep_checkpoints)."""
-        keep = self.train.keep_checkpoints
+        keep: int | str | None = self.train.keep_checkpoints
         if keep is None:
             keep = self.task.KEEP_CHECKPOINTS
-        return None if keep == "all" else keep
+        return keep if isinstance(keep, int) else None  # "all", the one word allowed
 
 
 def identity(data: dict[str, Any]) -> dict[str, Any]:
@@ -261,12 +261,26 @@ SECTIONS = ("task", "model", "encoding", "optim", "train")
 KIND_SECTIONS = ("task", "model", "encoding")  # each a KindConfig: an open tagged union
 
 
+def section_class(section: str) -> type[Section]:
+    """The class of a recipe section, as `Recipe` declares it."""
+    cls = Recipe.model_fields[section].annotation
+    assert isinstance(cls, type) and issubclass(cls, Section), section
+    return cls
+
+
+def kind_base(section: str) -> type[KindConfig]:
+    """The base class of a kind section (`task`, `model`, `encoding`): its tagged union."""
+    cls = section_class(section)
+    assert issubclass(cls, KindConfig), section
+    return cls
+
+
 def foreign_options(data: dict[str, Any]) -> list[str]:
     """The dotted keys of recipe dict `data` that are options of another kind than the one
     its section names (e.g. `task.rarity` in a reverse task's table)."""
     out = []
     for section in KIND_SECTIONS:
-        table, base = data.get(section), Recipe.model_fields[section].annotation
+        table, base = data.get(section), kind_base(section)
         if isinstance(table, dict):
             out += [f"{section}.{key}" for key in base.foreign_in(table)]
     return out
@@ -319,7 +333,7 @@ def migrate_stored(data: dict[str, Any]) -> dict[str, Any]:
     (KindConfig.dispatch)."""
     out = dict(data)
     for section in KIND_SECTIONS:
-        table, base = out.get(section), Recipe.model_fields[section].annotation
+        table, base = out.get(section), kind_base(section)
         if isinstance(table, dict):
             foreign = base.foreign_in(table)
             out[section] = {k: v for k, v in table.items() if k not in foreign}
@@ -368,7 +382,7 @@ def field_names() -> list[str]:
     """Every recipe field as a dotted key, the options of every registered kind among them."""
     out = []
     for section in SECTIONS:
-        model = Recipe.model_fields[section].annotation
+        model = section_class(section)
         own = model.options() if issubclass(model, KindConfig) else {}
         out += [f"{section}.{name}" for name in [*model.model_fields, *own]]
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -98,7 +99,9 @@ def _read_stability(run_dir: Path) -> pd.DataFrame | None:
 
 def collect(paths: list[Path]) -> Results:
     """Every run under `paths` into one Results; identical recipes are kept once."""
-    rows, tables, kept = [], {}, {}
+    rows: list[dict[str, Any]] = []
+    tables: dict[str, list[pd.DataFrame]] = {}
+    kept: dict[str, Path] = {}
     duplicates = []
     for run_dir in runs.find_runs(paths):
         recipe = runs.read_recipe(run_dir, any_kind=True)

@@ -348,7 +348,7 @@ class Run:
         """(path, state) of the newest (or the given) checkpoint, checked to be this run's."""
         recipe = self.recipe
         newest = checkpoint is None
-        if newest:
+        if checkpoint is None:
             steps = self.checkpoints()
             if not steps:
                 raise UserError(f"{self.dir}: no checkpoints yet (train it first)")

@@ -10,7 +10,15 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import Field, create_model
 
 from perencode import kinds
-from perencode.recipe import KIND_SECTIONS, SECTIONS, OptimConfig, Recipe, TrainConfig
+from perencode.recipe import (
+    KIND_SECTIONS,
+    SECTIONS,
+    OptimConfig,
+    Recipe,
+    TrainConfig,
+    kind_base,
+    section_class,
+)
 from perencode.tagged import KindConfig, KindNames, Section
 
 
@@ -46,7 +54,7 @@ def schema_rows() -> list[tuple[str, str, str, str]]:
     kinds that have it."""
     rows = []
     for section in SECTIONS:
-        model = Recipe.model_fields[section].annotation
+        model = section_class(section)
         for name, field in model.model_fields.items():
             type_name, description = _type_name(field), field.description or ""
             names = field.json_schema_extra
@@ -67,14 +75,16 @@ def schema_rows() -> list[tuple[str, str, str, str]]:
 def json_schema() -> dict[str, Any]:
     """The recipe's JSON Schema: each kind section a `oneOf` discriminated by its tag, one
     member per registered kind, with that kind's own fields."""
-    sections = {}
+    sections: dict[str, Any] = {}
     for section in KIND_SECTIONS:
-        base = Recipe.model_fields[section].annotation
-        members, tag = [], base.model_fields[base.TAG]
-        for name, kind in kinds.registry(base.KIND).items():
+        base = kind_base(section)
+        members: list[Any] = []
+        tag = base.model_fields[base.TAG]
+        for name in kinds.registry(base.KIND):
+            only: Any = (Literal[name], Field(name, description=tag.description))
             members.append(create_model(
-                f"{name.title().replace('_', '')}{base.__name__}", __base__=kind.config or base,
-                **{base.TAG: (Literal[name], Field(name, description=tag.description))}))
+                f"{name.title().replace('_', '')}{base.__name__}", __base__=base.class_for(name),
+                **{base.TAG: only}))
         union = Union[tuple(members)] if len(members) > 1 else members[0]  # noqa: UP007
         sections[section] = (Annotated[union, Field(discriminator=base.TAG)],
                              Field(default_factory=base.default))

@@ -10,11 +10,13 @@ perencode.recipe.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, get_args
+from typing import Any, ClassVar, TypeVar, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
 from perencode import kinds
+
+_K = TypeVar("_K", bound="KindConfig")
 
 
 class Section(BaseModel):
@@ -73,25 +75,27 @@ class KindConfig(Section):
         return {k: owners[k] for k in table if k not in chosen.model_fields and k in owners}
 
     @classmethod
-    def default(cls) -> KindConfig:
+    def default(cls: type[_K]) -> _K:
         """The section a recipe gets when it leaves the table out (the tag's default)."""
         return cls.class_for(cls.model_fields[cls.TAG].default)()
 
     @classmethod
-    def class_for(cls, name: Any, any_kind: bool = False) -> type[KindConfig]:
+    def class_for(cls: type[_K], name: Any, any_kind: bool = False) -> type[_K]:
         """The config class of the kind named `name`; with `any_kind`, a name no
         registration holds (a result made by a study the reader has not imported) gets a
         class that keeps whatever options the table has."""
         kind = kinds.registry(cls.KIND).get(name)
         if kind is not None:
-            return kind.config or cls
+            # A registration's config is a subclass of the section's base (perencode.kinds
+            # holds it as a plain type: the registries import no recipe code).
+            return cast("type[_K]", kind.config or cls)
         if any_kind and isinstance(name, str):
             return _open_class(cls)
         raise ValueError(f"field '{cls.TAG}': Input should be {kinds.choices(cls.KIND)} "
                          f"(got {name!r}); {kinds.PLUGIN_HINT}")
 
     @classmethod
-    def of(cls, **fields: Any) -> KindConfig:
+    def of(cls: type[_K], **fields: Any) -> _K:
         """The section of the kind `fields` names, validated by its class (as in a recipe):
         `TaskConfig.of(name="dual_frequency", rarity=0.25)`."""
         return cls.dispatch(fields, {})
@@ -144,12 +148,12 @@ class KindConfig(Section):
 _OPEN: dict[type, type[KindConfig]] = {}
 
 
-def _open_class(base: type[KindConfig]) -> type[KindConfig]:
+def _open_class(base: type[_K]) -> type[_K]:
     """`base` taking any extra option: the section of a kind no registration holds."""
     if base not in _OPEN:
         _OPEN[base] = type(f"Unregistered{base.__name__}", (base,),
                            {"model_config": ConfigDict(extra="allow"), "__module__": __name__})
-    return _OPEN[base]
+    return cast("type[_K]", _OPEN[base])
 
 
 class KindNames:

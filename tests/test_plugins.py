@@ -134,6 +134,11 @@ def test_a_plugin_that_fails_to_import_is_one_line(tmp_path):
     assert code == 2 and error_line(text) == f"error: plugin {tmp_path / 'gone.py'}: no such file"
     code, text = perencode("--plugin", "no_such_module_x", "show", recipe)
     assert code == 2 and "plugin no_such_module_x: no module of that name" in error_line(text)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("register_task(...)\n")
+    code, text = perencode("--plugin", notes, "show", recipe)
+    assert code == 2 and error_line(text) == \
+        f"error: plugin {notes}: not a Python source file (.py)"
 
 
 def test_an_unknown_kind_names_the_registered_ones_and_the_plugin_routes(tmp_path):

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import torch
 from rich.table import Table
@@ -23,6 +24,7 @@ from perencode import kinds
 from perencode.console import console
 from perencode.device import available_cores, resolve_device
 from perencode.io import atomic_write_json, atomic_write_text
+from perencode.models import SequenceModel
 from perencode.preflight import cell_inputs, meta_model, parameter_count
 from perencode.recipe import Recipe
 from perencode.sweep.local import perencode_command, thread_env
@@ -70,7 +72,7 @@ def flops_per_iteration(recipe: Recipe) -> float:
 
 def layer_parameters(recipe: Recipe) -> int:
     """Parameters of the model outside its embedding, encoding and head (SequenceModel)."""
-    model = meta_model(recipe)
+    model = cast(SequenceModel, meta_model(recipe))  # every registered model is one
     front = {id(p) for part in (model.embedding, model.encoding, model.head)
              for p in part.parameters()}
     return sum(p.numel() for p in model.parameters() if id(p) not in front)

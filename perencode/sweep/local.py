@@ -87,7 +87,7 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
     gpus = visible_gpus(device)
     slots = min(jobs, len(gpus) * runs_per_gpu) if gpus else jobs
     threads = max(1, available_cores() // max(1, min(slots, len(ready))))
-    queue, active = list(ready), []
+    queue, active = list(ready), list[PlannedRun]()
 
     def start(run: PlannedRun) -> None:
         holder = live_holder(run.dir)

@@ -222,7 +222,7 @@ def mark_queued(planned: list[PlannedRun]) -> None:
     """Runs whose SLURM job (of an earlier sweep) is still queued or running: nothing to
     submit, only to wait for."""
     waiting = [r for r in planned if r.job and r.commands]
-    live = live_jobs(sorted({r.job for r in waiting}))
+    live = live_jobs(sorted({r.job for r in waiting if r.job}))
     for run in waiting:
         if run.job in live:
             state = live[run.job]
@@ -237,7 +237,7 @@ def prepare(todo: list[PlannedRun]) -> list[PlannedRun]:
     ready = []
     for run in todo:
         try:
-            if run.state == RunState.REUSE and not run.dir.is_symlink():
+            if run.state == RunState.REUSE and run.twin and not run.dir.is_symlink():
                 run.dir.parent.mkdir(parents=True, exist_ok=True)
                 run.dir.symlink_to(os.path.relpath(run.twin, run.dir.parent),
                                    target_is_directory=True)

@@ -40,7 +40,7 @@ class TrainJob(submitit.helpers.Checkpointable):
             self.proc, log = launch([*command, "--device", device], Path(run_dir),
                                     thread_env(threads, None, handed))
             try:
-                code = self._wait()
+                code = self._wait(self.proc)
             finally:
                 log.close()
             if code != 0:
@@ -48,18 +48,19 @@ class TrainJob(submitit.helpers.Checkpointable):
                                    f"{Path(run_dir) / 'train.log'}")
         return run_dir
 
-    def _wait(self) -> int:
+    @staticmethod
+    def _wait(proc: subprocess.Popen) -> int:
         # Polling, not Popen.wait(): SLURM's signal runs `checkpoint` in this thread, inside
         # this loop, and a Popen.wait() interrupted there would still hold the Popen's lock
         # that `checkpoint` needs (a deadlock a real scheduler exposed).
-        while (code := self.proc.poll()) is None:
+        while (code := proc.poll()) is None:
             time.sleep(0.2)
         return code
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            self._wait()
+            self._wait(self.proc)
         # A fresh callable: the Popen of this attempt cannot be pickled.
         return submitit.helpers.DelayedSubmission(TrainJob(), *args, **kwargs)
 
@@ -110,7 +111,7 @@ def submit(ready: list[PlannedRun], grid: Grid, out: Path, options: SlurmConfig,
         run.state, run.job, run.message = RunState.SUBMITTED, str(job.job_id), \
             f"job {job.job_id}"
     if options.cluster == "slurm":
-        record_jobs(out, grid.name, {r.cell.name: r.job for r in ready})
+        record_jobs(out, grid.name, {r.cell.name: str(j.job_id) for r, j in zip(ready, jobs)})
     return jobs
 
 
@@ -147,4 +148,5 @@ def wait(pairs: list[tuple[PlannedRun, Any]], board: Board, options: SlurmConfig
 
 def reattach(run: PlannedRun, out: Path, grid: Grid) -> submitit.SlurmJob:
     """The submitit job of a run submitted by an earlier sweep."""
+    assert run.job is not None, run.dir  # a queued or running run was marked by its job
     return submitit.SlurmJob(folder=out / grid.name / ".submitit", job_id=run.job)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,13 +56,15 @@ class LanguageModelTask:
     differ mainly in how evenly paragraphs recur.
     """
 
-    def __init__(self, cfg: TaskConfig, seed: int, device: torch.device | str = "cpu"):
+    def __init__(self, cfg: LanguageModelConfig, seed: int, device: torch.device | str = "cpu"):
         # `seed` is part of the task interface; nothing is drawn before training here:
         # the valid and test splits are fixed.
         self.cfg = cfg
         self.device = torch.device(device)
+        assert cfg.data is not None  # LanguageModelConfig requires it
         self.splits = load(cfg.data, vocab_size=cfg.vocab_size, max_tokens=cfg.length)
         sizes = shapes(cfg)
+        assert sizes.pad_id is not None  # padding is id K
         self.num_embeddings = sizes.num_embeddings
         self.num_classes = sizes.num_classes
         self.pad_id = sizes.pad_id
@@ -112,7 +115,7 @@ class LanguageModelTask:
         per_position: also the perplexity at each target position (1 = the paragraph's
         second token, as the authors' test_lm.py CSV) and its token count.
         """
-        result = {}
+        result: dict[str, Any] = {}
         for name in ("valid", "test"):
             split = self.splits[name]
             loss = torch.zeros(self.max_steps, dtype=torch.float64, device=self.device)
@@ -120,22 +123,24 @@ class LanguageModelTask:
             for index in self.eval_batches(split, batch_size):
                 batch = self.rows(split, index, self.device)
                 logits = logits_fn(batch)  # [B, T, K]
-                target = batch.output_targets.masked_fill(~batch.output_mask, 0)  # [B, T]
+                mask = batch.output_mask
+                assert mask is not None  # `rows` masks padding and <unk>
+                target = batch.output_targets.masked_fill(~mask, 0)  # [B, T]
                 ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                                      reduction="none").view_as(target)  # [B, T]
                 T = target.shape[1]
-                loss[:T] += ce.masked_fill(~batch.output_mask, 0.0).sum(0).double()
-                count[:T] += batch.output_mask.sum(0)
+                loss[:T] += ce.masked_fill(~mask, 0.0).sum(0).double()
+                count[:T] += mask.sum(0)
             mean = float(loss.sum() / count.sum())
             result[f"{name}_perplexity"] = math.exp(mean)
             result[f"{name}_cross_entropy"] = mean
             result[f"{name}_tokens"] = int(count.sum())
             result[f"{name}_paragraphs"] = len(split)
             if per_position:
-                loss, count = loss.cpu().tolist(), count.cpu().tolist()
+                losses, counts = loss.cpu().tolist(), count.cpu().tolist()
                 result[f"{name}_perplexity_by_position"] = [
-                    math.exp(s / c) if c else None for s, c in zip(loss, count)]
-                result[f"{name}_tokens_by_position"] = count
+                    math.exp(s / c) if c else None for s, c in zip(losses, counts)]
+                result[f"{name}_tokens_by_position"] = counts
         return result
 
 
