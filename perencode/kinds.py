@@ -81,13 +81,16 @@ class EncodingKind:
     table: Callable[[int, int], Any] | None = None
     trained: bool = False           # the table is a parameter
     stored: bool = True             # a fixed table is saved in checkpoints (False: recomputed)
-    duplicate: bool = False         # no table: concatenate a second copy of the embedding
+    # What an encoding without a table joins to the embedding: (x [B, T, E]) -> [B, T, E]
+    # (the duplicate kind's: x itself); None: the table's rows, or nothing without a table.
+    vectors: Callable[[Any], Any] | None = None
+    # The joins (`encoding.mode`, perencode.encoding.JOINS) it allows.
     modes: tuple[str, ...] = ("concat", "add")
 
     @property
     def adds_input(self) -> bool:
         """Whether it changes the cell input at all (False for vanilla)."""
-        return self.table is not None or self.duplicate
+        return self.table is not None or self.vectors is not None
 
 
 TASKS: dict[str, TaskKind] = {}

@@ -140,8 +140,9 @@ def test_imports_have_no_cycle():
 
 
 def test_models_and_tasks_do_not_know_each_other():
-    """A model is sized by ModelSizes and a task knows no model: perencode.experiment pairs
-    them, so a new model or task is one module that imports neither side."""
+    """A model is sized by the task's Shapes (perencode.shapes) and a task knows no model:
+    perencode.experiment pairs them, so a new model or task is one module that imports
+    neither side."""
     graph = {name: {t for node in ast.walk(tree) for t in imported(node)}
              for name, tree in modules().items()}
     for name, deps in graph.items():
