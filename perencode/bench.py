@@ -16,6 +16,7 @@ from perencode.errors import UserError
 from perencode.experiment import build
 from perencode.models.rnn import CELLS
 from perencode.recipe import Recipe
+from perencode.tasks import shapes
 from perencode.train import make_optimizer, train_step, training_generator
 
 
@@ -107,9 +108,10 @@ def bare_loop(recipe: Recipe, device: torch.device):
     """
     K, L, B = recipe.task.vocab_size, recipe.task.length, recipe.train.batch_size
     E, H = recipe.model.embed_size, recipe.model.hidden_size
+    sizes = shapes(recipe.task)  # K + 1 embedding rows (the command token), 2L steps
     torch.manual_seed(0)
-    emb = nn.Embedding(K + 1, E).to(device)
-    encode = PositionalEncoding(recipe.encoding, E, 2 * L).to(device)
+    emb = nn.Embedding(sizes.num_embeddings, E).to(device)
+    encode = PositionalEncoding(recipe.encoding, E, sizes.steps).to(device)
     rnn = CELLS[recipe.model.arch](encode.out_features, H, batch_first=True).to(device)
     head = nn.Linear(H, K).to(device)
     params = [*emb.parameters(), *encode.parameters(), *rnn.parameters(),

@@ -37,9 +37,13 @@ class TaskKind:
     # The [task] table's class: a subclass of perencode.recipe.TaskConfig holding the task's
     # own options and rules (None: the base, which has no held-out count).
     config: type | None = None
-    # What the task feeds a model, from its config alone (perencode.tasks.base.Shapes):
+    # What the task feeds a model, from its config alone (perencode.shapes.Shapes):
     # (task_cfg) -> Shapes; None: the task is built once on the CPU and measured.
     shapes: Callable[[Any], Any] | None = None
+    # Its own results (perencode.results): (row, metrics, tables) -> None adds to a run's
+    # row of results.csv (a dict), reading its metrics.jsonl rows, and adds or changes the
+    # run's tables (name -> pandas DataFrame: eval.json's lists, stability); None: nothing.
+    results: Callable[[dict, list, dict], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,11 @@ def get(kind: str, name: str):
         raise ValueError(f"{FIELDS[kind]} = {name!r} is not registered: expected "
                          f"{choices(kind)}; {PLUGIN_HINT}")
     return found
+
+
+def of_field(column: str) -> str | None:
+    """The kind a recipe field names ("encoding" for "encoding.kind"); None for any other."""
+    return next((kind for kind, field in FIELDS.items() if field == column), None)
 
 
 def label(kind: str, name) -> str:

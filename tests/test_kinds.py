@@ -220,9 +220,14 @@ def test_unregistered_kinds_keep_their_raw_names_and_come_last():
     assert figures._label("encoding.kind", "nowhere") == "nowhere"
     assert figures._label("model.arch", "nowhere") == "nowhere"
     assert figures._label("task.name", "nowhere") == "nowhere"
-    assert figures._encoding_order(["zeta", "sinusoidal", "alpha", "none", "zeta"]) == [
+    assert figures._order("encoding.kind", ["zeta", "sinusoidal", "alpha", "none", "zeta"]) == [
         "none", "sinusoidal", "alpha", "zeta"]
     assert kinds.order("model", ["s4d", "mamba", "gru"]) == ["gru", "s4d", "mamba"]
+    # Any kind field the same way, from kinds.FIELDS; another column as a reader expects it.
+    assert figures._order("task.name", ["sort", "copy", "reverse"]) == ["reverse", "sort", "copy"]
+    assert figures._order("task.vocab_size", [128, 32, 64, 32]) == [32, 64, 128]
+    assert [kinds.of_field(f) for f in ("task.name", "model.arch", "encoding.kind",
+                                        "task.length")] == ["task", "model", "encoding", None]
 
 
 def test_an_unknown_name_is_one_line_naming_the_registered_ones(tmp_path):

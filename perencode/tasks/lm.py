@@ -149,6 +149,19 @@ class LanguageModelConfig(TaskConfig):
         return self
 
 
+def results(row: dict, metrics: list[dict], tables: dict) -> None:
+    """A run's training perplexity (exp of its last logged loss) and its training curve
+    with the perplexity at each logged step (Fig. 15; other tasks' curves stay in their
+    runs)."""
+    if "train_loss" in row:
+        row["train_perplexity"] = math.exp(row["train_loss"])
+    if metrics:
+        import pandas as pd  # only where results are read: training never imports pandas
+
+        curves = pd.DataFrame(metrics)[["step", "loss", "accuracy"]]
+        tables["curves"] = curves.assign(train_perplexity=np.exp(curves["loss"]))
+
+
 register_task(TaskKind("lm", LanguageModelTask, label="Language model",
                        summary="WikiText-103 language modelling (Table 1, Fig. 15)",
-                       config=LanguageModelConfig, shapes=shapes))
+                       config=LanguageModelConfig, shapes=shapes, results=results))
