@@ -41,8 +41,9 @@ class TaskKind:
     # (task_cfg) -> Shapes; None: the task is built once on the CPU and measured.
     shapes: Callable[[Any], Any] | None = None
     # Its own results (perencode.results): (row, metrics, tables) -> None adds to a run's
-    # row of results.csv (a dict), reading its metrics.jsonl rows, and adds or changes the
-    # run's tables (name -> pandas DataFrame: eval.json's lists, stability); None: nothing.
+    # row of results.csv (a dict), reading its metrics.jsonl rows, and changes the run's
+    # tables (name -> pandas DataFrame: eval.json's lists, stability) or adds one (a list of
+    # row dicts will do); None: nothing.
     results: Callable[[dict, list, dict], None] | None = None
 
 

@@ -122,7 +122,7 @@ def collect(paths: list[Path]) -> Results:
             task.results(row, metrics, own)
         rows.append(row)
         for name, table in own.items():
-            tables.setdefault(name, []).append(table.assign(run=run))
+            tables.setdefault(name, []).append(pd.DataFrame(table).assign(run=run))
     if not rows:
         raise UserError(f"{', '.join(map(str, paths))}: no run directories (recipe.toml) found")
     frame = pd.DataFrame(rows)

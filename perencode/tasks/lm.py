@@ -156,10 +156,9 @@ def results(row: dict, metrics: list[dict], tables: dict) -> None:
     if "train_loss" in row:
         row["train_perplexity"] = math.exp(row["train_loss"])
     if metrics:
-        import pandas as pd  # only where results are read: training never imports pandas
-
-        curves = pd.DataFrame(metrics)[["step", "loss", "accuracy"]]
-        tables["curves"] = curves.assign(train_perplexity=np.exp(curves["loss"]))
+        perplexity = np.exp([m["loss"] for m in metrics])
+        tables["curves"] = [{"step": m["step"], "loss": m["loss"], "accuracy": m["accuracy"],
+                             "train_perplexity": p} for m, p in zip(metrics, perplexity)]
 
 
 register_task(TaskKind("lm", LanguageModelTask, label="Language model",
