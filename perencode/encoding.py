@@ -54,8 +54,18 @@ class Join:
     width: int
 
 
-JOINS = {"concat": Join(lambda x, v: torch.cat([x, v.expand_as(x)], dim=-1), 2),
-         "add": Join(lambda x, v: x + v, 1)}
+def concatenate(x: Tensor, v: Tensor) -> Tensor:
+    """[x | v]: [B, T, 2E] (v [T, E] is the same for every row)."""
+    return torch.cat([x, v.expand_as(x)], dim=-1)
+
+
+def add(x: Tensor, v: Tensor) -> Tensor:
+    """x + v: [B, T, E]."""
+    return x + v
+
+
+# Named functions, not lambdas: a model holding its join still pickles.
+JOINS = {"concat": Join(concatenate, 2), "add": Join(add, 1)}
 
 
 def input_width(cfg: EncodingConfig, embed_size: int) -> int:
@@ -110,7 +120,12 @@ register_encoding(EncodingKind("random", label="Random PE",
 register_encoding(EncodingKind("learnable", label="Learnable PE",
                                summary="a trained table, N(0, 1) at init", table=torch.randn,
                                trained=True))
-# "Double vanilla" (Appendix D): the embedding twice, as wide as a concatenated encoding.
+def embedding_copy(x: Tensor) -> Tensor:
+    """The duplicate kind's vectors: the embedding itself ("double vanilla", Appendix D: the
+    embedding twice, as wide as a concatenated encoding)."""
+    return x
+
+
 register_encoding(EncodingKind("duplicate", label="Double vanilla",
                                summary="a second copy of the embedding ('double vanilla')",
-                               vectors=lambda x: x, modes=("concat",)))
+                               vectors=embedding_copy, modes=("concat",)))
