@@ -158,7 +158,7 @@ def initial_model(recipe: Recipe) -> torch.nn.Module:
     """The recipe's model as training initialises it, on the CPU."""
     task = make(recipe.task, recipe.train.seed, torch.device("cpu"))
     torch.manual_seed(recipe.train.seed)
-    return build_model(recipe, task)
+    return build_model(recipe, task.shapes)
 
 
 def trained_parameters(model: torch.nn.Module, recipe: Recipe, batches: list[Batch],
