@@ -14,7 +14,9 @@ from torch import nn
 from perencode.encoding import PositionalEncoding
 from perencode.errors import UserError
 from perencode.experiment import build
+from perencode.models.rnn import CELLS
 from perencode.recipe import Recipe
+from perencode.tasks import shapes
 from perencode.train import make_optimizer, train_step, training_generator
 
 
@@ -41,18 +43,15 @@ def _time(step, iterations: int, warmup: int, device: torch.device) -> float:
     return (time.perf_counter() - t0) / iterations
 
 
-# The models the bare reference loop (`bare_loop`) can stand in for; the guard and the loop
-# both read this, so a newly registered model is refused in one line, not a KeyError.
-REFERENCE_CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
-
-
 def bench(recipe: Recipe, device: torch.device, iterations: int = 20, warmup: int = 3,
           baseline: bool = False) -> dict:
     """Seconds per training iteration of `recipe` (batch sampling included)."""
-    if baseline and (recipe.model.arch not in REFERENCE_CELLS
+    # The bare loop stands in for the recurrent models only (their PyTorch cells); another
+    # model is refused in one line, not a KeyError.
+    if baseline and (recipe.model.arch not in CELLS
                      or recipe.task.name not in ("reverse", "sort")):
         raise UserError(f"--baseline: the bare reference loop exists for "
-                        f"{' and '.join(REFERENCE_CELLS)} on the fixed-length reverse and sort "
+                        f"{' and '.join(CELLS)} on the fixed-length reverse and sort "
                         "tasks only")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -109,11 +108,11 @@ def bare_loop(recipe: Recipe, device: torch.device):
     """
     K, L, B = recipe.task.vocab_size, recipe.task.length, recipe.train.batch_size
     E, H = recipe.model.embed_size, recipe.model.hidden_size
+    sizes = shapes(recipe.task)  # K + 1 embedding rows (the command token), 2L steps
     torch.manual_seed(0)
-    emb = nn.Embedding(K + 1, E).to(device)
-    encode = PositionalEncoding(recipe.encoding, E, 2 * L).to(device)
-    rnn = REFERENCE_CELLS[recipe.model.arch](encode.out_features, H,
-                                             batch_first=True).to(device)
+    emb = nn.Embedding(sizes.num_embeddings, E).to(device)
+    encode = PositionalEncoding(recipe.encoding, E, sizes.steps).to(device)
+    rnn = CELLS[recipe.model.arch](encode.out_features, H, batch_first=True).to(device)
     head = nn.Linear(H, K).to(device)
     params = [*emb.parameters(), *encode.parameters(), *rnn.parameters(),
               *head.parameters()]

@@ -161,7 +161,7 @@ def initial_model(recipe: Recipe) -> SequenceModel:
     """The recipe's model as training initialises it, on the CPU."""
     task = make(recipe.task, recipe.train.seed, torch.device("cpu"))
     torch.manual_seed(recipe.train.seed)
-    return build_model(recipe, task)
+    return build_model(recipe, task.shapes)
 
 
 def trained_parameters(model: SequenceModel, recipe: Recipe, batches: list[Batch],

@@ -8,6 +8,8 @@ it maps embeddings [B, T, E] to cell inputs [B, T, out_features].
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -43,42 +45,70 @@ def random_unit(num_positions: int, dim: int) -> Tensor:
     return F.normalize(torch.randn(num_positions, dim), p=2.0, dim=-1)
 
 
+@dataclass(frozen=True)
+class Join:
+    """How an encoding's vectors v join the embedding x [B, T, E] (`encoding.mode`): the
+    cell input, `width` times E wide."""
+
+    apply: Callable[[Tensor, Tensor], Tensor]
+    width: int
+
+
+def concatenate(x: Tensor, v: Tensor) -> Tensor:
+    """[x | v]: [B, T, 2E] (v [T, E] is the same for every row)."""
+    return torch.cat([x, v.expand_as(x)], dim=-1)
+
+
+def add(x: Tensor, v: Tensor) -> Tensor:
+    """x + v: [B, T, E]."""
+    return x + v
+
+
+# Named functions, not lambdas: a model holding its join still pickles.
+JOINS = {"concat": Join(concatenate, 2), "add": Join(add, 1)}
+
+
+def input_width(cfg: EncodingConfig, embed_size: int) -> int:
+    """D_in, the width of the cell input: E joined with the encoding as `cfg.mode` says, E
+    without an encoding (vanilla)."""
+    if not kinds.get("encoding", cfg.kind).adds_input:
+        return embed_size
+    return JOINS[cfg.mode].width * embed_size
+
+
 class PositionalEncoding(nn.Module):
     """Embedding -> cell input, as the registered `encoding.kind` says (perencode.kinds):
-    vanilla passes through; a per-position table is concatenated (default) or added; the
-    duplicate kind concatenates a second copy of the embedding."""
+    vanilla passes through; a per-position table, or the vectors the kind makes of the
+    embedding (the duplicate kind's copy), join it as `encoding.mode` says (`JOINS`)."""
 
-    def __init__(self, cfg: EncodingConfig, dim: int, max_positions: int):
+    def __init__(self, cfg: EncodingConfig, dim: int, steps: int):
         super().__init__()
         kind = kinds.get("encoding", cfg.kind)
         self.kind, self.mode, self.dim = cfg.kind, cfg.mode, dim
-        self.duplicate = kind.duplicate
+        self.vectors = kind.vectors
+        self.join = JOINS[cfg.mode] if kind.adds_input else None
         self.table: Tensor | None
         if kind.table is None:
             self.table = None
         elif kind.trained:
-            self.table = nn.Parameter(kind.table(max_positions, dim))
+            self.table = nn.Parameter(kind.table(steps, dim))
         else:
             # A table recomputed at construction is not stored in checkpoints.
-            self.register_buffer("table", kind.table(max_positions, dim),
-                                 persistent=kind.stored)
-        widens = kind.adds_input and cfg.mode == "concat"
-        self.out_features = 2 * dim if widens else dim
+            self.register_buffer("table", kind.table(steps, dim), persistent=kind.stored)
+        self.out_features = input_width(cfg, dim)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x: [B, T, E] embeddings of time steps offset..offset+T-1 -> [B, T, out_features]."""
-        if self.duplicate:
-            return torch.cat([x, x], dim=-1)  # [B, T, 2E], "double vanilla" (Appendix D)
-        if self.table is None:
+        if self.join is None:
             return x
+        if self.vectors is not None:
+            return self.join.apply(x, self.vectors(x))
+        assert self.table is not None  # adds_input: a table or vectors
         T = x.shape[1]
         if offset + T > self.table.shape[0]:
             raise ValueError(f"sequence of {offset + T} steps exceeds the encoding's "
                              f"{self.table.shape[0]} positions")
-        pe = self.table[offset:offset + T].to(x.dtype)  # [T, E]
-        if self.mode == "add":
-            return x + pe
-        return torch.cat([x, pe.expand(x.shape[0], T, self.dim)], dim=-1)  # [B, T, 2E]
+        return self.join.apply(x, self.table[offset:offset + T].to(x.dtype))  # pe [T, E]
 
 
 register_encoding(EncodingKind("none", label="Vanilla", summary="vanilla, no encoding"))
@@ -90,6 +120,12 @@ register_encoding(EncodingKind("random", label="Random PE",
 register_encoding(EncodingKind("learnable", label="Learnable PE",
                                summary="a trained table, N(0, 1) at init", table=torch.randn,
                                trained=True))
+def embedding_copy(x: Tensor) -> Tensor:
+    """The duplicate kind's vectors: the embedding itself ("double vanilla", Appendix D: the
+    embedding twice, as wide as a concatenated encoding)."""
+    return x
+
+
 register_encoding(EncodingKind("duplicate", label="Double vanilla",
                                summary="a second copy of the embedding ('double vanilla')",
-                               duplicate=True, modes=("concat",)))
+                               vectors=embedding_copy, modes=("concat",)))

@@ -17,7 +17,7 @@ def build(recipe: Recipe, device: torch.device) -> tuple:
     initialised from the seed, on `device`."""
     task = make(recipe.task, recipe.train.seed, device)
     torch.manual_seed(recipe.train.seed)
-    return task, build_model(recipe, task).to(device)
+    return task, build_model(recipe, task.shapes).to(device)
 
 
 def output_features(model: SequenceModel, batch: Batch) -> Tensor:

@@ -43,9 +43,6 @@ from perencode.naming import format_value, ordered, short_key, short_names
 from perencode.results import BOOKKEEPING, Results, collect, flatten, results_table
 from perencode.stats import bootstrap_ci
 
-# Labels and orders of tasks, models and encodings come from their registrations
-# (perencode.kinds); a kind no registration knows is drawn under its raw name, last.
-LABELLED = {"task.name": "task", "model.arch": "model", "encoding.kind": "encoding"}
 METRICS = {"token_accuracy": "Token accuracy", "dl_distance": "Damerau-Levenshtein distance",
            "accuracy": "Accuracy"}
 
@@ -64,10 +61,19 @@ def group_ci(df: pd.DataFrame, by: list[str], metric: str) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+# Labels and orders of tasks, models and encodings come from their registrations
+# (perencode.kinds); a kind no registration knows is drawn under its raw name, last.
+
 def _label(column: str, value) -> str:
-    if column in LABELLED:
-        return kinds.label(LABELLED[column], value)
-    return str(value)
+    kind = kinds.of_field(column)
+    return kinds.label(kind, value) if kind is not None else str(value)
+
+
+def _order(column: str, values) -> list:
+    """The distinct values of a column: a kind's in registration order, others as a reader
+    expects them (perencode.naming.ordered)."""
+    kind = kinds.of_field(column)
+    return kinds.order(kind, values) if kind is not None else ordered(values)
 
 
 def _subplots(nrows: int, ncols: int, width: float = 4.0, height: float = 3.2,
@@ -117,10 +123,6 @@ def _save(fig, stem: Path, note: str = "") -> list[Path]:
     return paths
 
 
-def _encoding_order(values) -> list[str]:
-    return kinds.order("encoding", values)
-
-
 def _archs(df: pd.DataFrame) -> list[str]:
     return kinds.order("model", df["model.arch"])
 
@@ -165,7 +167,7 @@ def _one_k(df: pd.DataFrame) -> dict | None:
 def _lines(ax, s: pd.DataFrame, x: str, hue: str, log2: bool = False) -> None:
     """Mean with CI error bars against x, one line per hue value; a point of one seed (no
     CI) is drawn open."""
-    for value in _encoding_order(s[hue]) if hue == "encoding.kind" else ordered(s[hue]):
+    for value in _order(hue, s[hue]):
         part = s[s[hue] == value].sort_values(x)
         line = ax.errorbar(part[x], part["mean"], yerr=[part["mean"] - part["low"],
                                                         part["high"] - part["mean"]],
@@ -184,7 +186,7 @@ def _lines(ax, s: pd.DataFrame, x: str, hue: str, log2: bool = False) -> None:
 def _bars(ax, s: pd.DataFrame, x: str, hue: str, x_order: list) -> None:
     """Grouped bars with CI error bars: groups along x, one bar per hue value; a bar of one
     seed (no CI) is hatched."""
-    hues = _encoding_order(s[hue]) if hue == "encoding.kind" else ordered(s[hue])
+    hues = _order(hue, s[hue])
     width = 0.8 / max(1, len(hues))
     for i, value in enumerate(hues):
         part = s[s[hue] == value].set_index(x).reindex(x_order)
@@ -258,7 +260,7 @@ def draw_stability(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]:
     disturbant type."""
     df = df[df["comparison"] == "target"]
     archs = _archs(df)
-    encodings = _encoding_order(df["encoding.kind"])
+    encodings = _order("encoding.kind", df["encoding.kind"])
     fig, axes = _subplots(len(archs), len(encodings), sharey=True)
     colours = {"FREQUENT": "tab:blue", "RARE": "tab:red"}
     styles = {"FREQUENT": "-", "RARE": "--"}
@@ -300,7 +302,7 @@ def draw_encodings(x: str) -> Callable[[pd.DataFrame, Path, str], list[Path]]:
         fig, axes = _subplots(1, 1, width=5.5)
         ax = axes[0, 0]
         s = group_ci(df, [x, "encoding.kind"], "token_accuracy")
-        order = ordered(s[x]) if x != "encoding.kind" else _encoding_order(s[x])
+        order = _order(x, s[x])
         _bars(ax, s, x, "encoding.kind", order)
         _titled(ax, "", s, "hatched")
         ax.set_ylabel("Token accuracy")
@@ -329,7 +331,7 @@ def draw_lm_training(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]
 def table_perplexity(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]:
     """Table 1: min / mean / max over seeds of the test (and validation) perplexity."""
     rows = []
-    for encoding in _encoding_order(df["encoding.kind"]):
+    for encoding in _order("encoding.kind", df["encoding.kind"]):
         part = df[df["encoding.kind"] == encoding]
         row = {"model": f"{_label('encoding.kind', encoding)} LSTM", "runs": len(part)}
         for split in ("test", "valid"):

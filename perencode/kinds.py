@@ -37,9 +37,14 @@ class TaskKind:
     # The [task] table's class: a subclass of perencode.recipe.TaskConfig holding the task's
     # own options and rules (None: the base, which has no held-out count).
     config: type | None = None
-    # What the task feeds a model, from its config alone (perencode.tasks.base.Shapes):
+    # What the task feeds a model, from its config alone (perencode.shapes.Shapes):
     # (task_cfg) -> Shapes; None: the task is built once on the CPU and measured.
     shapes: Callable[[Any], Any] | None = None
+    # Its own results (perencode.results): (row, metrics, tables) -> None adds to a run's
+    # row of results.csv (a dict), reading its metrics.jsonl rows, and changes the run's
+    # tables (name -> pandas DataFrame: eval.json's lists, stability) or adds one (a list of
+    # row dicts will do); None: nothing.
+    results: Callable[[dict, list, dict], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -81,13 +86,16 @@ class EncodingKind:
     table: Callable[[int, int], Any] | None = None
     trained: bool = False           # the table is a parameter
     stored: bool = True             # a fixed table is saved in checkpoints (False: recomputed)
-    duplicate: bool = False         # no table: concatenate a second copy of the embedding
+    # What an encoding without a table joins to the embedding: (x [B, T, E]) -> [B, T, E]
+    # (the duplicate kind's: x itself); None: the table's rows, or nothing without a table.
+    vectors: Callable[[Any], Any] | None = None
+    # The joins (`encoding.mode`, perencode.encoding.JOINS) it allows.
     modes: tuple[str, ...] = ("concat", "add")
 
     @property
     def adds_input(self) -> bool:
         """Whether it changes the cell input at all (False for vanilla)."""
-        return self.table is not None or self.duplicate
+        return self.table is not None or self.vectors is not None
 
 
 TASKS: dict[str, TaskKind] = {}
@@ -170,6 +178,11 @@ def get(kind: str, name: str):
         raise ValueError(f"{FIELDS[kind]} = {name!r} is not registered: expected "
                          f"{choices(kind)}; {PLUGIN_HINT}")
     return found
+
+
+def of_field(column: str) -> str | None:
+    """The kind a recipe field names ("encoding" for "encoding.kind"); None for any other."""
+    return next((kind for kind, field in FIELDS.items() if field == column), None)
 
 
 def label(kind: str, name) -> str:

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from perencode import kinds
+from perencode.encoding import input_width
 from perencode.errors import UserError
-from perencode.models import ModelSizes
+from perencode.models import build_model
 from perencode.recipe import Recipe
 from perencode.tasks import shapes
 
@@ -36,21 +37,12 @@ LIVE_PER_STEP_EVAL = 2
 GIB = 1 << 30
 
 
-def cell_inputs(recipe: Recipe) -> int:
-    """D_in: embedding joined with the encoding (perencode.encoding.PositionalEncoding)."""
-    e = recipe.encoding
-    E = recipe.model.embed_size
-    return 2 * E if kinds.get("encoding", e.kind).adds_input and e.mode == "concat" else E
-
-
 def meta_model(recipe: Recipe) -> torch.nn.Module:
     """The model perencode.models.build_model makes for `recipe`, built on the meta device
     (no memory, no initialisation) at the task's sizes."""
-    s = shapes(recipe.task)
-    sizes = ModelSizes(s.num_embeddings, s.num_classes, s.steps, s.pad_id)
+    sizes = shapes(recipe.task)  # a task measured here is built on the CPU, not the meta device
     with torch.device("meta"):
-        return kinds.get("model", recipe.model.arch).build(recipe.model, recipe.encoding,
-                                                           sizes)
+        return build_model(recipe, sizes)
 
 
 def parameter_count(recipe: Recipe) -> int:
@@ -99,7 +91,7 @@ def estimate(recipe: Recipe, chunk_logits: int) -> Estimate:
     """The memory a run of `recipe` needs; its loss computes the head `chunk_logits` logits
     at a time above that many (train.CHUNK_LOGITS)."""
     m, tc, s = recipe.model, recipe.train, shapes(recipe.task)
-    E, H, D = m.embed_size, m.hidden_size, cell_inputs(recipe)
+    E, H, D = m.embed_size, m.hidden_size, input_width(recipe.encoding, m.embed_size)
     per_step_in = E + (D if kinds.get("encoding", recipe.encoding.kind).adds_input else 0)
     B, T, T_out, K = tc.batch_size, s.steps, s.outputs, s.num_classes
     train = B * T * (per_step_in + saved_per_step(m.arch) * H) + \

@@ -3,21 +3,20 @@
 `collect(paths)` reads every run directory under `paths` (recipe.toml, eval.json,
 metrics.jsonl, stability.csv) into one `Results`: a row per run (its recipe fields as
 dotted columns, eval.json's scalars, a training summary) and the per-row tables of
-eval.json (by_band, by_condition, by_length), stability.csv and language-model training
-curves. Runs of the same recipe (`recipe.identity`) are kept once.
+eval.json (by_band, by_condition, by_length) and stability.csv; a task's registration adds
+its own columns and tables (the language model's perplexity and training curves). Runs of
+the same recipe (`recipe.identity`) are kept once.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from perencode import runs
+from perencode import kinds, runs
 from perencode.errors import UserError
 from perencode.naming import format_value, short_names
 from perencode.recipe import SECTIONS, field_names, run_key
@@ -115,28 +114,23 @@ def collect(paths: list[Path]) -> Results:
         metrics = runs.Run(run_dir).metrics()
         row = {"run": run, **flatten(recipe), **scalars, **_training_summary(metrics),
                "complete": runs.Run(run_dir).is_complete()}
-        if recipe.task.name == "lm" and "train_loss" in row:
-            row["train_perplexity"] = math.exp(row["train_loss"])
-        rows.append(row)
-        for name, items in nested.items():
-            tables.setdefault(name, []).append(pd.DataFrame(items).assign(run=run))
+        own = {name: pd.DataFrame(items) for name, items in nested.items()}
         stability = _read_stability(run_dir)
         if stability is not None:
-            tables.setdefault("stability", []).append(stability.assign(run=run))
-        if metrics and recipe.task.name == "lm":  # Fig. 15; other curves stay in the runs
-            tables.setdefault("curves", []).append(
-                pd.DataFrame(metrics)[["step", "loss", "accuracy"]].assign(run=run))
+            own["stability"] = stability
+        # The task's own columns and tables (perencode.kinds.TaskKind.results); a task no
+        # registration knows (its plugin absent) has none.
+        task = kinds.registry("task").get(recipe.task.name)
+        if task is not None and task.results is not None:
+            task.results(row, metrics, own)
+        rows.append(row)
+        for name, table in own.items():
+            tables.setdefault(name, []).append(pd.DataFrame(table).assign(run=run))
     if not rows:
         raise UserError(f"{', '.join(map(str, paths))}: no run directories (recipe.toml) found")
     frame = pd.DataFrame(rows)
     recipe_columns = [c for c in frame.columns if c.split(".")[0] in SECTIONS]
     joined = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}
-    for table in joined.values():
-        for column in ("target", "disturbants"):  # the paper's spelling: FREQUENT, RARE
-            if column in table:
-                table[column] = table[column].str.upper()
-    if "curves" in joined:
-        joined["curves"]["train_perplexity"] = np.exp(joined["curves"]["loss"])
     return Results(frame, joined, recipe_columns, duplicates)
 
 

@@ -11,10 +11,11 @@ import torch
 from torch import Tensor, nn
 
 from perencode import kinds
-from perencode.bench import REFERENCE_CELLS, bare_loop, bench
+from perencode.bench import bare_loop, bench
 from perencode.errors import UserError
 from perencode.experiment import build
-from perencode.models import ModelSizes, SequenceModel
+from perencode.models import SequenceModel, Shapes
+from perencode.models.rnn import CELLS
 from perencode.recipe import validate
 from perencode.sweep.cost import flops_per_iteration, layer_parameters
 
@@ -59,12 +60,12 @@ def test_the_bare_cell_reads_the_models_input_width(monkeypatch, kind, mode):
         widths.append(input_size)
         return nn.GRU(input_size, *args, **kwargs)
 
-    monkeypatch.setitem(REFERENCE_CELLS, "gru", recording_gru)
     r = validate({**recipe(kind=kind).to_dict(), "encoding": {"kind": kind, "mode": mode}},
                  "test")
+    model = build(r, CPU)[1]
+    monkeypatch.setitem(CELLS, "gru", recording_gru)  # the cell bench shares with the model
     step = bare_loop(r, CPU)
     assert math.isfinite(float(step()))
-    model = build(r, CPU)[1]
     assert widths == [model.in_features] == [{"concat": 16, "add": 8}[mode]
                                               if kind != "none" else 8]
 
@@ -107,11 +108,10 @@ def test_flops_of_the_s4d_and_of_a_vanilla_input():
 class ElmanModel(SequenceModel):
     arch = "elman_bench"
 
-    def __init__(self, cfg, encoding, sizes: ModelSizes):
-        super().__init__(sizes.num_embeddings, cfg.embed_size, encoding, sizes.max_positions,
-                         sizes.padding_idx)
+    def __init__(self, cfg, encoding, shapes: Shapes):
+        super().__init__(shapes, cfg.embed_size, encoding)
         self.rnn = nn.RNN(self.in_features, cfg.hidden_size, batch_first=True)
-        self.head = nn.Linear(cfg.hidden_size, sizes.num_classes)
+        self.head = nn.Linear(cfg.hidden_size, shapes.num_classes)
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.rnn(self.cell_inputs(tokens))[0]

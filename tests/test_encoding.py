@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from perencode.encoding import PositionalEncoding, sinusoidal
+from perencode import kinds
+from perencode.encoding import PositionalEncoding, input_width, sinusoidal
 from perencode.recipe import EncodingConfig
 
 
@@ -79,3 +80,21 @@ def test_too_long_sequence_is_an_error():
     enc = PositionalEncoding(EncodingConfig(kind="learnable"), 8, 4)
     with pytest.raises(ValueError, match="exceeds"):
         enc(torch.randn(1, 5, 8))
+
+
+def test_an_encoding_of_its_own_vectors_joins_as_the_mode_says():
+    """An encoding without a table registers the vectors it joins (the duplicate kind's
+    copy of the embedding); the join, and the width the memory check counts, follow
+    encoding.mode."""
+    kinds.register_encoding(kinds.EncodingKind("negated", label="Negated", vectors=torch.neg))
+    try:
+        x = torch.arange(12.0).view(1, 3, 4)
+        concat = PositionalEncoding(EncodingConfig(kind="negated", mode="concat"), 4, 3)
+        torch.testing.assert_close(concat(x), torch.cat([x, -x], dim=-1))
+        added = PositionalEncoding(EncodingConfig(kind="negated", mode="add"), 4, 3)
+        torch.testing.assert_close(added(x), torch.zeros_like(x))
+        for enc, mode in ((concat, "concat"), (added, "add")):
+            assert enc.out_features == input_width(EncodingConfig(kind="negated", mode=mode),
+                                                   4) == {"concat": 8, "add": 4}[mode]
+    finally:
+        del kinds.registry("encoding")["negated"]

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from perencode import figures, kinds
 from perencode.errors import UserError
-from perencode.models import ModelSizes, SequenceModel, build_model
+from perencode.models import SequenceModel, Shapes, build_model
 from perencode.recipe import ModelConfig, Recipe, validate
 from perencode.schema import schema_rows
 from perencode.stability import jacobians
@@ -53,12 +53,11 @@ class ElmanModel(SequenceModel):
 
     arch = "elman"
 
-    def __init__(self, cfg: ElmanConfig, encoding, sizes: ModelSizes):
-        super().__init__(sizes.num_embeddings, cfg.embed_size, encoding, sizes.max_positions,
-                         sizes.padding_idx)
+    def __init__(self, cfg: ElmanConfig, encoding, shapes: Shapes):
+        super().__init__(shapes, cfg.embed_size, encoding)
         self.rnn = nn.RNN(self.in_features, cfg.hidden_size, nonlinearity=cfg.nonlinearity,
                           batch_first=True)
-        self.head = nn.Linear(cfg.hidden_size, sizes.num_classes)
+        self.head = nn.Linear(cfg.hidden_size, shapes.num_classes)
 
     def forward(self, tokens: Tensor) -> Tensor:
         out, _ = self.rnn(self.cell_inputs(tokens))  # [B, T, H]
@@ -172,7 +171,7 @@ def test_the_registered_builders_are_the_ones_used(registered):
     task = kinds.get("task", "copy").make(recipe.task, 111, "cpu")
     batch = task.sample(5, torch.Generator().manual_seed(0))
     assert torch.equal(batch.output_targets, batch.sequences)  # copy, not reverse
-    model = build_model(recipe, task)
+    model = build_model(recipe, task.shapes)
     assert isinstance(model, ElmanModel) and model.rnn.input_size == 8  # ramp concatenated
     torch.testing.assert_close(model.encoding.table, ramp(6, 4))
 
@@ -222,9 +221,14 @@ def test_unregistered_kinds_keep_their_raw_names_and_come_last():
     assert figures._label("encoding.kind", "nowhere") == "nowhere"
     assert figures._label("model.arch", "nowhere") == "nowhere"
     assert figures._label("task.name", "nowhere") == "nowhere"
-    assert figures._encoding_order(["zeta", "sinusoidal", "alpha", "none", "zeta"]) == [
+    assert figures._order("encoding.kind", ["zeta", "sinusoidal", "alpha", "none", "zeta"]) == [
         "none", "sinusoidal", "alpha", "zeta"]
     assert kinds.order("model", ["s4d", "mamba", "gru"]) == ["gru", "s4d", "mamba"]
+    # Any kind field the same way, from kinds.FIELDS; another column as a reader expects it.
+    assert figures._order("task.name", ["sort", "copy", "reverse"]) == ["reverse", "sort", "copy"]
+    assert figures._order("task.vocab_size", [128, 32, 64, 32]) == [32, 64, 128]
+    assert [kinds.of_field(f) for f in ("task.name", "model.arch", "encoding.kind",
+                                        "task.length")] == ["task", "model", "encoding", None]
 
 
 def test_an_unknown_name_is_one_line_naming_the_registered_ones(tmp_path):

@@ -167,8 +167,9 @@ def test_the_sweep_does_not_sit_on_the_training_stack():
 
 
 def test_models_and_tasks_do_not_know_each_other():
-    """A model is sized by ModelSizes and a task knows no model: perencode.experiment pairs
-    them, so a new model or task is one module that imports neither side."""
+    """A model is sized by the task's Shapes (perencode.shapes) and a task knows no model:
+    perencode.experiment pairs them, so a new model or task is one module that imports
+    neither side."""
     graph = {name: {t for node in ast.walk(tree) for t in imported(node)}
              for name, tree in modules().items()}
     for name, deps in graph.items():
@@ -221,3 +222,17 @@ def test_verify_imports_no_sweep_machinery_in_a_fresh_interpreter():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=subprocess_env(), check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_shared_code_asks_no_kind_by_name():
+    """What differs between kinds lives in their registrations: the modules every kind goes
+    through name none of the package's tasks, models or encodings (the LM's perplexity is
+    its task's `results` hook, an encoding's join its own vectors)."""
+    from perencode import kinds
+
+    registered = {n for kind in kinds.REGISTRIES for n in kinds.names(kind)}
+    for name in ("perencode.results", "perencode.preflight", "perencode.models.base",
+                 "perencode.tasks", "perencode.experiment"):
+        strings = {node.value for node in ast.walk(modules()[name])
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+        assert not strings & registered, (name, strings & registered)

@@ -170,7 +170,8 @@ def test_vocabulary_layout():
 
 def test_sample_comes_from_the_generator_alone(prepared):
     task = LanguageModelTask(task_config(prepared), seed=0)
-    assert (task.num_classes, task.num_embeddings, task.pad_id) == (VOCAB - 1, VOCAB, VOCAB - 1)
+    s = task.shapes
+    assert (s.num_classes, s.num_embeddings, s.pad_id) == (VOCAB - 1, VOCAB, VOCAB - 1)
     generator = torch.Generator().manual_seed(5)
     state = generator.get_state()
     batch = task.sample(32, generator)
@@ -185,7 +186,7 @@ def test_sample_comes_from_the_generator_alone(prepared):
     steps = torch.arange(T)[None, :]
     # No <unk> in this corpus: the mask is exactly "inside the paragraph".
     assert torch.equal(batch.output_mask, steps < batch.lengths[:, None] - 1)
-    assert bool((batch.inputs[steps >= batch.lengths[:, None]] == task.pad_id).all())
+    assert bool((batch.inputs[steps >= batch.lengths[:, None]] == task.shapes.pad_id).all())
 
 
 def test_uniform_logits_give_a_perplexity_of_the_class_count(prepared):
@@ -196,14 +197,14 @@ def test_uniform_logits_give_a_perplexity_of_the_class_count(prepared):
     assert covered.tolist() == list(range(len(valid)))
 
     result = task.evaluate(lambda batch: torch.zeros(*batch.output_targets.shape,
-                                                     task.num_classes),
+                                                     task.shapes.num_classes),
                            batch_size=3, per_position=True)
     for split in ("valid", "test"):
-        assert result[f"{split}_perplexity"] == pytest.approx(task.num_classes, rel=1e-6)
+        assert result[f"{split}_perplexity"] == pytest.approx(task.shapes.num_classes, rel=1e-6)
         assert result[f"{split}_tokens"] == manifest["splits"][split]["scored_tokens"]
         by_position = result[f"{split}_perplexity_by_position"]
         assert len(by_position) == MAX_TOKENS
-        assert all(p is None or p == pytest.approx(task.num_classes) for p in by_position)
+        assert all(p is None or p == pytest.approx(task.shapes.num_classes) for p in by_position)
         assert sum(result[f"{split}_tokens_by_position"]) == result[f"{split}_tokens"]
 
 

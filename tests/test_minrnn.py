@@ -24,7 +24,7 @@ from perencode_minrnn.mingru import (  # noqa: E402
     scan_log,
 )
 
-from perencode.models import ModelSizes  # noqa: E402
+from perencode.models import Shapes  # noqa: E402
 from perencode.recipe import EncodingConfig  # noqa: E402
 
 
@@ -112,7 +112,7 @@ def test_gradients_stay_finite_over_a_long_sequence():
 def test_the_stability_hook_is_the_jacobian_of_the_last_state():
     torch.manual_seed(3)
     model = MinGRUModel(config(hidden_size=5, embed_size=4), EncodingConfig(kind="sinusoidal"),
-                        ModelSizes(9, 8, 12))
+                        Shapes(9, 8, 12, 12))
     model.double()
     tokens = torch.randint(0, 8, (2, 7))
     J, h_T = jacobians(model, tokens, target_step=2)

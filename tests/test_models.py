@@ -1,6 +1,6 @@
 """The model contract (perencode.models): every registered model with every registered
 encoding maps tokens [B, T] to features [B, T, H] through the shared front end, is causal,
-and is sized by ModelSizes alone."""
+and is sized by the task's Shapes alone."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import torch
 from conftest import TINY_MODEL, tiny_model
 
 from perencode import kinds
-from perencode.models import ModelSizes, SequenceModel, build_model
-from perencode.recipe import EncodingConfig, Recipe
+from perencode.models import SequenceModel, Shapes, build_model
+from perencode.recipe import EncodingConfig, Recipe, TaskConfig
+from perencode.tasks import make
 
-SIZES = ModelSizes(num_embeddings=7, num_classes=6, max_positions=10)
+SHAPES = Shapes(num_embeddings=7, num_classes=6, steps=10, outputs=5)
 ARCHS = ["gru", "lstm", "s4d"]
 ENCODINGS = ["none", "sinusoidal", "random", "learnable", "duplicate"]
 
@@ -21,11 +22,7 @@ def model_of(arch: str, encoding: str, mode: str = "concat") -> SequenceModel:
     recipe = Recipe.model_validate({"model": tiny_model(arch),
                                     "encoding": {"kind": encoding, "mode": mode}})
     torch.manual_seed(0)
-    return build_model(recipe, SimpleTask())
-
-
-class SimpleTask:  # the attributes ModelSizes.of reads
-    num_embeddings, num_classes, max_steps, pad_id = 7, 6, 10, None
+    return build_model(recipe, SHAPES)
 
 
 def test_the_package_registers_its_models_and_encodings():
@@ -76,8 +73,16 @@ def test_the_sinusoidal_table_is_recomputed_the_others_are_stored():
 
 def test_the_contract_is_abstract():
     with pytest.raises(TypeError, match="forward"):
-        SequenceModel(7, 4, EncodingConfig(), 10)
+        SequenceModel(SHAPES, 4, EncodingConfig())
 
 
 def test_sizes_come_from_the_task():
-    assert ModelSizes.of(SimpleTask()) == SIZES
+    """Reverse K = 6, L = 5: the command token is the 7th embedding row, 6 classes, 10
+    steps of inputs (the random table's rows), 5 scored outputs."""
+    task = make(TaskConfig.of(name="reverse", vocab_size=6, length=5, held_out=8), 0)
+    assert task.shapes == Shapes(7, 6, 10, 5, None, 8)
+    recipe = Recipe.model_validate({"model": tiny_model("gru"),
+                                    "encoding": {"kind": "random"}})
+    model = build_model(recipe, task.shapes)
+    assert (model.embedding.num_embeddings, model.head.out_features) == (7, 6)
+    assert model.encoding.table.shape[0] == 10

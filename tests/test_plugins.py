@@ -230,7 +230,9 @@ def test_the_example_grid_sweeps_and_draws_under_its_own_name(tmp_path, minrnn):
     assert code == 0, text
     table = (tmp_path / "fig" / "results.csv").read_text()
     assert table.count("mingru") == 2
-    assert (tmp_path / "fig" / "fig02_reverse_vocabulary.png").stat().st_size > 0
+    # Drawn in Fig. 2's layout; a model the paper did not test makes it not the paper's.
+    assert (tmp_path / "fig" / "fig02_reverse_vocabulary__nonpaper.png").stat().st_size > 0
+    assert "arch mingru (paper: " in text, text
     # Its panel is titled with the registered label.
     label = subprocess.run([minrnn, "-c", "from perencode import kinds; "
                             "print(kinds.label('model', 'mingru'))"], capture_output=True,

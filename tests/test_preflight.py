@@ -39,7 +39,7 @@ def test_parameter_count_is_exact(arch):
             ("random", "concat"), ("learnable", "concat"), ("learnable", "add"),
             ("duplicate", "concat")]):
         r = recipe(arch, task, kind, mode)
-        model = build_model(r, make(r.task, 0))
+        model = build_model(r, make(r.task, 0).shapes)
         assert preflight.parameter_count(r) == sum(p.numel() for p in model.parameters()), \
             (task, kind, mode)
         assert preflight.buffer_bytes(r) == sum(b.numel() * 4 for b in model.buffers())

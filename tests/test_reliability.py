@@ -589,6 +589,13 @@ def _trainers(pid: int) -> list[int]:
     return found
 
 
+def _ctrl_c_as_in_a_terminal():
+    """A job started with `&` by a non-interactive shell (as CI may start the tests) ignores
+    SIGINT, and Python then installs no KeyboardInterrupt handler: give the child the
+    default disposition a command typed at a terminal has."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the trainer through /proc")
 def test_ctrl_c_stops_lm_prepare_within_seconds_and_leaves_nothing(tmp_path):
@@ -596,7 +603,8 @@ def test_ctrl_c_stops_lm_prepare_within_seconds_and_leaves_nothing(tmp_path):
     proc = subprocess.Popen([PYTHON, "-m", "perencode", "lm-prepare", "--source", str(raw),
                              "--out", str(tmp_path / "data"), "--vocab-size", "8000",
                              "--threads", "1"], env=subprocess_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_ctrl_c_as_in_a_terminal)
     lines = []
     for line in proc.stdout:
         lines.append(line)

@@ -13,6 +13,7 @@ from torch.func import jacrev, vmap
 
 from perencode.models.s4d import S4D, S4DModel
 from perencode.recipe import EncodingConfig
+from perencode.shapes import Shapes
 
 
 def make_layer(d_model: int = 6, d_state: int = 8, dtype: torch.dtype = torch.float64,
@@ -135,7 +136,7 @@ def test_causality():
 def test_model_forward_shape_and_gradients_reach_every_parameter(kind):
     torch.manual_seed(0)
     K, T, H = 11, 10, 8
-    model = S4DModel(K + 1, K, 6, H, 4, EncodingConfig(kind=kind), T)
+    model = S4DModel(Shapes(K + 1, K, T, T), 6, H, 4, EncodingConfig(kind=kind))
     tokens = torch.randint(K + 1, (3, T))
     features = model(tokens)
     assert features.shape == (3, T, H)

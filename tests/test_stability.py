@@ -19,6 +19,7 @@ from perencode.models.rnn import RecurrentModel
 from perencode.models.s4d import S4DModel
 from perencode.recipe import EncodingConfig
 from perencode.runs import read_recipe
+from perencode.shapes import Shapes
 
 F64 = torch.float64
 WEIGHTED_LIKE = ("weighted", "mean", "frobenius")  # the normalised metrics, in [-1, 1]
@@ -196,12 +197,12 @@ def test_triplets_are_fixed_by_the_seed():
 
 def tiny_rnn(arch: str, K: int = 5, E: int = 4, H: int = 3, T: int = 12) -> RecurrentModel:
     torch.manual_seed(0)
-    return RecurrentModel(arch, K + 1, K, E, H, EncodingConfig(), T).double()
+    return RecurrentModel(arch, Shapes(K + 1, K, T, T), E, H, EncodingConfig()).double()
 
 
 def tiny_s4d(K: int = 5, E: int = 4, H: int = 3, N: int = 4, T: int = 12) -> S4DModel:
     torch.manual_seed(0)
-    model = S4DModel(K + 1, K, E, H, N, EncodingConfig(), T).double()
+    model = S4DModel(Shapes(K + 1, K, T, T), E, H, N, EncodingConfig()).double()
     with torch.no_grad():  # steps large enough for the modes to rotate and decay visibly
         model.s4d.log_dt.uniform_(math.log(0.05), math.log(0.5))
     return model

@@ -56,8 +56,8 @@ def test_reverse_known_answer():
     b = t.build(torch.tensor([[1, 2, 3]]))
     assert b.inputs.tolist() == [[1, 2, 3, 5, 5, 5]]
     assert b.output_targets.tolist() == [[3, 2, 1]]
-    assert (t.num_embeddings, t.num_classes, t.max_steps) == (6, 5, 6)
-    assert b.output_steps is None and b.output_mask is None and t.pad_id is None
+    assert (t.shapes.num_embeddings, t.shapes.num_classes, t.shapes.steps) == (6, 5, 6)
+    assert b.output_steps is None and b.output_mask is None and t.shapes.pad_id is None
 
 
 def test_sort_known_answer_keeps_ties():
@@ -66,7 +66,7 @@ def test_sort_known_answer_keeps_ties():
     assert b.inputs.tolist() == [[3, 1, 3, 0, 4, 5, 5, 5, 5, 5]]
     assert b.targets.tolist() == [[0, 1, 3, 3, 4]]
     assert b.output_targets.tolist() == b.targets.tolist()
-    assert t.num_embeddings == 6
+    assert t.shapes.num_embeddings == 6
 
 
 def test_reverse_add_known_answer():
@@ -74,7 +74,7 @@ def test_reverse_add_known_answer():
     b = t.build(torch.tensor([[1, 2, 3, 4, 5, 9]]))  # x = 1 2 3, y = 4 5 9
     assert b.inputs.tolist() == [[1, 2, 3, 4, 5, 9]]  # y is the output phase: no command
     assert b.targets.tolist() == [[(3 + 4) % 10, (2 + 5) % 10, (1 + 9) % 10]]
-    assert (t.num_embeddings, t.num_classes, t.max_steps) == (10, 10, 6)
+    assert (t.shapes.num_embeddings, t.shapes.num_classes, t.shapes.steps) == (10, 10, 6)
     assert t.held_out.shape == (2, 6) and t.draw(3, gen()).shape == (3, 6)
 
 
@@ -86,7 +86,7 @@ def test_predecessor_known_answer():
     assert b.queries.tolist() == [2, 3]
     assert b.targets.tolist() == [2, 7]
     assert b.output_targets.tolist() == [[2], [7]]
-    assert (t.num_embeddings, t.num_classes, t.max_steps) == (10, 10, 5)
+    assert (t.shapes.num_embeddings, t.shapes.num_classes, t.shapes.steps) == (10, 10, 5)
 
 
 def test_predecessor_draws_distinct_tokens_and_valid_queries():
@@ -120,7 +120,7 @@ def test_variable_length_known_answer():
     assert b.output_targets.tolist() == [[2, 1, -1], [5, 4, 3]]
     assert b.output_steps.tolist() == [[2, 3, 4], [3, 4, 5]]
     assert b.output_mask.tolist() == [[True, True, False], [True, True, True]]
-    assert (t.num_embeddings, t.max_steps) == (7, 8)
+    assert (t.shapes.num_embeddings, t.shapes.steps) == (7, 8)
 
 
 class StepModel(nn.Module):

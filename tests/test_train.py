@@ -262,16 +262,13 @@ def test_loss_decreases_on_a_small_problem(cli, tmp_path):
 
 
 def _tiny_model_and_batch(mask: bool):
-    from perencode.models import build_model
+    from perencode.models import Shapes, build_model
     from perencode.recipe import Recipe
     from perencode.tasks.base import Batch
 
-    class Sizes:  # the task attributes a model is sized by
-        num_embeddings, num_classes, max_steps, pad_id = 11, 10, 12, None
-
     recipe = Recipe.model_validate({"model": TINY_MODEL})
     torch.manual_seed(0)
-    model = build_model(recipe, Sizes())
+    model = build_model(recipe, Shapes(num_embeddings=11, num_classes=10, steps=12, outputs=6))
     inputs = torch.randint(0, 11, (4, 12))
     targets = torch.randint(0, 10, (4, 6))
     out_mask = torch.rand(4, 6) > 0.3 if mask else None
@@ -309,14 +306,12 @@ def test_masked_outputs_never_count():
 
 @pytest.mark.parametrize("arch", ["gru", "lstm", "s4d"])
 def test_padding_row_of_a_task_is_zero_and_frozen(arch):
-    from perencode.models import build_model
+    from perencode.models import Shapes, build_model
     from perencode.recipe import Recipe
 
-    class PaddedTask:
-        num_embeddings, num_classes, max_steps, pad_id = 6, 5, 4, 5
-
     recipe = Recipe.model_validate({"model": tiny_model(arch)})
-    model = build_model(recipe, PaddedTask())
+    model = build_model(recipe, Shapes(num_embeddings=6, num_classes=5, steps=4, outputs=4,
+                                       pad_id=5))
     assert model.embedding.weight[5].abs().sum() == 0
     model(torch.tensor([[5, 1, 5, 2]])).sum().backward()
     assert model.embedding.weight.grad[5].abs().sum() == 0

@@ -22,6 +22,7 @@ from perencode.models import SequenceModel
 from perencode.models.rnn import RecurrentModel
 from perencode.models.s4d import S4DModel
 from perencode.recipe import EncodingConfig, OptimConfig, TaskConfig
+from perencode.shapes import Shapes
 from perencode.tasks import make
 from perencode.train import learning_rate, make_optimizer, train_step
 
@@ -53,9 +54,10 @@ def script_literals(path: Path, variable: str) -> dict:
 
 def ours(arch: str, form: str, num_embeddings: int = K + 1) -> SequenceModel:
     cfg = EncodingConfig(kind=form, mode="concat")
+    shapes = Shapes(num_embeddings=num_embeddings, num_classes=K, steps=2 * L, outputs=L)
     if arch == "s4d":
-        return S4DModel(num_embeddings, K, E, H, D_STATE, cfg, 2 * L)
-    return RecurrentModel(arch, num_embeddings, K, E, H, cfg, 2 * L)
+        return S4DModel(shapes, E, H, D_STATE, cfg)
+    return RecurrentModel(arch, shapes, E, H, cfg)
 
 
 def theirs(authors: Authors, arch: str, form: str) -> nn.Module:

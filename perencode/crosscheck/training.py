@@ -114,8 +114,8 @@ def _ours(shape: Shape, seed: int, device: torch.device):
     task = make(TaskConfig.of(name="reverse", vocab_size=shape.vocab_size, length=shape.length,
                               held_out=shape.held_out), seed=seed, device=device)
     torch.manual_seed(seed)
-    model = RecurrentModel("gru", task.num_embeddings, task.num_classes, shape.embed,
-                           shape.embed, EncodingConfig(kind="sinusoidal"), task.max_steps)
+    model = RecurrentModel("gru", task.shapes, shape.embed, shape.embed,
+                           EncodingConfig(kind="sinusoidal"))
     model = model.to(device)
     optim = OptimConfig(warmup=shape.warmup)
     opt = make_optimizer(model, optim)

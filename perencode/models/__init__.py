@@ -2,25 +2,25 @@
 
 The contract every model follows, and the front end they share, is `base.SequenceModel`;
 each model module registers its kinds (perencode.kinds: gru, lstm, s4d), and `build_model`
-builds the one a recipe names. Models know nothing of tasks: they are sized by
-`ModelSizes`; pairing a model with its task is perencode.experiment's.
+builds the one a recipe names. Models know nothing of tasks: they are sized by the task's
+`Shapes` (perencode.shapes); pairing a model with its task is perencode.experiment's.
 """
 
 from __future__ import annotations
 
 from perencode import kinds
 from perencode.models import rnn, s4d
-from perencode.models.base import ModelSizes, SequenceModel
+from perencode.models.base import SequenceModel
 from perencode.recipe import Recipe
+from perencode.shapes import Shapes
 
-__all__ = ["MODULES", "ModelSizes", "SequenceModel", "build_model"]
+__all__ = ["MODULES", "SequenceModel", "Shapes", "build_model"]
 
 # Imported for their registrations.
 MODULES = (rnn, s4d)
 
 
-def build_model(recipe: Recipe, task) -> SequenceModel:
-    """A freshly initialised model of `recipe` sized for `task` (anything with the task
-    attributes `ModelSizes.of` reads), built by the registered `model.arch`."""
-    sizes = ModelSizes.of(task)
-    return kinds.get("model", recipe.model.arch).build(recipe.model, recipe.encoding, sizes)
+def build_model(recipe: Recipe, shapes: Shapes) -> SequenceModel:
+    """A freshly initialised model of `recipe` sized by what its task feeds it (`shapes`:
+    `task.shapes`), built by the registered `model.arch`."""
+    return kinds.get("model", recipe.model.arch).build(recipe.model, recipe.encoding, shapes)

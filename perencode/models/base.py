@@ -4,29 +4,12 @@ and the front end every model shares (token embedding + positional encoding)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
 from torch import Tensor, nn
 
 from perencode.encoding import PositionalEncoding
 from perencode.recipe import EncodingConfig
-
-
-@dataclass(frozen=True)
-class ModelSizes:
-    """What the task fixes of a model: embedding rows (tokens, plus the command token or
-    the padding row where the task has one), output classes, the longest sequence the
-    encoding must cover, and the padding row (None: every row is a token)."""
-
-    num_embeddings: int
-    num_classes: int
-    max_positions: int
-    padding_idx: int | None = None
-
-    @classmethod
-    def of(cls, task) -> ModelSizes:
-        """The sizes of a task object (perencode.tasks)."""
-        return cls(task.num_embeddings, task.num_classes, task.max_steps, task.pad_id)
+from perencode.shapes import Shapes
 
 
 class SequenceModel(nn.Module, ABC):
@@ -34,21 +17,22 @@ class SequenceModel(nn.Module, ABC):
     (Linear H -> K) is applied by the caller at the scored outputs only; `arch` is the name
     the model is registered under (perencode.kinds).
 
-    The front end is shared: `embedding` (padding_idx: a zero row that is never trained,
-    the authors' LM embedding, docs/paper-facts.md#language-modelling) and `encoding`
-    joined to it; `cell_inputs` gives the first layer's inputs [B, T, in_features]. A model
-    registered with a stability hook also provides the step mode its hook uses (the RNNs'
-    `initial_state`/`step`, the S4D block's `step_state`/`readout`).
+    The front end is shared, sized by the task's `Shapes`: `embedding` (its `pad_id`: a
+    zero row that is never trained, the authors' LM embedding,
+    docs/paper-facts.md#language-modelling) and `encoding` joined to it; `cell_inputs` gives
+    the first layer's inputs [B, T, in_features]. A model registered with a stability hook
+    also provides the step mode its hook uses (the RNNs' `initial_state`/`step`, the S4D
+    block's `step_state`/`readout`).
     """
 
     arch: str
     head: nn.Linear
 
-    def __init__(self, num_embeddings: int, embed_size: int, encoding: EncodingConfig,
-                 max_positions: int, padding_idx: int | None = None):
+    def __init__(self, shapes: Shapes, embed_size: int, encoding: EncodingConfig):
         super().__init__()
-        self.embedding = nn.Embedding(num_embeddings, embed_size, padding_idx=padding_idx)
-        self.encoding = PositionalEncoding(encoding, embed_size, max_positions)
+        self.embedding = nn.Embedding(shapes.num_embeddings, embed_size,
+                                      padding_idx=shapes.pad_id)
+        self.encoding = PositionalEncoding(encoding, embed_size, shapes.steps)
 
     @property
     def in_features(self) -> int:

@@ -9,20 +9,21 @@ from torch import Tensor, nn
 from torch.func import jacrev, vmap
 
 from perencode.kinds import ModelKind, register_model
-from perencode.models.base import ModelSizes, SequenceModel
+from perencode.models.base import SequenceModel
 from perencode.recipe import EncodingConfig, ModelConfig
+from perencode.shapes import Shapes
 
+# PyTorch's cell of each recurrent arch (also the cell of bench's bare reference loop).
 CELLS = {"gru": nn.GRU, "lstm": nn.LSTM}
 
 
 class RecurrentModel(SequenceModel):
-    def __init__(self, arch: str, num_embeddings: int, num_classes: int, embed_size: int,
-                 hidden_size: int, encoding: EncodingConfig, max_positions: int,
-                 padding_idx: int | None = None):
-        super().__init__(num_embeddings, embed_size, encoding, max_positions, padding_idx)
+    def __init__(self, arch: str, shapes: Shapes, embed_size: int, hidden_size: int,
+                 encoding: EncodingConfig):
+        super().__init__(shapes, embed_size, encoding)
         self.arch = arch
         self.rnn = CELLS[arch](self.in_features, hidden_size, batch_first=True)
-        self.head = nn.Linear(hidden_size, num_classes)
+        self.head = nn.Linear(hidden_size, shapes.num_classes)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> hidden states [B, T, H] (apply `self.head` for logits)."""
@@ -80,10 +81,9 @@ def rnn_jacobians(model: RecurrentModel, tokens: Tensor, target_step: int = 0,
     return vmap(jac)(x[:, target_step + 1:], z)
 
 
-def build(cfg: ModelConfig, encoding: EncodingConfig, sizes: ModelSizes) -> RecurrentModel:
+def build(cfg: ModelConfig, encoding: EncodingConfig, shapes: Shapes) -> RecurrentModel:
     """The model of a recipe's [model] and [encoding] tables, sized by the task."""
-    return RecurrentModel(cfg.arch, sizes.num_embeddings, sizes.num_classes, cfg.embed_size,
-                          cfg.hidden_size, encoding, sizes.max_positions, sizes.padding_idx)
+    return RecurrentModel(cfg.arch, shapes, cfg.embed_size, cfg.hidden_size, encoding)
 
 
 def flops_per_step(cfg: ModelConfig, inputs: int, steps: int) -> float:

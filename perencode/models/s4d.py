@@ -19,8 +19,9 @@ from torch import Tensor, nn
 from torch.func import jacrev, vmap
 
 from perencode.kinds import ModelKind, register_model
-from perencode.models.base import ModelSizes, SequenceModel
+from perencode.models.base import SequenceModel
 from perencode.recipe import EncodingConfig, ModelConfig
+from perencode.shapes import Shapes
 
 
 class S4D(nn.Module):
@@ -111,13 +112,12 @@ class S4DModel(SequenceModel):
 
     arch = "s4d"
 
-    def __init__(self, num_embeddings: int, num_classes: int, embed_size: int,
-                 hidden_size: int, d_state: int, encoding: EncodingConfig, max_positions: int,
-                 padding_idx: int | None = None):
-        super().__init__(num_embeddings, embed_size, encoding, max_positions, padding_idx)
+    def __init__(self, shapes: Shapes, embed_size: int, hidden_size: int, d_state: int,
+                 encoding: EncodingConfig):
+        super().__init__(shapes, embed_size, encoding)
         self.in_proj = nn.Linear(self.in_features, hidden_size)
         self.s4d = S4D(hidden_size, d_state)
-        self.head = nn.Linear(hidden_size, num_classes)
+        self.head = nn.Linear(hidden_size, shapes.num_classes)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> S4D block outputs [B, T, H] (apply `self.head` for logits)."""
@@ -162,10 +162,9 @@ def s4d_jacobians(model, tokens: Tensor, target_step: int,
     return vmap(jac)(u[:, -1], torch.view_as_real(w), z_real)
 
 
-def build(cfg: S4DConfig, encoding: EncodingConfig, sizes: ModelSizes) -> S4DModel:
+def build(cfg: S4DConfig, encoding: EncodingConfig, shapes: Shapes) -> S4DModel:
     """The S4D model of a recipe's [model] and [encoding] tables, sized by the task."""
-    return S4DModel(sizes.num_embeddings, sizes.num_classes, cfg.embed_size, cfg.hidden_size,
-                    cfg.d_state, encoding, sizes.max_positions, sizes.padding_idx)
+    return S4DModel(shapes, cfg.embed_size, cfg.hidden_size, cfg.d_state, encoding)
 
 
 class S4DConfig(ModelConfig):

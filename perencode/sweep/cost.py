@@ -23,9 +23,10 @@ from rich.table import Table
 from perencode import kinds
 from perencode.console import console
 from perencode.device import available_cores, resolve_device
+from perencode.encoding import input_width
 from perencode.io import atomic_write_json, atomic_write_text
 from perencode.models import SequenceModel
-from perencode.preflight import cell_inputs, meta_model, parameter_count
+from perencode.preflight import meta_model, parameter_count
 from perencode.recipe import Recipe
 from perencode.sweep.local import perencode_command, thread_env
 from perencode.sweep.plan import FINISHED, PlannedRun, RunState
@@ -66,7 +67,8 @@ def flops_per_iteration(recipe: Recipe) -> float:
     s, m = shapes(recipe.task), recipe.model
     B, T, H, K = recipe.train.batch_size, s.steps, m.hidden_size, s.num_classes
     hook = kinds.get("model", m.arch).flops_per_step
-    per_step = hook(m, cell_inputs(recipe), T) if hook is not None else layer_parameters(recipe)
+    D = input_width(recipe.encoding, m.embed_size)
+    per_step = hook(m, D, T) if hook is not None else layer_parameters(recipe)
     return 3 * 2 * B * (T * per_step + s.outputs * H * K)
 
 

@@ -2,10 +2,8 @@
 
 Every task object has `.held_out` (drawn from the seed before training), `.sample(batch_size,
 generator)` -> Batch (on the generator's device, never a held-out row), `.evaluate`, plus
-`num_embeddings`, `num_classes`, `max_steps`, `max_outputs` (the longest input and the most
-scored outputs of a sequence) and `pad_id` (None, or the embedding row that is padding) for
-the model. Each task module registers its task (perencode.kinds); a task
-defined elsewhere registers the same way and `make` builds it.
+`.shapes` (perencode.shapes.Shapes), what it feeds a model. Each task module registers its
+task (perencode.kinds); a task defined elsewhere registers the same way and `make` builds it.
 """
 
 from __future__ import annotations
@@ -35,15 +33,12 @@ _MEASURED: dict[str, Shapes] = {}
 def shapes(task_cfg: TaskConfig) -> Shapes:
     """What the task of `task_cfg` feeds a model, for estimates made before a run: its
     registration's `shapes` where it has one (the language model's, which reads no data);
-    otherwise the task is built once on the CPU (seed 0) and its sizes read, so no formula
+    otherwise the task is built once on the CPU (seed 0) and its `shapes` read, so no formula
     can drift from the task it describes."""
     kind = kinds.get("task", task_cfg.name)
     if kind.shapes is not None:
         return kind.shapes(task_cfg)
     key = task_cfg.model_dump_json()
     if key not in _MEASURED:
-        task = make(task_cfg, 0)
-        _MEASURED[key] = Shapes(
-            task.num_embeddings, task.num_classes, task.max_steps,
-            getattr(task, "max_outputs", task.max_steps), task.pad_id, len(task.held_out))
+        _MEASURED[key] = make(task_cfg, 0).shapes
     return _MEASURED[key]

@@ -18,6 +18,7 @@ from torch import Tensor
 from perencode.errors import UserError
 from perencode.metrics import sequence_scores
 from perencode.recipe import TaskConfig
+from perencode.shapes import Shapes
 
 # Odd 64-bit multiplier of the polynomial hash (wrapping int64 arithmetic).
 _HASH_BASE = 0x100000001B3
@@ -51,21 +52,6 @@ class HeldOutConfig(TaskConfig):
                 f"field 'held_out': {self.held_out} held-out sequences leave nothing to "
                 f"train on: only {distinct} distinct sequences exist (must be < {distinct})")
         return self
-
-
-@dataclass(frozen=True)
-class Shapes:
-    """What a task feeds a model, known from its config alone (memory and cost estimates):
-    embedding rows, head classes, the longest input T (the encoding's positions), the
-    scored outputs of a sequence, the embedding row that is padding (None: none) and the
-    held-out rows an evaluation batches (None: as many as an evaluation batch holds)."""
-
-    num_embeddings: int
-    num_classes: int
-    steps: int
-    outputs: int
-    pad_id: int | None = None
-    held_out_rows: int | None = None
 
 
 @dataclass
@@ -173,15 +159,12 @@ class SyntheticTask:
     """Base of the synthetic tasks: held-out drawn from the seed, excluded from training."""
 
     has_command_token = True
-    pad_id = None  # every embedding row is a token (the LM task has a padding row)
 
     def __init__(self, cfg, seed: int, device: torch.device | str = "cpu"):
         self.cfg = cfg
         self.K = cfg.vocab_size
         self.L = cfg.length
         self.device = torch.device(device)
-        self.num_classes = self.K
-        self.num_embeddings = self.K + int(self.has_command_token)
         self.command = self.K
         gen = torch.Generator().manual_seed(seed)
         self.held_out = self.make_held_out(gen).to(self.device)
@@ -189,12 +172,12 @@ class SyntheticTask:
 
     # -- what a task defines ------------------------------------------------------------
     @property
-    def max_steps(self) -> int:
+    def steps(self) -> int:
         """Longest model input T (sizes the learnable/random encodings)."""
         return 2 * self.L
 
     @property
-    def max_outputs(self) -> int:
+    def outputs(self) -> int:
         """Most scored outputs of a sequence (the head runs on these only)."""
         return self.L
 
@@ -208,6 +191,14 @@ class SyntheticTask:
         raise NotImplementedError
 
     # -- shared machinery ---------------------------------------------------------------
+    @property
+    def shapes(self) -> Shapes:
+        """What it feeds a model: K tokens (and the command token where it has one), K
+        classes, no padding row."""
+        return Shapes(num_embeddings=self.K + int(self.has_command_token), num_classes=self.K,
+                      steps=self.steps, outputs=self.outputs,
+                      held_out_rows=len(self.held_out))
+
     def make_held_out(self, generator: torch.Generator) -> Tensor:
         """`held_out` distinct rows drawn on the CPU from the seed (device independent)."""
         rows = self.draw(self.cfg.held_out, generator)

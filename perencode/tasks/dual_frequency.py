@@ -140,6 +140,16 @@ class DualFrequencyConfig(TaskConfig):
         return self
 
 
+def results(row: dict, metrics: list[dict], tables: dict) -> None:
+    """The conditions of a run's tables (by_condition, stability) in the paper's spelling:
+    FREQUENT, RARE."""
+    for table in tables.values():
+        for column in ("target", "disturbants"):
+            if column in table:
+                table[column] = table[column].str.upper()
+
+
 register_task(TaskKind(
     "dual_frequency", DualFrequencyTask, label="Dual-frequency reverse",
-    summary="reverse with a dual-frequency vocabulary (Fig. 3, 5)", config=DualFrequencyConfig))
+    summary="reverse with a dual-frequency vocabulary (Fig. 3, 5)", config=DualFrequencyConfig,
+    results=results))

@@ -63,12 +63,7 @@ class LanguageModelTask:
         self.device = torch.device(device)
         assert cfg.data is not None  # LanguageModelConfig requires it
         self.splits = load(cfg.data, vocab_size=cfg.vocab_size, max_tokens=cfg.length)
-        sizes = shapes(cfg)
-        assert sizes.pad_id is not None  # padding is id K
-        self.num_embeddings = sizes.num_embeddings
-        self.num_classes = sizes.num_classes
-        self.pad_id = sizes.pad_id
-        self.max_steps = sizes.steps
+        self.shapes = shapes(cfg)
         self._model_ids = model_ids(cfg.vocab_size)
 
     def rows(self, split: Split, index: np.ndarray, device: torch.device) -> Batch:
@@ -78,13 +73,15 @@ class LanguageModelTask:
         steps = np.arange(lengths.max())
         inside = steps[None, :] < lengths[:, None]  # [B, T+1]
         pieces = split.tokens[np.where(inside, starts[:, None] + steps, 0)]  # [B, T+1]
-        tokens = np.where(inside, self._model_ids[pieces], self.pad_id)
+        pad = self.shapes.pad_id
+        assert pad is not None  # `shapes` pads with id K
+        tokens = np.where(inside, self._model_ids[pieces], pad)
         sequences = torch.from_numpy(tokens).to(device)  # [B, T+1]
         inputs, targets = sequences[:, :-1], sequences[:, 1:]  # [B, T] each
         # Padding and <unk> inside a paragraph are both id K: neither is scored
         # (docs/paper-facts.md#language-modelling).
         return Batch(sequences=sequences, inputs=inputs, targets=targets,
-                     output_targets=targets, output_mask=targets != self.pad_id,
+                     output_targets=targets, output_mask=targets != pad,
                      lengths=torch.from_numpy(lengths).to(device))
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
@@ -99,7 +96,7 @@ class LanguageModelTask:
         batch: little padding, and the memory of one batch of the longest paragraphs."""
         lengths = split.lengths()
         order = np.argsort(-lengths, kind="stable")
-        budget = batch_size * self.max_steps
+        budget = batch_size * self.shapes.steps
         start = 0
         while start < len(order):
             rows = max(1, budget // int(lengths[order[start]] - 1))
@@ -118,8 +115,8 @@ class LanguageModelTask:
         result: dict[str, Any] = {}
         for name in ("valid", "test"):
             split = self.splits[name]
-            loss = torch.zeros(self.max_steps, dtype=torch.float64, device=self.device)
-            count = torch.zeros(self.max_steps, dtype=torch.long, device=self.device)
+            loss = torch.zeros(self.shapes.steps, dtype=torch.float64, device=self.device)
+            count = torch.zeros(self.shapes.steps, dtype=torch.long, device=self.device)
             for index in self.eval_batches(split, batch_size):
                 batch = self.rows(split, index, self.device)
                 logits = logits_fn(batch)  # [B, T, K]
@@ -158,6 +155,18 @@ class LanguageModelConfig(TaskConfig):
         return self
 
 
+def results(row: dict, metrics: list[dict], tables: dict) -> None:
+    """A run's training perplexity (exp of its last logged loss) and its training curve
+    with the perplexity at each logged step (Fig. 15; other tasks' curves stay in their
+    runs)."""
+    if "train_loss" in row:
+        row["train_perplexity"] = math.exp(row["train_loss"])
+    if metrics:
+        perplexity = np.exp([m["loss"] for m in metrics])
+        tables["curves"] = [{"step": m["step"], "loss": m["loss"], "accuracy": m["accuracy"],
+                             "train_perplexity": p} for m, p in zip(metrics, perplexity)]
+
+
 register_task(TaskKind("lm", LanguageModelTask, label="Language model",
                        summary="WikiText-103 language modelling (Table 1, Fig. 15)",
-                       config=LanguageModelConfig, shapes=shapes))
+                       config=LanguageModelConfig, shapes=shapes, results=results))

@@ -25,11 +25,11 @@ class PredecessorTask(SyntheticTask):
     has_command_token = False
 
     @property
-    def max_steps(self) -> int:
+    def steps(self) -> int:
         return self.L + 1
 
     @property
-    def max_outputs(self) -> int:
+    def outputs(self) -> int:
         return 1
 
     def draw(self, n: int, generator: torch.Generator) -> Tensor:

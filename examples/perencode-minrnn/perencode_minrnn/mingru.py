@@ -33,7 +33,7 @@ from pydantic import Field
 from torch import Tensor, nn
 from torch.func import jacrev, vmap
 
-from perencode.models import ModelSizes, SequenceModel
+from perencode.models import SequenceModel, Shapes
 from perencode.recipe import EncodingConfig, ModelConfig
 
 
@@ -102,11 +102,10 @@ class MinGRUModel(SequenceModel):
 
     arch = "mingru"
 
-    def __init__(self, cfg: MinGRUConfig, encoding: EncodingConfig, sizes: ModelSizes):
-        super().__init__(sizes.num_embeddings, cfg.embed_size, encoding, sizes.max_positions,
-                         sizes.padding_idx)
+    def __init__(self, cfg: MinGRUConfig, encoding: EncodingConfig, shapes: Shapes):
+        super().__init__(shapes, cfg.embed_size, encoding)
         self.rnn = MinGRU(self.in_features, cfg.hidden_size, cfg.log_space)
-        self.head = nn.Linear(cfg.hidden_size, sizes.num_classes)
+        self.head = nn.Linear(cfg.hidden_size, shapes.num_classes)
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.rnn(self.cell_inputs(tokens))  # [B, T, H]
@@ -120,8 +119,8 @@ class MinGRUModel(SequenceModel):
         return h, h
 
 
-def build(cfg: MinGRUConfig, encoding: EncodingConfig, sizes: ModelSizes) -> MinGRUModel:
-    return MinGRUModel(cfg, encoding, sizes)
+def build(cfg: MinGRUConfig, encoding: EncodingConfig, shapes: Shapes) -> MinGRUModel:
+    return MinGRUModel(cfg, encoding, shapes)
 
 
 def flops_per_step(cfg: MinGRUConfig, inputs: int, steps: int) -> float:
