@@ -18,7 +18,7 @@ help:
 	@echo "make quickstart   the paper's headline effect: GPU demo where CUDA is present, else CPU"
 	@echo "make test         the test suite (everything; CI runs it)"
 	@echo "make test-fast    the tests not marked slow (under a minute)"
-	@echo "make lint         ruff"
+	@echo "make lint         ruff, and mypy on the package (pyproject.toml [tool.mypy])"
 	@echo "make test-slurm   the sweep tests on a real single-node SLURM cluster (root; apt-get)"
 	@echo "make install      create $(VENV) and install perencode into it"
 	@echo "make reproduce-all  every paper grid, then figures and verify (GPU; EXECUTOR=slurm)"
@@ -59,5 +59,6 @@ test-fast: install
 
 lint: install
 	$(PY) -m ruff check perencode tests
+	$(PY) -m mypy
 
 -include make/*.mk

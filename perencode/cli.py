@@ -171,7 +171,7 @@ def train(
     r = load_recipe(recipe, overrides)
     run_dir = renamed(run_dir, old_out, "--run-dir", "--out")
     run_dir = run_dir if run_dir is not None else runs.default_run_dir(recipe, r.train.seed)
-    already = run_dir.is_dir() and runs.is_complete(run_dir)
+    already = run_dir.is_dir() and runs.Run(run_dir).is_complete()
     try:
         result = run_training(r, run_dir, device, progress=progress, tensorboard=tensorboard,
                               force=force)
@@ -261,7 +261,7 @@ def recipe_schema(
                                  "editors and validators) instead of the Markdown table."),
 ) -> None:
     """Print every recipe field (key, type, default, meaning) as a Markdown table."""
-    from perencode.recipe import json_schema, schema_rows
+    from perencode.schema import json_schema, schema_rows
 
     if as_json:
         print(json.dumps(json_schema(), indent=2))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -35,6 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,7 +45,7 @@ from perencode.bench import bench
 from perencode.evaluate import evaluate_model
 from perencode.experiment import build
 from perencode.grid import load_grid
-from perencode.models import build_model
+from perencode.models import SequenceModel, build_model
 from perencode.recipe import Recipe, load_recipe, validate
 from perencode.sweep.cost import Estimates, device_label
 from perencode.tasks import Batch, make
@@ -142,8 +144,9 @@ def small_recipe(arch: str, encoding: str, size: dict, **train: int | str) -> Re
 
 
 def batch_to(batch: Batch, device: torch.device) -> Batch:
-    return Batch(**{f.name: (None if (v := getattr(batch, f.name)) is None else v.to(device))
-                    for f in dataclasses.fields(batch)})
+    moved: dict[str, Any] = {f.name: (None if (v := getattr(batch, f.name)) is None
+                                      else v.to(device)) for f in dataclasses.fields(batch)}
+    return Batch(**moved)
 
 
 def cpu_batches(recipe: Recipe, steps: int) -> list[Batch]:
@@ -154,14 +157,14 @@ def cpu_batches(recipe: Recipe, steps: int) -> list[Batch]:
     return [task.sample(recipe.train.batch_size, generator) for _ in range(steps)]
 
 
-def initial_model(recipe: Recipe) -> torch.nn.Module:
+def initial_model(recipe: Recipe) -> SequenceModel:
     """The recipe's model as training initialises it, on the CPU."""
     task = make(recipe.task, recipe.train.seed, torch.device("cpu"))
     torch.manual_seed(recipe.train.seed)
     return build_model(recipe, task.shapes)
 
 
-def trained_parameters(model: torch.nn.Module, recipe: Recipe, batches: list[Batch],
+def trained_parameters(model: SequenceModel, recipe: Recipe, batches: list[Batch],
                        device: torch.device) -> dict[str, torch.Tensor]:
     """A copy of `model` on `device` after one Adam step per batch at the recipe's peak
     learning rate (the warm-up's first steps are nearly 0 and would compare nothing); the
@@ -506,6 +509,7 @@ def speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_r
             total, extrapolated = 0.0, 0
             for cell in cells:
                 seconds, measured = cache.seconds(label, cell.recipe)
+                assert seconds is not None  # cells[0] is measured: the others extrapolate
                 total += cell.recipe.train.iterations * seconds / 3600
                 extrapolated += not measured
             how = f"{extrapolated} of {len(cells)} by FLOPs" if extrapolated else "measured"
@@ -540,7 +544,8 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
     # cuda -> cuda is a SLURM job requeued on another GPU; the others a run moved.
     pairs = [(cpu, cpu)] + ([(device, device), (cpu, device), (device, cpu)] if cuda else [])
     for a, b in pairs:
-        rows += guarded(f"resume {a.type} -> {b.type}", lambda a=a, b=b: resume_check(resume, a, b))
+        rows += guarded(f"resume {a.type} -> {b.type}",
+                        functools.partial(resume_check, resume, a, b))
     if not cuda:
         rows.append(Check("resume cpu <-> cuda", "-", "resumes on the other device",
                           skipped))

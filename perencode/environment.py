@@ -53,7 +53,7 @@ def git_dirty(folder: str | Path | None = None) -> bool | None:
 def package_versions() -> dict[str, str | None]:
     """Installed versions (None: not installed), read from the package metadata without
     importing the packages."""
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)

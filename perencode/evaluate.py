@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from perencode import runs
 from perencode.console import console
@@ -14,11 +13,12 @@ from perencode.errors import UserError
 from perencode.experiment import build, output_logits
 from perencode.io import remove_stale_temps
 from perencode.lock import hold
+from perencode.models import SequenceModel
 from perencode.recipe import Recipe
 
 
 @torch.no_grad()
-def evaluate_model(model: nn.Module, task, recipe: Recipe, **options) -> dict:
+def evaluate_model(model: SequenceModel, task, recipe: Recipe, **options) -> dict:
     was_training = model.training
     model.eval()
     try:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -76,7 +77,7 @@ def _order(column: str, values) -> list:
 
 
 def _subplots(nrows: int, ncols: int, width: float = 4.0, height: float = 3.2,
-              sharey: bool | str = False):
+              sharey: bool | Literal["row"] = False):
     """Panels laid out by matplotlib's constrained layout, which keeps room for a subtitle
     and for the legend outside the panels (`_save`)."""
     import matplotlib
@@ -353,6 +354,11 @@ def _is(column: str, *values):
     return lambda df: df[column].isin(values)
 
 
+def _undrawn_of_task(name: str, undrawn: set, df: pd.DataFrame) -> pd.Series:
+    """The rows of task `name` that no figure of the paper drew."""
+    return _is("task.name", name)(df) & df["run"].isin(undrawn)
+
+
 @dataclass
 class Figure:
     name: str
@@ -581,7 +587,7 @@ def other_figures(runs: pd.DataFrame, drawn: set) -> list[Figure]:
     metrics = [m for m in METRICS if m in left.columns and left[m].notna().any()]
     undrawn = set(left["run"])
     return [Figure(f"other_{name}_vocabulary", "runs",
-                   lambda d, name=name: _is("task.name", name)(d) & d["run"].isin(undrawn),
+                   functools.partial(_undrawn_of_task, name, undrawn),
                    VOCAB_AXES, draw_vocabulary(metrics[:2]))
             for name in kinds.order("task", left["task.name"])] if metrics else []
 

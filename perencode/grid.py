@@ -46,8 +46,8 @@ from perencode.recipe import (
     parse_value,
     read_toml,
     validate,
-    validate_table,
 )
+from perencode.validation import validate_table
 
 
 class SlurmConfig(BaseModel):
@@ -252,7 +252,8 @@ def load_grid(path: str | Path, overrides: list[str] | None = None,
         data = apply_overrides(data, overrides)
     names = short_names(values)
     set_keys = [item.partition("=")[0].strip() for item in overrides or []]
-    cells, applied = [], set()
+    cells: list[Cell] = []
+    applied: set[str] = set()
     for combo in itertools.product(*(rows for _, rows in groups)):
         coords = {key: value for (keys, _), row in zip(groups, combo)
                   for key, value in zip(keys, row)}

@@ -114,7 +114,7 @@ def remove_stale_temps(folder: str | Path,
     `.NAME.XXXXXXXX.tmp`, and only for the NAMEs `targets` accepts); the paths removed.
     Call it holding the folder's lock: a live writer's temporary file looks the same."""
     folder = Path(folder)
-    removed = []
+    removed: list[Path] = []
     if not folder.is_dir():
         return removed
     for path in sorted(folder.iterdir()):

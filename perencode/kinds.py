@@ -101,7 +101,7 @@ class EncodingKind:
 TASKS: dict[str, TaskKind] = {}
 MODELS: dict[str, ModelKind] = {}
 ENCODINGS: dict[str, EncodingKind] = {}
-REGISTRIES = {"task": TASKS, "model": MODELS, "encoding": ENCODINGS}
+REGISTRIES: dict[str, dict[str, Any]] = {"task": TASKS, "model": MODELS, "encoding": ENCODINGS}
 FIELDS = {"task": "task.name", "model": "model.arch", "encoding": "encoding.kind"}
 _loaded: list[bool] = []
 # (registry, name) -> where a kind not of the package came from: a perencode.plugins.Plugin

@@ -189,10 +189,13 @@ def load(spec: str) -> Plugin:
         name = _module_name(path)
         plugin = Plugin(name, key)
         module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:  # a suffix Python cannot import
+            raise UserError(f"plugin {spec}: not a Python source file (.py)")
+        loader = module_spec.loader
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
         try:
-            _importing(plugin, lambda: module_spec.loader.exec_module(module))
+            _importing(plugin, lambda: loader.exec_module(module))
         except Exception as exc:  # noqa: BLE001
             del sys.modules[name]
             raise UserError(f"plugin {spec}: importing it failed: {_one_line(exc)}") from None
@@ -240,7 +243,7 @@ def records() -> list[dict]:
     """Every plugin whose kinds this process holds, as JSON-ready dicts (env.json)."""
     live = [origin(section, name) for section, name in kinds.ORIGINS
             if name in kinds.REGISTRIES[section]]
-    found = {p: None for p in [*live, *_LOADED.values()]}
+    found = {p: None for p in [*live, *_LOADED.values()] if p is not None}
     return [asdict(p) for p in found]
 
 
@@ -286,7 +289,8 @@ def require(run_dir: str | Path, data: dict) -> None:
         field = f"{section}.{tag} = {name!r}"
         for entry in recorded if isinstance(recorded, list) else []:
             if isinstance(entry, dict) and field in entry.get("provides", []):
-                plugin = Plugin(**{k: entry.get(k) for k in Plugin.__dataclass_fields__})
+                fields: dict[str, Any] = {k: entry.get(k) for k in Plugin.__dataclass_fields__}
+                plugin = Plugin(**fields)
                 raise UserError(f"{run_dir}: the run needs the plugin {plugin.describe()} "
                                 f"for {field}, which this process has not loaded; "
                                 f"{plugin.how_to_load()}")

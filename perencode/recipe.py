@@ -1,5 +1,9 @@
 """Recipes: the only configuration of a run, Pydantic-validated and loaded from TOML.
 
+The sections are here; the open tagged union of the kind sections is perencode.tagged, the
+one-line errors perencode.validation, the schema (`perencode recipe-schema`)
+perencode.schema.
+
 Defaults are what the authors' code did (docs/paper-facts.md#training-settings); the paper-text
 values are one option away (e.g. `optim.betas = [0.9, 0.999]`, `optim.schedule = "cosine"`).
 """
@@ -9,24 +13,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import Any, ClassVar, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializeAsAny,
-    ValidationError,
-    ValidationInfo,
-    create_model,
-    field_validator,
-    model_validator,
-)
-from rapidfuzz import process
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from perencode import kinds, plugins
 from perencode.errors import UserError
+from perencode.tagged import KindConfig, KindNames, Section
+from perencode.validation import validate_table
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,168 +28,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 import tomli_w
-
-
-class Section(BaseModel):
-    # Every number of a recipe is a physical quantity (a rate, a decay, a size): inf and nan
-    # are refused before anything is written, never trained on.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_booleans_for_numbers(cls, data: Any) -> Any:
-        """`true` where a number is meant is a mistake, not 1 (Pydantic would take it)."""
-        if isinstance(data, dict):
-            for name, value in data.items():
-                field = cls.model_fields.get(name)
-                values = value if isinstance(value, (list, tuple)) else [value]
-                if field is not None and any(isinstance(v, bool) for v in values) and \
-                        bool not in (field.annotation, *get_args(field.annotation)):
-                    raise ValueError(f"field '{name}': expected a number, got a boolean "
-                                     f"({json.dumps(value)})")
-        return data
-
-
-def registered(kind: str, name: str, info: ValidationInfo) -> str:
-    """A field validator's check that `name` is a registered kind (perencode.kinds), unless
-    the validation reads results (context `any_kind`: a run made with a kind the reader has
-    not imported is still a result, under its raw name)."""
-    if name not in kinds.registry(kind) and not (info.context or {}).get("any_kind"):
-        raise ValueError(f"Input should be {kinds.choices(kind)}; {kinds.PLUGIN_HINT}")
-    return name
-
-
-class KindConfig(Section):
-    """Base of a section that names a registered kind in its tag field (`task.name`,
-    `model.arch`, `encoding.kind`). The section is a union tagged by that field: each kind's
-    registration (perencode.kinds) names the config class that holds its own options, a
-    subclass of the section's base beside the kind's code (e.g. the dual-frequency task's
-    `rarity`), and `Recipe` validates a table with the class its tag names. The union is
-    open: a study's `register_*` call adds a member, which a union fixed when `Recipe` is
-    defined could not take; `json_schema` writes it as a discriminated `oneOf`."""
-
-    KIND: ClassVar[str]  # "task", "model" or "encoding"
-    TAG: ClassVar[str]   # the field that names the kind
-
-    @classmethod
-    def named(cls, table: dict) -> Any:
-        """The kind a table names: its tag, or the tag's default."""
-        return table.get(cls.TAG, cls.model_fields[cls.TAG].default)
-
-    @classmethod
-    def foreign(cls, table: dict, chosen: type[KindConfig]) -> dict[str, list[str]]:
-        """The keys of `table` that the class `chosen` lacks and other kinds have, each
-        with those kinds' names (none for a kind no registration holds: it keeps all)."""
-        owners = cls.options() if chosen is not _OPEN.get(cls) else {}
-        return {k: owners[k] for k in table if k not in chosen.model_fields and k in owners}
-
-    @classmethod
-    def default(cls) -> KindConfig:
-        """The section a recipe gets when it leaves the table out (the tag's default)."""
-        return cls.class_for(cls.model_fields[cls.TAG].default)()
-
-    @classmethod
-    def class_for(cls, name: Any, any_kind: bool = False) -> type[KindConfig]:
-        """The config class of the kind named `name`; with `any_kind`, a name no
-        registration holds (a result made by a study the reader has not imported) gets a
-        class that keeps whatever options the table has."""
-        kind = kinds.registry(cls.KIND).get(name)
-        if kind is not None:
-            return kind.config or cls
-        if any_kind and isinstance(name, str):
-            return _open_class(cls)
-        raise ValueError(f"field '{cls.TAG}': Input should be {kinds.choices(cls.KIND)} "
-                         f"(got {name!r}); {kinds.PLUGIN_HINT}")
-
-    @classmethod
-    def of(cls, **fields: Any) -> KindConfig:
-        """The section of the kind `fields` names, validated by its class (as in a recipe):
-        `TaskConfig.of(name="dual_frequency", rarity=0.25)`."""
-        return cls.dispatch(fields, {})
-
-    @classmethod
-    def options(cls) -> dict[str, list[str]]:
-        """Each option a kind adds to the base, with the names of the kinds that have it."""
-        out: dict[str, list[str]] = {}
-        for name, kind in kinds.registry(cls.KIND).items():
-            for option in (kind.config or cls).model_fields:
-                if option not in cls.model_fields:
-                    out.setdefault(option, []).append(name)
-        return out
-
-    @classmethod
-    def renamed(cls, data: dict) -> None:
-        """Keys of earlier versions that now have another home: a ValueError naming it."""
-
-    @classmethod
-    def dispatch(cls, data: Any, context: dict) -> Any:
-        """Validate the table `data` with the class its tag names.
-
-        An option of another kind is refused with a line naming its owners, except in a
-        stored recipe (`context["stored"]`: a run directory's or a checkpoint's), where it
-        is dropped: before each kind had its own class, every section carried every kind's
-        options, and such a file must still read as the same run."""
-        if isinstance(data, KindConfig):
-            if type(data) is cls.class_for(getattr(data, cls.TAG), True):
-                return data
-            data = data.model_dump()
-        if not isinstance(data, dict):
-            return cls.model_validate(data)  # "must be a table"
-        cls.renamed(data)
-        name = cls.named(data)
-        chosen = cls.class_for(name, bool(context.get("any_kind")))
-        foreign = cls.foreign(data, chosen)
-        if foreign and not context.get("stored"):
-            key, owners = next(iter(foreign.items()))
-            raise ValueError(f"field '{key}': not an option of {kinds.FIELDS[cls.KIND]} = "
-                             f"{name!r} (only of {', '.join(map(repr, owners))})")
-        data = {k: v for k, v in data.items() if k not in foreign}
-        return chosen.model_validate(data, context=context)
-
-
-_OPEN: dict[type, type] = {}
-
-
-def _open_class(base: type[KindConfig]) -> type[KindConfig]:
-    """`base` taking any extra option: the section of a kind no registration holds."""
-    if base not in _OPEN:
-        _OPEN[base] = type(f"Unregistered{base.__name__}", (base,),
-                           {"model_config": ConfigDict(extra="allow"), "__module__": __name__})
-    return _OPEN[base]
-
-
-def foreign_options(data: dict[str, Any]) -> list[str]:
-    """The dotted keys of recipe dict `data` that are options of another kind than the one
-    its section names (e.g. `task.rarity` in a reverse task's table)."""
-    out = []
-    for section in ("task", "model", "encoding"):
-        table, base = data.get(section), Recipe.model_fields[section].annotation
-        if not isinstance(table, dict):
-            continue
-        try:
-            chosen = base.class_for(base.named(table))
-        except ValueError:
-            continue  # an unknown kind: validation names it
-        out += [f"{section}.{key}" for key in base.foreign(table, chosen)]
-    return out
-
-
-class KindNames:
-    """`json_schema_extra` of a field that names a registered kind: the JSON schema lists
-    the names registered when it is generated, and `schema_rows` their summaries."""
-
-    def __init__(self, kind: str):
-        self.kind = kind
-
-    def __call__(self, schema: dict) -> None:
-        schema["enum"] = kinds.names(self.kind)
-        schema["description"] = self.describe(schema.get("description", ""))
-
-    def describe(self, description: str) -> str:
-        """The field's description followed by each registered kind's summary."""
-        return description + ": " + "; ".join(
-            f"{k.name} = {k.summary or k.label}" for k in kinds.registry(self.kind).values()
-        ) + "."
 
 
 class TaskConfig(KindConfig):
@@ -224,11 +56,6 @@ class TaskConfig(KindConfig):
         description="L, input length (the longest one for variable_length; for lm the "
         "maximum input tokens per paragraph, equal to `lm-prepare --max-tokens`).",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _registered(cls, name: str, info: ValidationInfo) -> str:
-        return registered("task", name, info)
 
     @classmethod
     def renamed(cls, data: dict) -> None:
@@ -264,11 +91,6 @@ class ModelConfig(KindConfig):
         512, ge=2, le=65536, description="E, token embedding size (the PE has the same size)."
     )
 
-    @field_validator("arch")
-    @classmethod
-    def _registered(cls, arch: str, info: ValidationInfo) -> str:
-        return registered("model", arch, info)
-
     @model_validator(mode="after")
     def _even(self) -> ModelConfig:
         if self.embed_size % 2:
@@ -290,11 +112,6 @@ class EncodingConfig(KindConfig):
     mode: Literal["concat", "add"] = Field(
         "concat", description="Combine the encoding with the embedding by concat or add."
     )
-
-    @field_validator("kind")
-    @classmethod
-    def _registered(cls, kind: str, info: ValidationInfo) -> str:
-        return registered("encoding", kind, info)
 
     @model_validator(mode="after")
     def _mode(self) -> EncodingConfig:
@@ -391,7 +208,7 @@ class Recipe(Section):
     @classmethod
     def _tagged(cls, data: Any, handler: Any, info: ValidationInfo) -> KindConfig:
         """Each kind section is validated by the class its tag names (KindConfig)."""
-        base = cls.model_fields[info.field_name].annotation
+        base = kind_base(str(info.field_name))
         return base.dispatch(data, info.context or {})
 
     def to_dict(self) -> dict[str, Any]:
@@ -418,10 +235,10 @@ class Recipe(Section):
 
     def checkpoints_kept(self) -> int | None:
         """How many periodic checkpoints a run keeps; None: all (train.keep_checkpoints)."""
-        keep = self.train.keep_checkpoints
+        keep: int | str | None = self.train.keep_checkpoints
         if keep is None:
             keep = self.task.KEEP_CHECKPOINTS
-        return None if keep == "all" else keep
+        return keep if isinstance(keep, int) else None  # "all", the one word allowed
 
 
 def identity(data: dict[str, Any]) -> dict[str, Any]:
@@ -441,6 +258,32 @@ def run_key(recipe: Recipe) -> str:
 
 
 SECTIONS = ("task", "model", "encoding", "optim", "train")
+KIND_SECTIONS = ("task", "model", "encoding")  # each a KindConfig: an open tagged union
+
+
+def section_class(section: str) -> type[Section]:
+    """The class of a recipe section, as `Recipe` declares it."""
+    cls = Recipe.model_fields[section].annotation
+    assert isinstance(cls, type) and issubclass(cls, Section), section
+    return cls
+
+
+def kind_base(section: str) -> type[KindConfig]:
+    """The base class of a kind section (`task`, `model`, `encoding`): its tagged union."""
+    cls = section_class(section)
+    assert issubclass(cls, KindConfig), section
+    return cls
+
+
+def foreign_options(data: dict[str, Any]) -> list[str]:
+    """The dotted keys of recipe dict `data` that are options of another kind than the one
+    its section names (e.g. `task.rarity` in a reverse task's table)."""
+    out = []
+    for section in KIND_SECTIONS:
+        table, base = data.get(section), kind_base(section)
+        if isinstance(table, dict):
+            out += [f"{section}.{key}" for key in base.foreign_in(table)]
+    return out
 
 
 def parse_value(text: str) -> Any:
@@ -476,82 +319,25 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "-
     return out
 
 
-def _model_at(model: type[BaseModel], path: list[str], data: Any = None) -> type[BaseModel] | None:
-    """The Pydantic model of the table at `path` inside `model` (None if not a table); a
-    kind section's is the class its tag names in `data`, the validated input."""
-    for part in path:
-        field = model.model_fields.get(part)
-        model = field.annotation if field is not None else None
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return None
-        data = data.get(part) if isinstance(data, dict) else None
-        if issubclass(model, KindConfig) and isinstance(data, dict):
-            try:
-                model = model.class_for(model.named(data), any_kind=True)
-            except ValueError:
-                pass
-    return model
+def validate(data: dict[str, Any], source: str, any_kind: bool = False) -> Recipe:
+    """A recipe; `any_kind` accepts kinds no registration knows (reading results). One a run
+    stored is migrated first (`migrate_stored`)."""
+    return validate_table(Recipe, data, source, context={"any_kind": any_kind})
 
 
-def format_validation_error(exc: ValidationError, source: str,
-                            model: type[BaseModel] | None = None, table: str = "",
-                            top: str = "the top level", data: Any = None) -> str:
-    """One line for any of our Pydantic models (recipes, grid tables, claims): the file,
-    the field and what is allowed, with "did you mean" for an unknown key.
-
-    `model` is the validated class (default Recipe); `table` names it inside its file
-    (e.g. "slurm" for a grid's [slurm] table) when it is not the whole file; `top` is how
-    an unknown key's place is named when it is not in a table (e.g. "the claim"); `data`,
-    the validated input, tells which class a kind section was validated with.
-    """
-    model = model or Recipe
-    errors = exc.errors()
-    # A misspelt key is both unknown and (its right spelling) missing: name the unknown one.
-    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    loc = [str(p) for p in err["loc"]]
-    where = ".".join(loc)
-    msg = err["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    if msg.startswith("field '"):  # a model validator naming the field it is about
-        field, _, msg = msg[len("field '"):].partition("': ")
-        where = ".".join([*loc, field])
-    if err["type"] == "extra_forbidden":
-        owner = _model_at(model, loc[:-1], data)
-        allowed = list(owner.model_fields) if owner is not None else []
-        guess = process.extractOne(loc[-1], allowed) if allowed else None
-        hint = f"; did you mean '{guess[0]}'?" if guess and guess[1] >= 70 else ""
-        inside = ".".join([table, *loc[:-1]] if table else loc[:-1])
-        name = f"[{inside}]" if inside else top
-        msg = f"unknown key '{loc[-1]}' in {name} (allowed: {', '.join(allowed)}){hint}"
-    elif err["type"] in ("model_attributes_type", "dict_type", "model_type"):
-        msg = f"must be a table, got {err.get('input')!r}"
-    elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
-        msg = f"{msg} (got {err['input']!r})"
-    if table:
-        where = f"[{table}] {where}".rstrip()
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{source}: {where or 'recipe'}: {msg}{more}"
-
-
-def validate_table(model: type[BaseModel], data: Any, source: str, table: str = "",
-                   top: str = "the top level", context: dict | None = None):
-    """`model.model_validate(data, context=context)`, any mistake as a one-line UserError."""
-    if not isinstance(data, dict):
-        name = f"[{table}]" if table else "it"
-        raise UserError(f"{source}: {name} must be a table, got {data!r}")
-    try:
-        return model.model_validate(data, context=context)
-    except ValidationError as exc:
-        raise UserError(format_validation_error(exc, source, model, table, top, data)) from None
-
-
-def validate(data: dict[str, Any], source: str, any_kind: bool = False,
-             stored: bool = False) -> Recipe:
-    """A recipe; `any_kind` accepts kinds no registration knows (reading results); `stored`
-    reads one a run wrote (a run directory's or a checkpoint's: see KindConfig.dispatch)."""
-    return validate_table(Recipe, data, source,
-                          context={"any_kind": any_kind, "stored": stored})
+def migrate_stored(data: dict[str, Any]) -> dict[str, Any]:
+    """A recipe dict as a run stored it (its recipe.toml, a checkpoint's), in this version's
+    keys. Before each kind had its own config class, every kind section carried every
+    kind's options (a reverse GRU's `rarity`, `d_state`): such a file still reads as the
+    same run, without them. In a recipe a user writes they are refused
+    (KindConfig.dispatch)."""
+    out = dict(data)
+    for section in KIND_SECTIONS:
+        table, base = out.get(section), kind_base(section)
+        if isinstance(table, dict):
+            foreign = base.foreign_in(table)
+            out[section] = {k: v for k, v in table.items() if k not in foreign}
+    return out
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -596,77 +382,7 @@ def field_names() -> list[str]:
     """Every recipe field as a dotted key, the options of every registered kind among them."""
     out = []
     for section in SECTIONS:
-        model = Recipe.model_fields[section].annotation
+        model = section_class(section)
         own = model.options() if issubclass(model, KindConfig) else {}
         out += [f"{section}.{name}" for name in [*model.model_fields, *own]]
     return out
-
-
-def _type_text(ann: Any) -> str:
-    """A field type as a recipe writer reads it: `int | 'all' | unset`, `[float, float]`."""
-    origin, args = get_origin(ann), get_args(ann)
-    if ann is type(None):
-        return "unset"
-    if origin is Literal:
-        return " | ".join(repr(a) for a in args)
-    if origin in (Union, UnionType):
-        return " | ".join(_type_text(a) for a in args)
-    if origin in (tuple, list):
-        inner = ", ".join(_type_text(a) for a in args if a is not Ellipsis)
-        return f"[{inner}{', ...' if origin is list or Ellipsis in args else ''}]"
-    return getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
-
-
-def _type_name(field) -> str:
-    return _type_text(field.annotation)
-
-
-def _default_text(value: Any) -> str:
-    """A default as it is written in a recipe (TOML has no None: unset)."""
-    if value is None:
-        return "unset"
-    return repr(list(value)) if isinstance(value, tuple) else repr(value)
-
-
-def schema_rows() -> list[tuple[str, str, str, str]]:
-    """(key, type, default, description) for every recipe field, for docs and the CLI: a
-    kind section's own fields, then each option a registered kind adds, named with the
-    kinds that have it."""
-    rows = []
-    for section in SECTIONS:
-        model = Recipe.model_fields[section].annotation
-        for name, field in model.model_fields.items():
-            type_name, description = _type_name(field), field.description or ""
-            names = field.json_schema_extra
-            if isinstance(names, KindNames):  # whatever registered them
-                type_name = " | ".join(repr(n) for n in kinds.names(names.kind))
-                description = names.describe(description)
-            rows.append((f"{section}.{name}", type_name, _default_text(field.default),
-                         description))
-        if issubclass(model, KindConfig):
-            for name, owners in model.options().items():
-                field = model.class_for(owners[0]).model_fields[name]
-                where = f"{kinds.FIELDS[model.KIND]} = {', '.join(owners)} only"
-                rows.append((f"{section}.{name}", _type_name(field), _default_text(field.default),
-                             f"({where}) {field.description or ''}".rstrip()))
-    return rows
-
-
-def json_schema() -> dict[str, Any]:
-    """The recipe's JSON Schema: each kind section a `oneOf` discriminated by its tag, one
-    member per registered kind, with that kind's own fields."""
-    sections = {}
-    for section in ("task", "model", "encoding"):
-        base = Recipe.model_fields[section].annotation
-        members, tag = [], base.model_fields[base.TAG]
-        for name, kind in kinds.registry(base.KIND).items():
-            members.append(create_model(
-                f"{name.title().replace('_', '')}{base.__name__}", __base__=kind.config or base,
-                **{base.TAG: (Literal[name], Field(name, description=tag.description))}))
-        union = Union[tuple(members)] if len(members) > 1 else members[0]  # noqa: UP007
-        sections[section] = (Annotated[union, Field(discriminator=base.TAG)],
-                             Field(default_factory=base.default))
-    tagged = create_model("Recipe", __base__=Section, description=(str, Recipe.model_fields[
-        "description"]), **sections, optim=(OptimConfig, Field(default_factory=OptimConfig)),
-        train=(TrainConfig, Field(default_factory=TrainConfig)))
-    return tagged.model_json_schema()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -97,7 +98,9 @@ def _read_stability(run_dir: Path) -> pd.DataFrame | None:
 
 def collect(paths: list[Path]) -> Results:
     """Every run under `paths` into one Results; identical recipes are kept once."""
-    rows, tables, kept = [], {}, {}
+    rows: list[dict[str, Any]] = []
+    tables: dict[str, list[pd.DataFrame]] = {}
+    kept: dict[str, Path] = {}
     duplicates = []
     for run_dir in runs.find_runs(paths):
         recipe = runs.read_recipe(run_dir, any_kind=True)
@@ -108,9 +111,9 @@ def collect(paths: list[Path]) -> Results:
         kept[key] = run_dir
         run = str(run_dir)
         scalars, nested = _read_eval(run_dir)
-        metrics = runs.read_metrics(run_dir)
+        metrics = runs.Run(run_dir).metrics()
         row = {"run": run, **flatten(recipe), **scalars, **_training_summary(metrics),
-               "complete": runs.is_complete(run_dir)}
+               "complete": runs.Run(run_dir).is_complete()}
         own = {name: pd.DataFrame(items) for name, items in nested.items()}
         stability = _read_stability(run_dir)
         if stability is not None:

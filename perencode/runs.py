@@ -45,7 +45,7 @@ from perencode.io import (
     safe_torch_load,
 )
 from perencode.lock import LOCK_NAME
-from perencode.recipe import Recipe, read_toml, validate
+from perencode.recipe import Recipe, migrate_stored, read_toml, validate
 
 CHECKPOINT_FORMAT = "perencode-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -108,7 +108,7 @@ def read_recipe(run_dir: str | Path, any_kind: bool = False) -> Recipe:
     data = read_toml(path)
     if not any_kind:
         plugins.require(run_dir, data)  # a plugin's kind: name the plugin and how to load it
-    return validate(data, str(path), any_kind, stored=True)
+    return validate(migrate_stored(data), str(path), any_kind)
 
 
 def foreign_reason(state: dict, recipe: Recipe, path: str | Path) -> str | None:
@@ -116,7 +116,7 @@ def foreign_reason(state: dict, recipe: Recipe, path: str | Path) -> str | None:
     None when it is: the one test resume, eval and stability apply. Its recipe's identity
     (every field that defines the run, the seed included) must equal the run's."""
     try:
-        theirs = validate(state["recipe"], str(path), any_kind=True, stored=True).identity()
+        theirs = validate(migrate_stored(state["recipe"]), str(path), any_kind=True).identity()
     except UserError:
         return "its recipe is unreadable"
     diff = _differences(theirs, recipe.identity(), names=("in the checkpoint", "in the run"))
@@ -348,7 +348,7 @@ class Run:
         """(path, state) of the newest (or the given) checkpoint, checked to be this run's."""
         recipe = self.recipe
         newest = checkpoint is None
-        if newest:
+        if checkpoint is None:
             steps = self.checkpoints()
             if not steps:
                 raise UserError(f"{self.dir}: no checkpoints yet (train it first)")
@@ -417,24 +417,6 @@ class Run:
 
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def claim(run_dir: str | Path, recipe: Recipe) -> bool:
-    """Run(run_dir).claim(recipe)."""
-    return Run(run_dir).claim(recipe)
-
-
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """The periodic checkpoints `step-K.pt`, sorted by iteration K."""
-    return Run(run_dir).checkpoints()
-
-
-def is_complete(run_dir: str | Path) -> bool:
-    return Run(run_dir).is_complete()
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    return Run(run_dir).metrics()
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:

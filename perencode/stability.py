@@ -11,10 +11,12 @@ formulas, the triplets, what the CSV holds and what the paper leaves open.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -350,20 +352,20 @@ def _analyse(run: runs.Run, chosen: Triplets, dev: torch.device, triplets: int, 
     if not checkpoints:
         raise UserError(f"{run.dir}: no checkpoints yet (train it first)")
     path = run.dir / "stability.csv"
-    rows = _read_csv(path, triplets, metric)
+    rows: list[dict[str, Any]] = list(_read_csv(path, triplets, metric))
     done = {int(row["iteration"]) for row in rows}
     todo = [(it, ckpt) for it, ckpt in checkpoints if it not in done]
     batches = -(-triplets // batch)
     reporter = Reporter("stability", len(todo) * batches, log_every=batches, unit="batch",
                         enabled=progress)
-    run_fields = {"metric": metric, "model": recipe.model.arch,
+    run_fields: dict[str, Any] = {"metric": metric, "model": recipe.model.arch,
                   "encoding": recipe.encoding.kind, "seed": recipe.train.seed}
     with reporter:
         for iteration, ckpt in todo:
             _, _, model, _ = load_run(run, dev, ckpt)
             model.eval()
             new = analyse_triplets(model, chosen, task.vocab_size, batch, dev,
-                                   on_batch=lambda it=iteration: reporter.advance(1, step=it))
+                                   on_batch=functools.partial(reporter.advance, 1, step=iteration))
             for row in new:
                 row.update(iteration=iteration, stability=row[f"stability_{metric}"],
                            **run_fields)

@@ -11,18 +11,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
+# A group of measurements: a list, or a column's values.
+Values = Sequence[float] | np.ndarray
+
 
 def _resampled_means(values: np.ndarray, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
     picks = rng.integers(0, len(values), size=(n_resamples, len(values)))  # [R, n]
     return values[picks].mean(axis=1)  # [R]
 
 
-def _clean(values: Sequence[float]) -> np.ndarray:
+def _clean(values: Values) -> np.ndarray:
     arr = np.asarray(values, dtype=float).ravel()
     return arr[~np.isnan(arr)]
 
 
-def bootstrap_ci(values: Sequence[float], n_resamples: int = 10_000, seed: int = 0,
+def bootstrap_ci(values: Values, n_resamples: int = 10_000, seed: int = 0,
                  confidence: float = 0.95) -> tuple[float, float, float]:
     """(mean, low, high): percentile-bootstrap CI of the mean of `values` (NaNs dropped).
 
@@ -37,7 +40,7 @@ def bootstrap_ci(values: Sequence[float], n_resamples: int = 10_000, seed: int =
     return float(arr.mean()), float(low), float(high)
 
 
-def bootstrap_diff_ci(a: Sequence[float], b: Sequence[float], n_resamples: int = 10_000,
+def bootstrap_diff_ci(a: Values, b: Values, n_resamples: int = 10_000,
                       seed: int = 0, confidence: float = 0.95) -> tuple[float, float, float]:
     """(mean(a) - mean(b), low, high): the two groups are resampled independently
     (different runs, e.g. PE and vanilla trials of the same cell)."""

@@ -74,8 +74,9 @@ class TensorBoardLog:
     def __init__(self, run_dir: str | Path, enabled: bool):
         self.folder = Path(run_dir) / FOLDER
         self.enabled = enabled
-        self._writer_class = summary_writer_class() if enabled else None
-        self._writer = None
+        # torch's SummaryWriter (imported only when enabled) and the one open while logging.
+        self._writer_class: Any = summary_writer_class() if enabled else None
+        self._writer: Any = None
 
     def resumed_at(self, start: int, batch_size: int, recipe_toml: str = "") -> TensorBoardLog:
         """Prepare to log the iterations after `start` (0: a fresh run)."""

@@ -22,7 +22,8 @@ from perencode.device import resolve_device
 from perencode.evaluate import evaluate_model
 from perencode.experiment import build, output_features
 from perencode.io import WriteError, remove_stale_temps
-from perencode.lock import hold
+from perencode.lock import PARENT_ENV, hold
+from perencode.models import SequenceModel
 from perencode.progress import Reporter
 from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import Batch
@@ -54,7 +55,7 @@ def learning_rate(step: int, optim: OptimConfig, iterations: int) -> float:
 CHUNK_LOGITS = 1 << 30
 
 
-def loss_fn(model: nn.Module, batch: Batch, count_hits: bool = False,
+def loss_fn(model: SequenceModel, batch: Batch, count_hits: bool = False,
             chunk_logits: int = CHUNK_LOGITS) -> tuple[Tensor, Tensor | None]:
     """Mean cross-entropy over the scored outputs (docs/paper-facts.md#common-model: output phase
     only; padding and other masked outputs never count), and the number of correct argmax
@@ -90,11 +91,11 @@ def loss_fn(model: nn.Module, batch: Batch, count_hits: bool = False,
 
 
 def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+    return torch.optim.Adam(model.parameters(), lr=optim.lr, betas=optim.betas,
                             eps=optim.eps, weight_decay=optim.weight_decay)
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch,
+def train_step(model: SequenceModel, optimizer: torch.optim.Optimizer, batch: Batch,
                clip_norm: float, count_hits: bool = False) -> tuple[Tensor, Tensor | None]:
     """One optimizer step; returns (loss, correct predictions or None), not synchronised."""
     loss, hits = loss_fn(model, batch, count_hits)
@@ -121,12 +122,6 @@ def training_generator(recipe: Recipe, device: torch.device) -> torch.Generator:
 # SIGUSR2 is SLURM's warning before a time limit (submitit's `--signal=USR2@...`): it
 # reaches every process of the job, and by default it would kill training unsaved.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
-
-
-# Set by a sweep for its local workers: the pid of the sweep. A worker whose parent is no
-# longer that process (the sweep was killed, even by SIGKILL) stops as on SIGTERM, so no
-# trainer outlives its sweep (PR_SET_PDEATHSIG does the same at once on Linux).
-PARENT_ENV = "PERENCODE_PARENT_PID"
 
 
 def _forget_parent_death_signal() -> None:
@@ -186,7 +181,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
     """Train (or resume, or report complete) the run of `recipe` in `run_dir`.
 
     Returns the eval.json dict (that of the earlier training when the run was already
-    complete: `runs.is_complete` tells the two apart beforehand). A killed run resumes
+    complete: `runs.Run.is_complete` tells the two apart beforehand). A killed run resumes
     from its newest readable checkpoint and ends bit-identical on CPU to an uninterrupted
     one: model, optimizer, schedule position and the batch generator's state are all in
     the checkpoint. `tensorboard` also writes the log steps as TensorBoard event files.
@@ -268,6 +263,7 @@ def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
             loss, hits = train_step(model, optimizer, batch, oc.clip_norm, count_hits=log)
             shown = {}
             if log:
+                assert hits is not None  # counted on the steps that log
                 acc = int(hits) / max(scored_outputs(batch), 1)
                 row = {"step": k, "loss": float(loss.detach()), "accuracy": acc,
                        "lr": lr, "seconds": round(time.perf_counter() - t0, 3)}
@@ -278,9 +274,10 @@ def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
             saved = None
             if k % tc.checkpoint_every == 0 or k == tc.iterations:
                 saved = run.save(k, model, optimizer, generator)
-            elif stop.requested():
-                saved = run.save(k, model, optimizer, generator, interrupted=True)
             if stop.requested() and k < tc.iterations:
+                # Checked once: a signal arriving between two checks still finds a checkpoint.
+                if saved is None:
+                    saved = run.save(k, model, optimizer, generator, interrupted=True)
                 raise Interrupted(k, saved, stop.signum)
 
     result = evaluate_model(model, task, recipe)

@@ -32,7 +32,7 @@ import operator
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 import numpy as np
 import pandas as pd
@@ -45,12 +45,14 @@ from perencode.errors import UserError
 from perencode.io import atomic_write_json, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.naming import short_key
-from perencode.recipe import read_toml, validate_table
+from perencode.recipe import read_toml
 from perencode.results import BOOKKEEPING, Results, collect
 from perencode.stats import bootstrap_ci, bootstrap_diff_ci
+from perencode.validation import validate_table
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
-TABLES = ("runs", "by_band", "by_condition", "by_length", "stability", "curves")
+Tables = Literal["runs", "by_band", "by_condition", "by_length", "stability", "curves"]
+TABLES = get_args(Tables)
 
 
 class Claim(BaseModel):
@@ -60,7 +62,7 @@ class Claim(BaseModel):
     source: str = Field("", description="Where the paper says it (section, figure, "
                         "docs/paper-facts.md#paper-claims).")
     paper: str = Field("", description="The paper's value or wording.")
-    table: Literal[TABLES] = Field("runs", description="Rows: runs (eval.json), by_band, "
+    table: Tables = Field("runs", description="Rows: runs (eval.json), by_band, "
                                    "by_condition, by_length, stability or curves.")
     where: dict[str, Any] = Field({}, description="Filters: column = value | [values] | "
                                   "{min, max, not, missing}.")
@@ -559,6 +561,7 @@ def _lowest(claim: Claim, cell: tuple, series: dict) -> Scored:
 
 
 def _along(claim: Claim, values: pd.DataFrame) -> Outcome:
+    assert claim.along is not None  # Claim requires it for trend and lowest
     scored = []
     for cell, part in (values.groupby(claim.by, dropna=False, sort=True) if claim.by
                        else [((), values)]):

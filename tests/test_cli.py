@@ -15,10 +15,10 @@ from perencode.recipe import (
     SECTIONS,
     Recipe,
     load_recipe,
-    schema_rows,
     tomllib,
     validate,
 )
+from perencode.schema import schema_rows
 
 RECIPE = str(ROOT / "recipes/gru_vocab256.toml")
 

@@ -19,7 +19,8 @@ from torch import Tensor, nn
 from perencode import figures, kinds
 from perencode.errors import UserError
 from perencode.models import SequenceModel, Shapes, build_model
-from perencode.recipe import ModelConfig, Recipe, schema_rows, validate
+from perencode.recipe import ModelConfig, Recipe, validate
+from perencode.schema import schema_rows
 from perencode.stability import jacobians
 from perencode.tasks.base import HeldOutConfig
 from perencode.tasks.reverse import ReverseTask

@@ -139,6 +139,33 @@ def test_imports_have_no_cycle():
                                  "perencode.results", "perencode.cli"}, low
 
 
+def reached_from(start: str) -> set[str]:
+    """The package modules `start` imports, directly or through others (any import in its
+    source, function-local ones too; importing a.b.c runs a and a.b first)."""
+    trees = modules()
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in trees:
+            continue
+        seen.add(name)
+        for node in ast.walk(trees[name]):
+            for target in imported(node):
+                parts = target.split(".")
+                todo.extend(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return seen
+
+
+def test_the_sweep_does_not_sit_on_the_training_stack():
+    """The sweep only launches `perencode train` (and `bench`, for --estimate) in children:
+    none of its modules imports the training loop, even through another module."""
+    sweep = {name for name in modules() if name.split(".")[:2] == ["perencode", "sweep"]}
+    reached = set().union(*(reached_from(name) for name in sweep))
+    assert {"perencode.sweep.cost", "perencode.runs", "perencode.grid"} <= reached  # it walks
+    assert sorted(reached & {"perencode.train", "perencode.bench"}) == []
+    assert "perencode.sweep" not in reached_from("perencode.train")
+
+
 def test_models_and_tasks_do_not_know_each_other():
     """A model is sized by the task's Shapes (perencode.shapes) and a task knows no model:
     perencode.experiment pairs them, so a new model or task is one module that imports

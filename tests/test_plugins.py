@@ -80,7 +80,7 @@ def test_a_loose_plugin_reaches_the_sweep_workers_and_its_runs_name_it(tmp_path,
     assert code == 0, text
     ramp = out / "ramp" / "vocab_size=8" / "encoding=lin_ramp"
     for cell in (ramp, ramp.parent / "encoding=sinusoidal"):
-        assert runs.is_complete(cell), (cell / "train.log").read_text()
+        assert runs.Run(cell).is_complete(), (cell / "train.log").read_text()
     assert json.loads((ramp / "eval.json").read_text())["encoding"] == "lin_ramp"
     recorded = json.loads((ramp / "plugins.json").read_text())["plugins"]
     assert recorded == [{"module": "my_pe", "file": str(loose.resolve()), "package": None,
@@ -120,7 +120,7 @@ def test_a_kind_registered_by_a_wrapper_script_reaches_the_workers(tmp_path, loo
                           capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert runs.is_complete(tmp_path / "runs" / "g" / "vocab_size=8" / "encoding=lin_ramp")
+    assert runs.Run(tmp_path / "runs" / "g" / "vocab_size=8" / "encoding=lin_ramp").is_complete()
 
 
 def test_a_plugin_that_fails_to_import_is_one_line(tmp_path):
@@ -134,6 +134,11 @@ def test_a_plugin_that_fails_to_import_is_one_line(tmp_path):
     assert code == 2 and error_line(text) == f"error: plugin {tmp_path / 'gone.py'}: no such file"
     code, text = perencode("--plugin", "no_such_module_x", "show", recipe)
     assert code == 2 and "plugin no_such_module_x: no module of that name" in error_line(text)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("register_task(...)\n")
+    code, text = perencode("--plugin", notes, "show", recipe)
+    assert code == 2 and error_line(text) == \
+        f"error: plugin {notes}: not a Python source file (.py)"
 
 
 def test_an_unknown_kind_names_the_registered_ones_and_the_plugin_routes(tmp_path):
@@ -186,7 +191,7 @@ def test_an_installed_plugin_works_in_every_command_with_no_flag(tmp_path, minrn
     run = tmp_path / "run"
     code, text = perencode("train", recipe, "--run-dir", run, "--device", "cpu",
                            "--no-progress", python=minrnn)
-    assert code == 0 and runs.is_complete(run), text
+    assert code == 0 and runs.Run(run).is_complete(), text
     recorded = json.loads((run / "plugins.json").read_text())["plugins"]
     assert [(p["module"], p["package"], p["version"], p["entry_point"], p["provides"])
             for p in recorded] == [("perencode_minrnn.plugin", "perencode-minrnn", "0.1.0",
@@ -310,7 +315,7 @@ def test_the_docs_first_two_routes_run_as_written(tmp_path):
                           env=subprocess_env(), cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert 0.0 <= float(proc.stdout.strip().splitlines()[-1]) <= 1.0
-    assert runs.is_complete(tmp_path / "runs" / "notebook" / "lin_ramp")
+    assert runs.Run(tmp_path / "runs" / "notebook" / "lin_ramp").is_complete()
     (tmp_path / "my_pe.py").write_text(loose_file)
     commands = doc_blocks("sh")[0].replace("\\\n", " ").splitlines()
     for command in commands:

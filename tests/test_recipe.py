@@ -4,7 +4,8 @@ import pytest
 from conftest import ROOT
 
 from perencode.errors import UserError
-from perencode.recipe import Recipe, apply_overrides, load_recipe, parse_value, schema_rows
+from perencode.recipe import Recipe, apply_overrides, load_recipe, parse_value
+from perencode.schema import schema_rows
 
 
 def write(tmp_path, text: str) -> Path:

@@ -177,7 +177,7 @@ def test_a_train_that_fails_before_its_first_step_claims_nothing(cli, tmp_path):
     assert "nowhere" in line
     assert not out.exists()  # nothing claimed: the fixed command is not "a different recipe"
     code, text = cli(*_args(out))
-    assert code == 0 and runs.is_complete(out), text
+    assert code == 0 and runs.Run(out).is_complete(), text
 
 
 def test_a_sweep_conflict_names_the_run_once(tmp_path):
@@ -212,7 +212,7 @@ def test_a_filesystem_without_locks_is_one_line_with_the_way_out(cli, tmp_path, 
     assert not (out / ".perencode.lock").exists()
     monkeypatch.setenv("PERENCODE_NO_LOCK", "1")
     code, text = cli(*_args(out))
-    assert code == 0 and runs.is_complete(out), text
+    assert code == 0 and runs.Run(out).is_complete(), text
 
 
 # -- 7: a corrupt checkpoint in a finished run -------------------------------------------
@@ -238,7 +238,7 @@ def test_a_corrupt_final_checkpoint_gets_advice_that_works(cli, tmp_path):
     again = tmp_path / "again"
     code, text = cli("train", only / "recipe.toml", "--run-dir", again, "--device", "cpu",
                      "--no-progress")
-    assert code == 0 and runs.is_complete(again), text
+    assert code == 0 and runs.Run(again).is_complete(), text
     assert json.loads((again / "eval.json").read_text()) == \
         json.loads((out / "eval.json").read_text())
 
@@ -476,7 +476,7 @@ def test_a_rerun_waits_for_a_live_worker_and_keeps_to_its_jobs(tmp_path):
     assert "failed" not in output
     assert f"[sweep] seed=1: running - still held by `train` (pid {worker.pid}" in output
     assert "a worker of an earlier sweep; waiting for it" in output
-    assert all(runs.is_complete(tmp_path / "runs/g" / c.name) for c in cells)
+    assert all(runs.Run(tmp_path / "runs/g" / c.name).is_complete() for c in cells)
     # --jobs 1: the second cell started only once the worker had finished the first.
     ended = datetime.fromisoformat(json.loads((first / "env.json").read_text())["end_time"])
     log = (tmp_path / "runs/g" / cells[1].name / "train.log").read_text()

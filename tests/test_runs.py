@@ -186,7 +186,7 @@ def test_log_start_finish_and_completeness(tmp_path):
     assert not run.is_complete()
     result = {**runs.eval_identity(recipe), "token_accuracy": 0.5}
     assert run.finish(result) == run.dir / "eval.json"
-    assert run.is_complete() and runs.is_complete(run.dir)
+    assert run.is_complete() and Run(run.dir).is_complete()
     assert json.loads((run.dir / "eval.json").read_text()) == {
         "task": "reverse", "arch": "gru", "encoding": "none", "vocab_size": 8, "seed": 111,
         "token_accuracy": 0.5}

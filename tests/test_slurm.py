@@ -107,10 +107,10 @@ def reference(run_dir: Path, tmp_path: Path) -> Path:
 
 
 def assert_identical(run_dir: Path, ref: Path) -> None:
-    final = runs.list_checkpoints(run_dir)[-1]
-    assert final[0] == runs.list_checkpoints(ref)[-1][0]
+    final = runs.Run(run_dir).checkpoints()[-1]
+    assert final[0] == runs.Run(ref).checkpoints()[-1][0]
     ours = runs.load_checkpoint(final[1])["model"]
-    theirs = runs.load_checkpoint(runs.list_checkpoints(ref)[-1][1])["model"]
+    theirs = runs.load_checkpoint(runs.Run(ref).checkpoints()[-1][1])["model"]
     assert ours.keys() == theirs.keys()
     for key in ours:
         assert torch.equal(ours[key], theirs[key]), key
@@ -125,7 +125,7 @@ def test_grid_runs_as_one_job_array_with_accounting(tmp_path):
     code, text = sweep(grid, out)
     assert code == 0, text
     cells = sorted(p.parent for p in (out / "array").glob("*/*/eval.json"))
-    assert len(cells) == 4 and all(runs.is_complete(c) for c in cells)
+    assert len(cells) == 4 and all(runs.Run(c).is_complete() for c in cells)
     ids = job_ids(out, "array")
     assert len(ids) == 4 and len({i.split("_")[0] for i in ids}) == 1  # one array, 4 tasks
     array = ids[0].split("_")[0]
@@ -152,7 +152,7 @@ def iterations_for(seconds: float, tmp_path: Path) -> int:
     subprocess.run([PYTHON, "-m", "perencode", "train", str(recipe), "--run-dir", str(run),
                     "--device", "cpu", "--no-progress"], env=subprocess_env(), check=True,
                    capture_output=True, timeout=300)
-    rate = 2000 / runs.read_metrics(run)[-1]["seconds"]
+    rate = 2000 / runs.Run(run).metrics()[-1]["seconds"]
     return max(20, int(rate * seconds / 1000) + 1) * 1000
 
 
@@ -184,7 +184,7 @@ def test_time_limit_signals_checkpoints_requeues_and_resumes(tmp_path):
     submitit_logs = "".join(p.read_text() for p in (out / "long" / ".submitit").glob("*_log.*"))
     assert "this job is timed-out" in submitit_logs and "Requeued job" in submitit_logs
     assert_identical(run_dir, ref)
-    steps = [row["step"] for row in runs.read_metrics(run_dir)]
+    steps = [row["step"] for row in runs.Run(run_dir).metrics()]
     assert steps == list(range(500, n + 1, 500))  # every logged step once
 
 
@@ -202,14 +202,14 @@ def test_cancelled_job_resumes_with_the_next_sweep(tmp_path):
     thread.start()
     run_dir = out / "cancel" / "seed=222"
     deadline = time.monotonic() + 180
-    while not runs.list_checkpoints(run_dir) and time.monotonic() < deadline:
+    while not runs.Run(run_dir).checkpoints() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert runs.list_checkpoints(run_dir), "the job never reached its first checkpoint"
+    assert runs.Run(run_dir).checkpoints(), "the job never reached its first checkpoint"
     subprocess.run(["scancel", "--name", "perencode-cancel"], check=True, timeout=30)
     thread.join()
     code, text = holder["result"]
     assert code != 0 and "failed" in text, text
-    assert not runs.is_complete(run_dir)
+    assert not runs.Run(run_dir).is_complete()
     code, text = sweep(grid, out)  # the next sweep resumes it
     assert code == 0, text
     assert "interrupted at iteration" in (run_dir / "train.log").read_text()
@@ -225,7 +225,7 @@ def test_failing_cell_is_reported_and_the_others_finish(tmp_path):
     failed = out / "mixed" / "task=lm"
     assert f"log: {failed / 'train.log'}" in text.replace("\n", "")
     assert "no manifest.json" in (failed / "train.log").read_text()
-    assert runs.is_complete(out / "mixed" / "task=reverse")
+    assert runs.Run(out / "mixed" / "task=reverse").is_complete()
 
 
 def test_cells_of_a_loose_plugins_kind_finish_as_jobs(tmp_path):
@@ -247,7 +247,7 @@ def test_cells_of_a_loose_plugins_kind_finish_as_jobs(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cells = sorted(p.parent for p in (out / "plugged").glob("*/*/eval.json"))
-    assert len(cells) == 2 and all(runs.is_complete(c) for c in cells)
+    assert len(cells) == 2 and all(runs.Run(c).is_complete() for c in cells)
     for cell in cells:
         assert json.loads((cell / "eval.json").read_text())["encoding"] == "lin_ramp"
         assert json.loads((cell / "plugins.json").read_text())["plugins"][0]["file"] == \

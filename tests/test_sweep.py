@@ -76,7 +76,7 @@ def test_local_sweep_trains_every_cell(swept):
     assert code == 0, output
     for cell in CELLS:
         run = out / "tiny" / cell
-        assert runs.is_complete(run), output
+        assert runs.Run(run).is_complete(), output
         log = (run / "train.log").read_text()
         assert log.startswith("# ") and "perencode train" in log
         assert runs.read_recipe(run).description == f"tiny: {cell}"
@@ -91,7 +91,7 @@ def test_rerun_skips_finished_and_resumes_unfinished(swept):
     (unfinished / "checkpoints" / "step-10.pt").unlink()
     code, output = sweep(grid, "--runs", out, "--jobs", "2")
     assert code == 0, output
-    assert runs.is_complete(unfinished)
+    assert runs.Run(unfinished).is_complete()
     for cell in CELLS[1:]:
         assert (out / "tiny" / cell / "train.log").read_text() == logs[cell]
     assert (unfinished / "train.log").read_text().count("perencode train") == 2
@@ -122,7 +122,7 @@ def test_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
     failed = tmp_path / "runs" / "mixed" / "task=lm"
     assert f"log: {failed / 'train.log'}" in output.replace("\n", "")
     assert "no manifest.json" in (failed / "train.log").read_text()
-    assert runs.is_complete(tmp_path / "runs" / "mixed" / "task=reverse")
+    assert runs.Run(tmp_path / "runs" / "mixed" / "task=reverse").is_complete()
 
 
 @pytest.mark.slow
@@ -164,7 +164,7 @@ def test_dry_run_is_instant_trains_nothing_and_writes_nothing(tmp_path, monkeypa
         raise AssertionError("--dry-run ran a training step")
 
     monkeypatch.setattr(train_module, "train_step", forbidden)
-    monkeypatch.setattr(cost_module, "bench", forbidden)
+    monkeypatch.setattr(cost_module.subprocess, "run", forbidden)  # `perencode bench`, a child
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY + AXES)
     code, output = sweep(grid, "--runs", tmp_path / "fresh", "--dry-run")
@@ -257,7 +257,7 @@ def test_checkpoint_stops_training_and_the_requeued_job_resumes(tmp_path):
                     + '[grid]\n"train.seed" = [111]\n')
     cell = load_grid(grid).cells[0]
     run_dir = tmp_path / "run"
-    runs.claim(run_dir, cell.recipe)
+    runs.Run(run_dir).claim(cell.recipe)
     args = (str(run_dir), [["train", str(run_dir / "recipe.toml"), "--run-dir", str(run_dir)]],
             "cpu", 1)
     job, errors = TrainJob(), []
@@ -271,16 +271,16 @@ def test_checkpoint_stops_training_and_the_requeued_job_resumes(tmp_path):
     thread = threading.Thread(target=call)
     thread.start()
     deadline = time.monotonic() + 60
-    while not runs.read_metrics(run_dir) and time.monotonic() < deadline:
+    while not runs.Run(run_dir).metrics() and time.monotonic() < deadline:
         time.sleep(0.05)
     delayed = job.checkpoint(*args)
     thread.join()
     assert (run_dir / "checkpoints" / "resume.pt").exists() and errors
     assert isinstance(delayed.function, TrainJob) and delayed.args == args
     delayed.function(*delayed.args)
-    assert runs.is_complete(run_dir)
+    assert runs.Run(run_dir).is_complete()
     assert "interrupted at iteration" in (run_dir / "train.log").read_text()
-    steps = [row["step"] for row in runs.read_metrics(run_dir)]
+    steps = [row["step"] for row in runs.Run(run_dir).metrics()]
     assert steps == list(range(5, 401, 5))  # resumed: every logged step once
 
 
@@ -309,7 +309,7 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
     assert first.wait(timeout=300) == 0, first.stdout.read().decode()
     for encoding in ("none", "sinusoidal"):
         cell = out / "tiny" / f"vocab_size=8/encoding={encoding}/seed=111"
-        steps = [r["step"] for r in runs.read_metrics(cell)]
+        steps = [r["step"] for r in runs.Run(cell).metrics()]
         assert steps == sorted(set(steps)) and steps[-1] == 300
     assert not lock.exists()  # released on exit
 

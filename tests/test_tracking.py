@@ -53,7 +53,7 @@ def assert_each_step_once(run_dir: Path, steps: list[int]) -> None:
     for tag in TAGS:
         assert [e.step for e in board.Scalars(tag)] == steps, tag
     # The curves are those of metrics.jsonl, row for row.
-    rows = {r["step"]: r for r in runs.read_metrics(run_dir)}
+    rows = {r["step"]: r for r in runs.Run(run_dir).metrics()}
     for tag, step, value in events:
         key = tag.split("/")[1]
         if key != "sequences_per_second":
@@ -78,7 +78,7 @@ def test_killed_after_its_checkpoint_and_resumed_every_step_once(cli, tmp_path, 
     monkeypatch.setattr(tracking.TensorBoardLog, "log", log_then_die)
     with pytest.raises(Killed):
         cli(*_train_args(run_dir))
-    assert [i for i, _ in runs.list_checkpoints(run_dir)] == [20]
+    assert [i for i, _ in runs.Run(run_dir).checkpoints()] == [20]
     assert max(step for _, step, _ in scalar_events(run_dir)) == 35
 
     monkeypatch.setattr(tracking.TensorBoardLog, "log", log)
@@ -100,12 +100,12 @@ def test_sigkill_and_resume_every_step_once(tmp_path):
     t0 = time.time()
     # Row 510 is written after step 505's events were flushed: the kill leaves events past
     # the checkpoint at 500.
-    while not any(r["step"] >= 510 for r in runs.read_metrics(run_dir)):
+    while not any(r["step"] >= 510 for r in runs.Run(run_dir).metrics()):
         assert proc.poll() is None and time.time() - t0 < 120
         time.sleep(0.02)
     proc.kill()
     proc.wait()
-    last = runs.list_checkpoints(run_dir)[-1][0]
+    last = runs.Run(run_dir).checkpoints()[-1][0]
     logged = max(step for _, step, _ in scalar_events(run_dir))
     assert last == 500 and logged > last
     done = subprocess.run([PYTHON, "-m", "perencode", *args], env=subprocess_env(),

@@ -60,7 +60,7 @@ def _train_args(out: Path, iterations: int = 30, every: int = 10,
 
 
 def _final_model(run_dir: Path) -> dict:
-    steps = runs.list_checkpoints(run_dir)
+    steps = runs.Run(run_dir).checkpoints()
     return runs.load_checkpoint(steps[-1][1])["model"]
 
 
@@ -99,7 +99,7 @@ def test_checkpoint_retention_keeps_exactly_the_newest(cli, tmp_path, task, keep
         args += ["--set", f"train.keep_checkpoints={keep!r}".replace("'", '"')]
     code, text = cli(*args)
     assert code == 0, text
-    assert [i for i, _ in runs.list_checkpoints(out)] == kept
+    assert [i for i, _ in runs.Run(out).checkpoints()] == kept
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == sorted(
         f"step-{i}.pt" for i in kept)
     # Retention is not part of the run: the same command with another count is the same run.
@@ -119,13 +119,13 @@ def test_run_dir_contents_and_eval(cli, tmp_path):
     assert code == 0, text
     for name in ("recipe.toml", "env.json", "metrics.jsonl", "eval.json"):
         assert (out / name).exists(), name
-    assert [i for i, _ in runs.list_checkpoints(out)] == [30]  # reverse keeps the last one
+    assert [i for i, _ in runs.Run(out).checkpoints()] == [30]  # reverse keeps the last one
     env = json.loads((out / "env.json").read_text())
     for key in ("perencode_version", "git_commit", "python", "torch", "cuda", "cudnn",
                 "device", "device_name", "seed", "start_time", "end_time"):
         assert key in env
     assert env["seed"] == 111 and env["device"] == "cpu"
-    rows = runs.read_metrics(out)
+    rows = runs.Run(out).metrics()
     assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
     assert all({"step", "loss", "accuracy", "lr"} <= r.keys() for r in rows)
     result = json.loads((out / "eval.json").read_text())
@@ -169,8 +169,8 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
     assert f"pid {proc.pid}" in done.stderr and "taking over" in done.stderr  # stale lock
     assert not (cut / ".perencode.lock").exists()
     _assert_same_weights(_final_model(full), _final_model(cut))
-    assert [r["loss"] for r in runs.read_metrics(full)] == \
-        [r["loss"] for r in runs.read_metrics(cut)]
+    assert [r["loss"] for r in runs.Run(full).metrics()] == \
+        [r["loss"] for r in runs.Run(cut).metrics()]
     assert json.loads((full / "eval.json").read_text())["token_accuracy"] == \
         json.loads((cut / "eval.json").read_text())["token_accuracy"]
 
@@ -255,7 +255,7 @@ def test_loss_decreases_on_a_small_problem(cli, tmp_path):
                          "optim.lr=1e-2", "optim.warmup=10", "train.checkpoint_every=150",
                          "model.hidden_size=32", "train.batch_size=32", "task.held_out=8"))
     assert code == 0, text
-    rows = runs.read_metrics(out)
+    rows = runs.Run(out).metrics()
     assert rows[-1]["loss"] < rows[0]["loss"] - 0.3
     assert json.loads((out / "eval.json").read_text())["token_accuracy"] > 0.5
     assert math.isfinite(rows[-1]["loss"])
@@ -333,7 +333,7 @@ def test_a_corrupted_env_json_is_set_aside_and_the_run_goes_on(cli, tmp_path):
 # -- one writer per run, refused writes, unreadable checkpoints, stale temporary files ----
 
 def _steps(run_dir: Path) -> list[int]:
-    return [r["step"] for r in runs.read_metrics(run_dir)]
+    return [r["step"] for r in runs.Run(run_dir).metrics()]
 
 
 @pytest.mark.slow
@@ -470,7 +470,7 @@ def test_an_unreadable_latest_checkpoint_is_set_aside_and_the_run_resumes(cli, t
     foreign = [out / ".mine.tmp", ckpts / "step-20.pt.bak"]
     for path in stale + foreign:
         path.write_bytes(b"half")
-    assert not runs.is_complete(out)
+    assert not runs.Run(out).is_complete()
 
     code, text = cli(*_train_args(out, 20, 5), *keep_all)
     assert code == 0, text
@@ -485,7 +485,7 @@ def test_an_unreadable_latest_checkpoint_is_set_aside_and_the_run_resumes(cli, t
     _assert_same_weights(final, runs.load_checkpoint(ckpts / "step-20.pt")["model"])
     assert json.loads((out / "eval.json").read_text())["token_accuracy"] == \
         result["token_accuracy"]
-    assert _steps(out) == [5, 10, 15, 20] and runs.is_complete(out)
+    assert _steps(out) == [5, 10, 15, 20] and runs.Run(out).is_complete()
     assert not any(p.exists() for p in stale) and all(p.exists() for p in foreign)
 
 

@@ -9,6 +9,7 @@ check disagrees; a folder that is not their repository is a UserError (exit 2).
 
 from __future__ import annotations
 
+import functools
 import platform
 import time
 from collections.abc import Callable
@@ -79,7 +80,7 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
         for i, (group, compared, theirs, fn) in enumerate(GROUPS, start=1):
             if progress:
                 console.print(f"[{i}/{len(GROUPS)}] {group}", highlight=False)
-            checks += _run(group, compared, theirs, lambda fn=fn: fn(authors))
+            checks += _run(group, compared, theirs, functools.partial(fn, authors))
         if train:
             checks += _run("training", "held-out accuracy after training", "their Learner",
                            lambda: training.check_training(authors, shape, seeds, dev,

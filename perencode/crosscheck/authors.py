@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from perencode.errors import UserError
 
@@ -145,11 +146,12 @@ def _stub_timm() -> bool:
     if base is None:
         raise NotRun(f"needs timm (the authors' scheduler): {TIMM_INSTALL}")
     for name, folder in (("timm", base), ("timm.scheduler", base / "scheduler")):
-        stub = types.ModuleType(name)
+        stub: Any = types.ModuleType(name)  # a package of the files in `folder`
         stub.__path__ = [str(folder)]
         sys.modules[name] = stub
     cosine = importlib.import_module("timm.scheduler.cosine_lr")
-    sys.modules["timm.scheduler"].CosineLRScheduler = cosine.CosineLRScheduler
+    scheduler: Any = sys.modules["timm.scheduler"]
+    scheduler.CosineLRScheduler = cosine.CosineLRScheduler
     return True
 
 
@@ -173,6 +175,7 @@ class Authors:
         if name in sys.modules:
             return sys.modules[name]
         spec = importlib.util.spec_from_file_location(name, self.repo.code / filename)
+        assert spec is not None and spec.loader is not None, filename  # a .py file
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -207,10 +210,11 @@ def _placeholder_timm() -> None:
     at the top): a stand-in whose scheduler cannot be constructed. The checks that need
     the scheduler then report "not run"; the others use their scripts' test methods."""
     for name in ("timm", "timm.scheduler"):
-        stub = types.ModuleType(name)
+        stub: Any = types.ModuleType(name)
         stub.__path__, stub.PLACEHOLDER = [], True
         sys.modules[name] = stub
-    sys.modules["timm.scheduler"].CosineLRScheduler = _MissingScheduler
+    scheduler: Any = sys.modules["timm.scheduler"]
+    scheduler.CosineLRScheduler = _MissingScheduler
 
 
 def _theirs(name: str, module: types.ModuleType | None, code: Path) -> bool:

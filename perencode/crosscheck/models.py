@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from perencode import encoding
 from perencode.crosscheck.authors import Authors
 from perencode.crosscheck.report import Check, numeric
+from perencode.models import SequenceModel
 from perencode.models.rnn import RecurrentModel
 from perencode.models.s4d import S4DModel
 from perencode.recipe import EncodingConfig, OptimConfig, TaskConfig
@@ -51,7 +52,7 @@ def script_literals(path: Path, variable: str) -> dict:
     raise ValueError(f"{path.name}: no `{variable} = dict(...)` found")
 
 
-def ours(arch: str, form: str, num_embeddings: int = K + 1) -> nn.Module:
+def ours(arch: str, form: str, num_embeddings: int = K + 1) -> SequenceModel:
     cfg = EncodingConfig(kind=form, mode="concat")
     shapes = Shapes(num_embeddings=num_embeddings, num_classes=K, steps=2 * L, outputs=L)
     if arch == "s4d":
@@ -93,7 +94,8 @@ def their_state_dict(model: nn.Module, target: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-def pair(authors: Authors, arch: str, form: str, seed: int = 0) -> tuple[nn.Module, nn.Module]:
+def pair(authors: Authors, arch: str, form: str, seed: int = 0
+         ) -> tuple[SequenceModel, nn.Module]:
     """(ours, theirs) with the same weights (ours drawn from `seed`)."""
     torch.manual_seed(seed)
     mine = ours(arch, form)
@@ -124,7 +126,9 @@ def check_encodings(authors: Authors) -> list[Check]:
     for form, cls in (("random", te.RandomPositionalEncoder),
                       ("learnable", te.LearnablePositionEncoder)):
         torch.manual_seed(7)
-        mine = encoding.PositionalEncoding(EncodingConfig(kind=form), D, T).table.detach()
+        table = encoding.PositionalEncoding(EncodingConfig(kind=form), D, T).table
+        assert table is not None  # random and learnable encodings are tables
+        mine = table.detach()
         torch.manual_seed(7)
         other = cls(D, T).embeddings.detach()
         shape = 0.0 if mine.shape == other.shape else math.inf
@@ -143,7 +147,7 @@ def check_forward(authors: Authors) -> list[Check]:
     cases = [(a, f) for a in ("gru", "lstm", "s4d") for f in ("none", "sinusoidal")]
     cases += [("gru", "random"), ("gru", "learnable"), ("gru", "duplicate")]
     tokens = _tokens(1)
-    checks = []
+    checks: list[Check] = []
     for arch, form in cases:
         mine, other = pair(authors, arch, form, seed=len(checks))
         errors = {}

@@ -38,10 +38,11 @@ def check_stability(authors: Authors) -> list[Check]:
                 stats = stats[0]  # the real view of the complex state, as the paper used
             worst = 0.0
             for row in rows:
-                suffix = THEIR_COMPARISON[row["comparison"]]
+                suffix = THEIR_COMPARISON[str(row["comparison"])]
                 for ours_key, their_key in COLUMNS:
                     theirs = float(stats[f"{their_key}_{suffix}"][row["triplet"]])
-                    worst = max(worst, abs(row[ours_key] - theirs) / max(1.0, abs(theirs)))
+                    ours = float(row[ours_key])
+                    worst = max(worst, abs(ours - theirs) / max(1.0, abs(theirs)))
             errors[name] = worst
         # fp64: the sinusoidal tables are fp32-computed on both sides (~1e-9 here).
         checks.append(numeric(

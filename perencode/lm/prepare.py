@@ -108,7 +108,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _read_int(path: str) -> int | None:
+def _read_int(path: str | Path) -> int | None:
     try:
         text = Path(path).read_text().strip()
     except OSError:
@@ -434,7 +434,8 @@ def _encode(sp, split: str, folder: Path, paragraphs: int, max_tokens: int, thre
             reporter.advance(len(chunk), tokens=counts["tokens"])
         out.flush()
         os.fsync(out.fileno())
-    offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths or [[]]))]).astype(np.int64)
+    counted = np.concatenate(lengths or [np.zeros(0, np.int64)])
+    offsets = np.concatenate([[0], np.cumsum(counted)]).astype(np.int64)
     with open(folder / f"{split}.idx", "wb") as f:
         offsets.tofile(f)
         f.flush()

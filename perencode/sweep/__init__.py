@@ -23,16 +23,24 @@ from perencode.console import console
 from perencode.errors import UserError
 from perencode.grid import SlurmConfig, load_grid
 from perencode.lock import hold
-from perencode.recipe import validate_table
 from perencode.sweep import slurm as slurm_executor
 from perencode.sweep.board import Board
 from perencode.sweep.check import check_in_worker
 from perencode.sweep.cost import measure, print_plan
 from perencode.sweep.local import run_local
-from perencode.sweep.plan import FINISHED, Run, RunState, live_jobs, mark_queued, plan, prepare
+from perencode.sweep.plan import (
+    FINISHED,
+    PlannedRun,
+    RunState,
+    live_jobs,
+    mark_queued,
+    plan,
+    prepare,
+)
 from perencode.sweep.slurm import TrainJob
+from perencode.validation import validate_table
 
-__all__ = ["Run", "RunState", "TrainJob", "plan", "run_sweep"]
+__all__ = ["PlannedRun", "RunState", "TrainJob", "plan", "run_sweep"]
 
 
 def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local", jobs: int = 1,
@@ -58,7 +66,7 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
     check_in_worker({f"{grid} [grid] {c.name}": c.recipe for c in g.cells}, handed)
     planned = plan(g, out, tensorboard)
     if estimate:
-        measure(planned, out, device, jobs)
+        measure(planned, out, device, jobs, handed)
     if dry_run or estimate:
         print_plan(g, planned, out, device, jobs)
         return 0
@@ -71,7 +79,7 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
                       progress, wait, handed)
 
 
-def _sweep(g, planned: list[Run], out: Path, executor: str, jobs: int, runs_per_gpu: int,
+def _sweep(g, planned: list[PlannedRun], out: Path, executor: str, jobs: int, runs_per_gpu: int,
            device: str, options: SlurmConfig, progress: bool, wait: bool,
            handed: list[str]) -> int:
     if any(r.job for r in planned):
@@ -105,7 +113,7 @@ def _sweep(g, planned: list[Run], out: Path, executor: str, jobs: int, runs_per_
     return 1 if bad else 0
 
 
-def _slurm(ready: list[Run], planned: list[Run], board: Board, grid, out: Path,
+def _slurm(ready: list[PlannedRun], planned: list[PlannedRun], board: Board, grid, out: Path,
            options: SlurmConfig, device: str, wait: bool, handed: list[str]) -> bool:
     """Submit what is ready (after the twins' jobs, where a cell is another grid's run
     still training), then wait for those and for the jobs of earlier sweeps."""

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perencode.console import console, fit_name
-from perencode.sweep.plan import Run, RunState
+from perencode.sweep.plan import PlannedRun, RunState
 
 STYLE = {RunState.DONE: "green", RunState.FAILED: "bold red", RunState.CONFLICT: "bold red",
          RunState.RUNNING: "cyan", RunState.REUSE: "green"}
@@ -30,7 +30,7 @@ def duration(seconds: float | None) -> str:
 class Board:
     """A live table on a terminal; plain log lines (state changes, a summary a minute)."""
 
-    def __init__(self, title: str, all_runs: list[Run], enabled: bool):
+    def __init__(self, title: str, all_runs: list[PlannedRun], enabled: bool):
         self.title, self.runs = title, all_runs
         self.live = Live(console=console, auto_refresh=False) \
             if enabled and console.is_terminal else None

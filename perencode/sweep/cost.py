@@ -11,22 +11,25 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import platform
+import subprocess
+import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import torch
 from rich.table import Table
 
 from perencode import kinds
-from perencode.bench import bench
 from perencode.console import console
 from perencode.device import available_cores, resolve_device
 from perencode.encoding import input_width
-from perencode.errors import UserError
-from perencode.io import atomic_write_json
+from perencode.io import atomic_write_json, atomic_write_text
+from perencode.models import SequenceModel
 from perencode.preflight import meta_model, parameter_count
 from perencode.recipe import Recipe
-from perencode.sweep.plan import FINISHED, Run, RunState
+from perencode.sweep.local import perencode_command, thread_env
+from perencode.sweep.plan import FINISHED, PlannedRun, RunState
 from perencode.tasks import shapes
 
 # Training fields that do not change what one iteration costs.
@@ -71,7 +74,7 @@ def flops_per_iteration(recipe: Recipe) -> float:
 
 def layer_parameters(recipe: Recipe) -> int:
     """Parameters of the model outside its embedding, encoding and head (SequenceModel)."""
-    model = meta_model(recipe)
+    model = cast(SequenceModel, meta_model(recipe))  # every registered model is one
     front = {id(p) for part in (model.embedding, model.encoding, model.head)
              for p in part.parameters()}
     return sum(p.numel() for p in model.parameters() if id(p) not in front)
@@ -126,28 +129,33 @@ class Estimates:
         return rates[len(rates) // 2] * flops_per_iteration(recipe), False
 
 
-def measure(planned: list[Run], out: Path, device: str, jobs: int) -> None:
-    """`--estimate`: time 3 iterations (after 1 warm-up) of every shape not yet cached."""
-    dev, threads, label = _device(device, jobs)
+def measure(planned: list[PlannedRun], out: Path, device: str, jobs: int,
+            handed: list[str] | None = None) -> None:
+    """`--estimate`: time 3 iterations (after 1 warm-up) of every shape not yet cached, each
+    by `perencode bench` in a child started as the sweep's workers are (their threads, the
+    plugins `handed`): the sweep runs training only in children, never in its own process."""
+    _, threads, label = _device(device, jobs)
     cache = Estimates(out)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
     shapes = {shape_key(r.cell.recipe): r for r in planned}
-    try:
+    with tempfile.TemporaryDirectory(prefix="perencode-estimate-") as scratch:
         for i, run in enumerate(shapes.values()):
             if cache.get(label, run.cell.recipe) is not None:
                 continue
             console.print(f"estimate {i + 1}/{len(shapes)}: {run.cell.name} on {label}",
                           highlight=False)
-            try:
-                seconds = bench(run.cell.recipe, dev, iterations=3, warmup=1)
-            except (UserError, NotImplementedError, OSError, RuntimeError) as exc:
-                first = str(exc).strip().splitlines()[0][:100] or type(exc).__name__
-                console.print(f"  not measured: {first}", highlight=False)
+            recipe = Path(scratch) / f"shape-{i}.toml"
+            atomic_write_text(recipe, run.cell.recipe.to_toml())
+            done = subprocess.run([*perencode_command(), "bench", str(recipe), "--iterations",
+                                   "3", "--warmup", "1", "--device", device],
+                                  capture_output=True, text=True,
+                                  env=thread_env(threads, handed=handed))
+            lines = done.stdout.strip().splitlines()
+            if done.returncode != 0 or not lines:
+                last = (done.stdout.strip() or done.stderr.strip() or "failed").splitlines()[-1]
+                console.print(f"  not measured: {last[:100]}", highlight=False)
                 continue
-            cache.put(label, run.cell.recipe, seconds["seconds_per_iteration"])
-    finally:
-        torch.set_num_threads(previous)
+            seconds = json.loads(lines[-1])["seconds_per_iteration"]  # bench's last line
+            cache.put(label, run.cell.recipe, seconds)
 
 
 def matmul_rate(device: torch.device, threads: int, n: int = 1024, repeats: int = 4) -> float:
@@ -194,7 +202,7 @@ def _flop(n: float) -> str:
     return f"{n:,.0f} FLOP"
 
 
-def print_plan(grid, planned: list[Run], out: Path, device: str, jobs: int) -> dict:
+def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: int) -> dict:
     """`sweep --dry-run`: the run table with each run's disk and device-hours, then the
     totals. Instant: sizes are counted on the meta device, times come from the cache."""
     dev, threads, label = _device(device, jobs)

@@ -2,7 +2,7 @@
 
 The workers die with the sweep: on Linux the kernel sends each one SIGTERM when the sweep
 ends however it ends (PR_SET_PDEATHSIG), elsewhere each worker notices at its next iteration
-that its parent is gone (perencode.train.PARENT_ENV); either way it checkpoints and exits as
+that its parent is gone (perencode.lock.PARENT_ENV); either way it checkpoints and exits as
 on SIGTERM. A run still locked by a live worker of an earlier sweep (killed in the instant
 before its workers stop) is waited for, counted against --jobs, and then resumed.
 """
@@ -22,10 +22,9 @@ from typing import Any
 
 from perencode import plugins, runs
 from perencode.device import available_cores, visible_gpus
-from perencode.lock import describe, live_holder
+from perencode.lock import PARENT_ENV, describe, live_holder
 from perencode.sweep.board import Board
-from perencode.sweep.plan import Run, RunState, refresh
-from perencode.train import PARENT_ENV
+from perencode.sweep.plan import PlannedRun, RunState, refresh
 
 
 def perencode_command() -> list[str]:
@@ -81,16 +80,16 @@ def raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def run_local(ready: list[Run], board: Board, jobs: int, runs_per_gpu: int,
+def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: int,
               device: str, handed: list[str] | None = None) -> bool:
     """Up to `jobs` runs at once as subprocesses, GPUs round-robin, each handed the plugins
     `handed`; False if interrupted."""
     gpus = visible_gpus(device)
     slots = min(jobs, len(gpus) * runs_per_gpu) if gpus else jobs
     threads = max(1, available_cores() // max(1, min(slots, len(ready))))
-    queue, active = list(ready), []
+    queue, active = list(ready), list[PlannedRun]()
 
-    def start(run: Run) -> None:
+    def start(run: PlannedRun) -> None:
         holder = live_holder(run.dir)
         if holder is not None:  # a worker of an earlier sweep: wait for it in its slot
             run.proc, run.state = None, RunState.RUNNING

@@ -1,6 +1,7 @@
-"""What a sweep has to do: one `Run` per cell of a grid, with its state and the `perencode`
-commands still to run. Planning reads run directories and writes nothing; `prepare` then
-claims each run directory (or links it to its twin)."""
+"""What a sweep has to do: one `PlannedRun` per cell of a grid, with its state and the
+`perencode` commands still to run. Planning reads run directories and writes nothing;
+`prepare` then claims each run directory (or links it to its twin). A run directory itself
+is perencode.runs.Run."""
 
 from __future__ import annotations
 
@@ -43,7 +44,10 @@ FINISHED = (RunState.DONE, RunState.REUSE)
 
 
 @dataclass
-class Run:
+class PlannedRun:
+    """A cell's run as the sweep sees it: its directory, its state and what is left to do,
+    and the executor's handle on it while it trains."""
+
     cell: Cell
     dir: Path
     state: RunState
@@ -87,7 +91,7 @@ def stability_done(run_dir: Path) -> bool:
     if not path.exists():
         return False
     done = set(pd.read_csv(path, usecols=["iteration"])["iteration"].unique())
-    return {k for k, _ in runs.list_checkpoints(run_dir)} <= done
+    return {k for k, _ in runs.Run(run_dir).checkpoints()} <= done
 
 
 def last_rows(run_dir: Path, n: int = 2) -> list[dict]:
@@ -109,7 +113,7 @@ def last_rows(run_dir: Path, n: int = 2) -> list[dict]:
     return rows[-n:]
 
 
-def refresh(run: Run) -> None:
+def refresh(run: PlannedRun) -> None:
     """Step, training accuracy and ETA of a run from its metrics.jsonl."""
     rows = last_rows(run.twin or run.dir)
     if not rows:
@@ -171,8 +175,8 @@ def twin_job(out: Path, twin: Path) -> str | None:
 # The plan
 # --------------------------------------------------------------------------------------
 
-def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[Run]:
-    """One Run per cell with its state and the commands still to run (nothing is written).
+def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[PlannedRun]:
+    """One PlannedRun per cell with its state and the commands still to run (nothing is written).
 
     A cell whose recipe already has a run elsewhere under `out` (finished or not: another
     grid made it, e.g. Fig. 5's cells are Fig. 3's runs) is linked to it; an unfinished twin
@@ -183,7 +187,7 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[Run]:
     planned = []
     for cell in grid.cells:
         run_dir = out / grid.name / cell.name
-        run = Run(cell, run_dir, RunState.NEW, job=recorded.get(cell.name))
+        run = PlannedRun(cell, run_dir, RunState.NEW, job=recorded.get(cell.name))
         planned.append(run)
         if run_dir.is_symlink() or not (run_dir / "recipe.toml").exists():
             claimed = claimed_runs(out) if claimed is None else claimed
@@ -201,10 +205,10 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[Run]:
                 run.message = run.message or ("holds a run of a different recipe; move it "
                                               "away or sweep into another --runs")
                 continue
-            run.state = RunState.DONE if runs.is_complete(run_dir) else RunState.PARTIAL
+            run.state = RunState.DONE if runs.Run(run_dir).is_complete() else RunState.PARTIAL
         refresh(run)
         trained = run.state == RunState.DONE or (run.twin is not None
-                                                 and runs.is_complete(run.twin))
+                                                 and runs.Run(run.twin).is_complete())
         if not trained:
             run.commands.append(["train", str(run_dir / "recipe.toml"), "--run-dir", str(run_dir),
                                  *(["--tensorboard"] if tensorboard else [])])
@@ -214,11 +218,11 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[Run]:
     return planned
 
 
-def mark_queued(planned: list[Run]) -> None:
+def mark_queued(planned: list[PlannedRun]) -> None:
     """Runs whose SLURM job (of an earlier sweep) is still queued or running: nothing to
     submit, only to wait for."""
     waiting = [r for r in planned if r.job and r.commands]
-    live = live_jobs(sorted({r.job for r in waiting}))
+    live = live_jobs(sorted({r.job for r in waiting if r.job}))
     for run in waiting:
         if run.job in live:
             state = live[run.job]
@@ -227,18 +231,18 @@ def mark_queued(planned: list[Run]) -> None:
             run.commands = []
 
 
-def prepare(todo: list[Run]) -> list[Run]:
+def prepare(todo: list[PlannedRun]) -> list[PlannedRun]:
     """Claim each run directory (writes recipe.toml) or link it to its twin; the runs that
     still have commands to run."""
     ready = []
     for run in todo:
         try:
-            if run.state == RunState.REUSE and not run.dir.is_symlink():
+            if run.state == RunState.REUSE and run.twin and not run.dir.is_symlink():
                 run.dir.parent.mkdir(parents=True, exist_ok=True)
                 run.dir.symlink_to(os.path.relpath(run.twin, run.dir.parent),
                                    target_is_directory=True)
             elif run.state in (RunState.NEW, RunState.PARTIAL):
-                runs.claim(run.dir, run.cell.recipe)
+                runs.Run(run.dir).claim(run.cell.recipe)
         except (UserError, OSError) as exc:
             run.state, run.message = RunState.FAILED, str(exc)
             continue

@@ -19,7 +19,7 @@ from perencode.errors import UserError
 from perencode.grid import Grid, SlurmConfig
 from perencode.sweep.board import Board
 from perencode.sweep.local import launch, thread_env
-from perencode.sweep.plan import Run, RunState, record_jobs, refresh
+from perencode.sweep.plan import PlannedRun, RunState, record_jobs, refresh
 
 
 class TrainJob(submitit.helpers.Checkpointable):
@@ -35,12 +35,12 @@ class TrainJob(submitit.helpers.Checkpointable):
         # `handed`: the sweep's plugins, given to each command (not left to the job's
         # inherited environment, which a cluster may not pass on: sbatch --export=NONE).
         for command in commands:
-            if command[0] == "train" and runs.is_complete(run_dir):
+            if command[0] == "train" and runs.Run(run_dir).is_complete():
                 continue  # a requeued job whose training had finished
             self.proc, log = launch([*command, "--device", device], Path(run_dir),
                                     thread_env(threads, None, handed))
             try:
-                code = self._wait()
+                code = self._wait(self.proc)
             finally:
                 log.close()
             if code != 0:
@@ -48,18 +48,19 @@ class TrainJob(submitit.helpers.Checkpointable):
                                    f"{Path(run_dir) / 'train.log'}")
         return run_dir
 
-    def _wait(self) -> int:
+    @staticmethod
+    def _wait(proc: subprocess.Popen) -> int:
         # Polling, not Popen.wait(): SLURM's signal runs `checkpoint` in this thread, inside
         # this loop, and a Popen.wait() interrupted there would still hold the Popen's lock
         # that `checkpoint` needs (a deadlock a real scheduler exposed).
-        while (code := self.proc.poll()) is None:
+        while (code := proc.poll()) is None:
             time.sleep(0.2)
         return code
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            self._wait()
+            self._wait(self.proc)
         # A fresh callable: the Popen of this attempt cannot be pickled.
         return submitit.helpers.DelayedSubmission(TrainJob(), *args, **kwargs)
 
@@ -98,7 +99,7 @@ def executor(folder: Path, name: str, options: SlurmConfig,
     return ex
 
 
-def submit(ready: list[Run], grid: Grid, out: Path, options: SlurmConfig, device: str,
+def submit(ready: list[PlannedRun], grid: Grid, out: Path, options: SlurmConfig, device: str,
            dependency: list[str], handed: list[str] | None = None) -> list:
     """Submit the runs as one job array, handing each the plugins `handed`; records their
     job ids. Returns submitit's jobs."""
@@ -110,11 +111,11 @@ def submit(ready: list[Run], grid: Grid, out: Path, options: SlurmConfig, device
         run.state, run.job, run.message = RunState.SUBMITTED, str(job.job_id), \
             f"job {job.job_id}"
     if options.cluster == "slurm":
-        record_jobs(out, grid.name, {r.cell.name: r.job for r in ready})
+        record_jobs(out, grid.name, {r.cell.name: str(j.job_id) for r, j in zip(ready, jobs)})
     return jobs
 
 
-def wait(pairs: list[tuple[Run, Any]], board: Board, options: SlurmConfig) -> bool:
+def wait(pairs: list[tuple[PlannedRun, Any]], board: Board, options: SlurmConfig) -> bool:
     """Watch (run, submitit job) pairs until every job ended; False if interrupted."""
     poll = 1.0 if options.cluster != "slurm" else options.poll_s  # sacct: not to be hammered
     pending = list(pairs)
@@ -145,6 +146,7 @@ def wait(pairs: list[tuple[Run, Any]], board: Board, options: SlurmConfig) -> bo
     return True
 
 
-def reattach(run: Run, out: Path, grid: Grid) -> submitit.SlurmJob:
+def reattach(run: PlannedRun, out: Path, grid: Grid) -> submitit.SlurmJob:
     """The submitit job of a run submitted by an earlier sweep."""
+    assert run.job is not None, run.dir  # a queued or running run was marked by its job
     return submitit.SlurmJob(folder=out / grid.name / ".submitit", job_id=run.job)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,11 +56,12 @@ class LanguageModelTask:
     differ mainly in how evenly paragraphs recur.
     """
 
-    def __init__(self, cfg: TaskConfig, seed: int, device: torch.device | str = "cpu"):
+    def __init__(self, cfg: LanguageModelConfig, seed: int, device: torch.device | str = "cpu"):
         # `seed` is part of the task interface; nothing is drawn before training here:
         # the valid and test splits are fixed.
         self.cfg = cfg
         self.device = torch.device(device)
+        assert cfg.data is not None  # LanguageModelConfig requires it
         self.splits = load(cfg.data, vocab_size=cfg.vocab_size, max_tokens=cfg.length)
         self.shapes = shapes(cfg)
         self._model_ids = model_ids(cfg.vocab_size)
@@ -71,13 +73,15 @@ class LanguageModelTask:
         steps = np.arange(lengths.max())
         inside = steps[None, :] < lengths[:, None]  # [B, T+1]
         pieces = split.tokens[np.where(inside, starts[:, None] + steps, 0)]  # [B, T+1]
-        tokens = np.where(inside, self._model_ids[pieces], self.shapes.pad_id)
+        pad = self.shapes.pad_id
+        assert pad is not None  # `shapes` pads with id K
+        tokens = np.where(inside, self._model_ids[pieces], pad)
         sequences = torch.from_numpy(tokens).to(device)  # [B, T+1]
         inputs, targets = sequences[:, :-1], sequences[:, 1:]  # [B, T] each
         # Padding and <unk> inside a paragraph are both id K: neither is scored
         # (docs/paper-facts.md#language-modelling).
         return Batch(sequences=sequences, inputs=inputs, targets=targets,
-                     output_targets=targets, output_mask=targets != self.shapes.pad_id,
+                     output_targets=targets, output_mask=targets != pad,
                      lengths=torch.from_numpy(lengths).to(device))
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
@@ -108,7 +112,7 @@ class LanguageModelTask:
         per_position: also the perplexity at each target position (1 = the paragraph's
         second token, as the authors' test_lm.py CSV) and its token count.
         """
-        result = {}
+        result: dict[str, Any] = {}
         for name in ("valid", "test"):
             split = self.splits[name]
             loss = torch.zeros(self.shapes.steps, dtype=torch.float64, device=self.device)
@@ -116,22 +120,24 @@ class LanguageModelTask:
             for index in self.eval_batches(split, batch_size):
                 batch = self.rows(split, index, self.device)
                 logits = logits_fn(batch)  # [B, T, K]
-                target = batch.output_targets.masked_fill(~batch.output_mask, 0)  # [B, T]
+                mask = batch.output_mask
+                assert mask is not None  # `rows` masks padding and <unk>
+                target = batch.output_targets.masked_fill(~mask, 0)  # [B, T]
                 ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                                      reduction="none").view_as(target)  # [B, T]
                 T = target.shape[1]
-                loss[:T] += ce.masked_fill(~batch.output_mask, 0.0).sum(0).double()
-                count[:T] += batch.output_mask.sum(0)
+                loss[:T] += ce.masked_fill(~mask, 0.0).sum(0).double()
+                count[:T] += mask.sum(0)
             mean = float(loss.sum() / count.sum())
             result[f"{name}_perplexity"] = math.exp(mean)
             result[f"{name}_cross_entropy"] = mean
             result[f"{name}_tokens"] = int(count.sum())
             result[f"{name}_paragraphs"] = len(split)
             if per_position:
-                loss, count = loss.cpu().tolist(), count.cpu().tolist()
+                losses, counts = loss.cpu().tolist(), count.cpu().tolist()
                 result[f"{name}_perplexity_by_position"] = [
-                    math.exp(s / c) if c else None for s, c in zip(loss, count)]
-                result[f"{name}_tokens_by_position"] = count
+                    math.exp(s / c) if c else None for s, c in zip(losses, counts)]
+                result[f"{name}_tokens_by_position"] = counts
         return result
 
 

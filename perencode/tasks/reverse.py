@@ -85,7 +85,7 @@ class VariableLengthReverseTask(ReverseTask):
     def score(self, batches: list[Batch], predictions: list[Tensor]) -> dict:
         """Whole-set metrics plus `by_length`: one row of metrics per input length."""
         rows = row_scores(batches, predictions)
-        lengths = torch.cat([b.lengths.cpu() for b in batches])
+        lengths = torch.cat([b.lengths.cpu() for b in batches])  # type: ignore[union-attr]
         by_length = []
         for length in range(self.cfg.min_length, self.L + 1):
             part = summarise(rows, lengths == length)
