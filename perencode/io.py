@@ -180,3 +180,12 @@ def safe_torch_load(path: str | Path, kind: str, map_location: str | torch.devic
     if not isinstance(obj, dict) or obj.get("format") != kind:
         raise UserError(f"{path}: foreign checkpoint (expected format '{kind}')")
     return obj
+
+
+def tail_lines(path: Path, size: int) -> list[str]:
+    """The lines of the last `size` bytes of a file (the first may be cut), without reading
+    the rest: a live log or metrics file can be large. Raises OSError like open()."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - size))
+        return f.read().decode("utf-8", "replace").splitlines()

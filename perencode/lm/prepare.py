@@ -50,7 +50,7 @@ import numpy as np
 
 from perencode.console import console
 from perencode.errors import UserError
-from perencode.io import disk_errors, fsync_dir
+from perencode.io import disk_errors, fsync_dir, tail_lines
 from perencode.lm.data import (
     FORMAT,
     FORMAT_VERSION,
@@ -330,10 +330,7 @@ def _train_child(train_text: str, folder: str, options: dict) -> None:
 def _stage(log: Path) -> str:
     """The trainer's latest log line, without its source-file prefix."""
     try:
-        with open(log, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 2048))
-            lines = f.read().decode("utf-8", "replace").splitlines()
+        lines = tail_lines(log, 2048)
     except OSError:
         return ""
     last = next((line for line in reversed(lines) if line.strip()), "")

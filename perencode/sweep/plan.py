@@ -18,7 +18,7 @@ import pandas as pd
 from perencode import runs
 from perencode.errors import UserError
 from perencode.grid import Cell, Grid
-from perencode.io import atomic_write_json
+from perencode.io import atomic_write_json, tail_lines
 from perencode.recipe import run_key
 
 
@@ -98,10 +98,7 @@ def last_rows(run_dir: Path, n: int = 2) -> list[dict]:
     """The last `n` rows of metrics.jsonl, reading only the file's tail."""
     path = run_dir / "metrics.jsonl"
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 4096))
-            lines = f.read().decode("utf-8", "replace").splitlines()
+        lines = tail_lines(path, 4096)
     except FileNotFoundError:
         return []
     rows = []
