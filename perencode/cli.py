@@ -165,7 +165,7 @@ def train(
     """Train a recipe (or resume its interrupted run, or report it complete)."""
     from perencode import runs
     from perencode.recipe import load_recipe
-    from perencode.train import Interrupted
+    from perencode.train import Diverged, Interrupted
     from perencode.train import train as run_training
 
     r = load_recipe(recipe, overrides)
@@ -179,6 +179,8 @@ def train(
         console.print(f"interrupted at iteration {stop.iteration}; checkpoint saved to "
                       f"{stop.path}. Run the same command again to resume.")
         raise typer.Exit(128 + stop.signum) from None
+    except Diverged as exc:
+        fail(str(exc), runs.DIVERGED_EXIT)
     if already:
         console.print(f"{run_dir}: run is already complete; results in {run_dir}/eval.json")
     _print_metrics(result, run_dir / "eval.json")
@@ -488,6 +490,33 @@ def figures(
     written = make_figures(runs, out=out)
     for path in written:
         console.print(f"wrote {path}")
+
+
+@app.command()
+@user_errors
+def prune(
+    runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be deleted and "
+                                 "kept; delete nothing."),
+    without_stability: bool = typer.Option(False, "--without-stability", help="Also delete "
+                                           "the checkpoints of dual-frequency runs that "
+                                           "stability.csv does not cover yet (their gradient "
+                                           "stability can then not be computed)."),
+) -> None:
+    """Free the space of finished runs: delete their checkpoints, keep every file figures,
+    verify and report read. Unfinished and diverged runs are left as they are."""
+    from perencode.prune import KEPT
+    from perencode.prune import prune as run_prune
+
+    done = run_prune(runs, dry_run=dry_run, without_stability=without_stability)
+    for found in done:
+        console.print(found.line(dry_run), highlight=False, soft_wrap=True)
+    freed = sum(found.size for found in done)
+    pruned = sum(bool(found.deleted) for found in done)
+    console.print(f"{'would free' if dry_run else 'freed'} {freed / 2**20:.1f} MB in {pruned} "
+                  f"of {len(done)} run(s). Kept, where present: "
+                  + "; ".join(f"{name}: {why}" for name, why in KEPT.items()),
+                  highlight=False, soft_wrap=True)
 
 
 @app.command()

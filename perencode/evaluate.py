@@ -62,6 +62,23 @@ def _say_what_is_scored(run: runs.Run) -> None:
     console.print(f"[yellow]note:[/] {line}", highlight=False, soft_wrap=True)
 
 
+def _refuse_without_model(run: runs.Run) -> None:
+    """A diverged run's final model is not a result, and a finished run whose checkpoints
+    were deleted has no model to score: one line each, eval.json left as it is."""
+    status = run.status()
+    if status["state"] == runs.DIVERGED:
+        kept = status.get("checkpoint")
+        raise UserError(f"{run.dir}: diverged at iteration {status.get('iteration')} "
+                        f"({status.get('reason', 'not finite')}): its final model is not a "
+                        "result and is not scored"
+                        + (f"; score the last finite checkpoint with --checkpoint "
+                           f"{run.dir / kept}" if kept else ""))
+    if status["state"] == runs.FINISHED and not run.checkpoints():
+        raise UserError(f"{run.dir}: the run is finished but its model was deleted (no "
+                        f"checkpoints left{'; pruned' if status.get('pruned') else ''}); "
+                        f"its eval.json is kept as it is")
+
+
 def evaluate_run(run_dir: str | Path, device: str = "auto",
                  checkpoint: str | Path | None = None, **options) -> tuple[dict, Path]:
     """Evaluate a run; the final model goes to eval.json, another checkpoint to eval-step-K.json.
@@ -73,6 +90,7 @@ def evaluate_run(run_dir: str | Path, device: str = "auto",
     with hold(run.dir, "eval"):
         remove_stale_temps(run.dir)
         if checkpoint is None:
+            _refuse_without_model(run)
             _say_what_is_scored(run)
         _, task, model, iteration = load_run(run, dev, checkpoint)
         result = evaluate_model(model, task, recipe, **options)

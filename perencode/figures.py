@@ -26,7 +26,7 @@ import functools
 import io
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 from typing import Literal
@@ -40,7 +40,14 @@ from perencode.grid import load_grid
 from perencode.io import atomic_write_bytes, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.naming import format_value, ordered, short_key, short_names
-from perencode.results import BOOKKEEPING, Results, collect, flatten, results_table
+from perencode.results import (
+    BOOKKEEPING,
+    Results,
+    collect,
+    flatten,
+    results_table,
+    say_left_out,
+)
 from perencode.stats import bootstrap_ci
 
 METRICS = {"token_accuracy": "Token accuracy", "dl_distance": "Damerau-Levenshtein distance",
@@ -547,15 +554,24 @@ def make_figures(runs: list[Path], out: Path = Path("figures")) -> list[Path]:
         return _make_figures(results, out)
 
 
+def _shown(names: pd.Series) -> str:
+    return ", ".join(names.head(5)) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 def _make_figures(results: Results, out: Path) -> list[Path]:
-    for line in results.duplicates:
-        _warn(f"ignored a second run of the same recipe: {line}")
-    unfinished = results.runs[~results.runs["complete"]]
+    say_left_out(results)
+    runs = results.runs
+    unfinished = runs[runs["status"] == "unfinished"]
     if len(unfinished):
-        shown = ", ".join(unfinished["run"].head(5)) + (
-            f" and {len(unfinished) - 5} more" if len(unfinished) > 5 else "")
         _warn(f"{len(unfinished)} unfinished run(s) listed in results.csv (complete = False) "
-              f"and left out of every figure but Fig. 15's training curves: {shown}")
+              f"and left out of every figure but Fig. 15's training curves: "
+              f"{_shown(unfinished['run'])}")
+    diverged = results.diverged()
+    if len(diverged):
+        _warn(f"{len(diverged)} diverged run(s) listed in results.csv (status = diverged, "
+              "no metrics) and never plotted: "
+              + _shown(diverged["run"] + " (iteration "
+                       + diverged["train_step"].map(lambda v: str(int(v))) + ")"))
     if paper_folder() is None:
         _warn("recipes/paper/ not found (beside the package or in the working directory): "
               "figures cannot say whether their runs have the paper's settings")
@@ -600,12 +616,15 @@ class Part:
     rows: pd.DataFrame      # rows of the figure's Results table drawn in it
     note: str               # settings tied to its axes although they differ (tied_note)
     differs: str            # how its runs differ from the paper's grids ("" if they do not)
+    diverged: pd.DataFrame = field(default_factory=pd.DataFrame)  # its cells' diverged runs,
+                                                                  # counted, never drawn
 
 
 def figure_parts(figure: Figure, results: Results) -> list[Part]:
     """The files `figure` draws from `results`: one per setting, named `__nonpaper` where
     the runs differ from the paper's grids for the figure (figures and report read this)."""
     chosen = results.runs[figure.select(results.runs)]
+    diverged = chosen[chosen["status"] == "diverged"]
     if figure.complete:
         chosen = chosen[chosen["complete"]]
     if figure.requires:  # only settings with such a run; a suffix only if several do
@@ -622,8 +641,21 @@ def figure_parts(figure: Figure, results: Results) -> list[Part]:
         drawn = part[part["run"].isin(rows["run"])]
         differs = paper_difference(drawn, figure, results.recipe_columns)
         found.append(Part(f"{figure.name}{suffix}" + ("__nonpaper" if differs else ""), drawn,
-                          rows, tied_note(part, tied, figure.axes), differs))
+                          rows, tied_note(part, tied, figure.axes), differs,
+                          diverged[_in_setting(diverged, part, results.recipe_columns,
+                                               figure.axes)]))
     return found
+
+
+def _in_setting(runs: pd.DataFrame, part: pd.DataFrame, columns: list[str],
+                axes: list[str]) -> pd.Series:
+    """Which of `runs` have the settings of `part` (every field but the axes and the
+    bookkeeping among the values its runs take)."""
+    mask = pd.Series(True, index=runs.index)
+    for column in columns:
+        if column not in axes and column not in BOOKKEEPING:
+            mask &= runs[column].map(_spelt).isin(set(part[column].map(_spelt)))
+    return mask
 
 
 def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
@@ -634,11 +666,20 @@ def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
         if part.note:
             console.print(f"{part.stem}: one figure although {part.note}",
                           highlight=False, soft_wrap=True)
-        lacking = missing_runs(part.runs, figure.axes)
+        lacking = missing_runs(pd.concat([part.runs, part.diverged]), figure.axes)
         if lacking:
             shown = "; ".join(lacking[:8]) + (f"; and {len(lacking) - 8} more"
                                               if len(lacking) > 8 else "")
             _warn(f"{part.stem}: drawn without {len(lacking)} missing run(s): {shown}")
+        if len(part.diverged):
+            keys = [a for a in figure.axes if a != "model.arch"] + ["train.seed"]
+            cells = [f"arch={r['model.arch']} "
+                     + " ".join(f"{short_key(k)}={_spelt(r[k])}" for k in keys)
+                     + f" (iteration {int(r['train_step'])})"
+                     for _, r in part.diverged.iterrows()]
+            _warn(f"{part.stem}: {len(cells)} diverged run(s) in its cells, counted and not "
+                  f"plotted (a loss or weight not finite): {'; '.join(cells[:8])}"
+                  + (f"; and {len(cells) - 8} more" if len(cells) > 8 else ""))
         if part.differs:
             console.print(f"{part.stem}: {part.differs}", highlight=False, soft_wrap=True)
         written += figure.draw(part.rows, out / part.stem, part.differs)

@@ -64,6 +64,7 @@ class Panel:
     table: str          # the Results table it draws (runs, by_band, stability, ...)
     note: str = ""      # settings that differ among its runs yet drawn together
     differs: str = ""   # how its runs differ from the paper's grids for the figure
+    diverged: int = 0   # diverged runs of its cells (counted, not drawn)
 
 
 def panels(results: Results, written: list[Path]) -> list[Panel]:
@@ -77,7 +78,8 @@ def panels(results: Results, written: list[Path]) -> list[Panel]:
             for part in figure_parts(figure, results):
                 if f"{part.stem}.png" in files or f"{part.stem}.csv" in files:
                     found.append(Panel(part.stem, files.get(f"{part.stem}.png"), part.runs,
-                                       figure.table, part.note, part.differs))
+                                       figure.table, part.note, part.differs,
+                                       len(part.diverged)))
                     drawn.update(part.runs["run"])
 
     add(FIGURES)
@@ -158,10 +160,12 @@ def _counted(counts: dict[str, int]) -> str:
                      for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def _runs_box(part: pd.DataFrame) -> str:
+def _runs_box(part: pd.DataFrame, diverged: int = 0) -> str:
     p = provenance(part)
     return ('<dl class="runs">'
             f'<dt>runs</dt><dd>{p["runs"]}</dd>'
+            + (f'<dt>diverged</dt><dd>{diverged} more, not drawn (a loss or weight not '
+               'finite)</dd>' if diverged else "") +
             f'<dt>seeds</dt><dd>{_e(", ".join(map(str, p["seeds"])))}</dd>'
             + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in p["settings"].items())
             + f'<dt>devices</dt><dd>{_counted(p["devices"])}</dd>'
@@ -245,7 +249,8 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
             + (f'<p class="note">Drawn together although {_e(panel.note)}.</p>'
                if panel.note else "")
             + '<div class="side"><h3>Runs behind it</h3>'
-            f'{_runs_box(panel.runs)}<h3>Claims</h3>{_claims_table(beside[panel.stem])}'
+            f'{_runs_box(panel.runs, panel.diverged)}<h3>Claims</h3>'
+            f'{_claims_table(beside[panel.stem])}'
             + _cited_not_run(panel.stem, checked) + "</div></div>")
     rest = [o for o in decided if o.claim.id not in shown]
     if rest:

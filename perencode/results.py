@@ -5,7 +5,7 @@ metrics.jsonl, stability.csv) into one `Results`: a row per run (its recipe fiel
 dotted columns, eval.json's scalars, a training summary) and the per-row tables of
 eval.json (by_band, by_condition, by_length) and stability.csv; a task's registration adds
 its own columns and tables (the language model's perplexity and training curves). Runs of
-the same recipe (`recipe.identity`) are kept once.
+the same recipe (`recipe.identity`) are kept once: the finished one (`choose`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from perencode import kinds, runs
+from perencode.console import console
 from perencode.errors import UserError
 from perencode.naming import format_value, short_names
 from perencode.recipe import SECTIONS, field_names, run_key
@@ -32,7 +33,12 @@ class Results:
     tables: dict[str, pd.DataFrame]     # by_band, by_condition, by_length, stability, curves
                                         # (training curves of language models)
     recipe_columns: list[str]
-    duplicates: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)  # runs of a recipe not used, and why
+    notes: list[str] = field(default_factory=list)       # links the run search skipped
+
+    def diverged(self) -> pd.DataFrame:
+        """The runs that stopped on a number that is not finite (no metrics of theirs)."""
+        return self.runs[self.runs["status"] == runs.DIVERGED]
 
     def table(self, name: str) -> pd.DataFrame:
         """A per-row table joined with its runs' recipe fields (empty if no run has one)."""
@@ -96,24 +102,76 @@ def _read_stability(run_dir: Path) -> pd.DataFrame | None:
                                                 n=("stability", "size"))
 
 
+# Which of two run directories of one recipe is used: the finished one, else the diverged
+# one (its divergence is the result), else the first found.
+_RANK = {runs.FINISHED: 2, runs.DIVERGED: 1, runs.UNFINISHED: 0}
+
+
+def _describe(run_dir: Path, status: dict) -> str:
+    state = status["state"]
+    if state == runs.UNFINISHED:
+        steps = runs.Run(run_dir).metrics()
+        return f"unfinished (iteration {steps[-1].get('step', 0) if steps else 0})"
+    return f"{state} (iteration {status.get('iteration')})" if state == runs.DIVERGED else state
+
+
+def choose(found: list[tuple[Path, Any, dict]]) -> tuple[dict[str, tuple[Path, Any, dict]],
+                                                           list[str]]:
+    """run_key -> the (run directory, recipe, status) used of each recipe's runs, and one
+    line per run directory left out, naming the one used and why. Two finished runs of
+    one recipe with different eval.json are both named: the first is used."""
+    kept: dict[str, tuple[Path, Any, dict]] = {}
+    lines = []
+    for run_dir, recipe, status in found:
+        key = run_key(recipe)
+        if key not in kept:
+            kept[key] = (run_dir, recipe, status)
+            continue
+        used, _, used_status = kept[key]
+        if _RANK[status["state"]] > _RANK[used_status["state"]]:
+            kept[key] = (run_dir, recipe, status)
+            lines.append(f"{used}: ignored, {_describe(used, used_status)}; the same "
+                         f"recipe's {status['state']} run {run_dir} is used")
+        elif status["state"] == used_status["state"] == runs.FINISHED:
+            ours, theirs = (runs.read_json(d / "eval.json") for d in (used, run_dir))
+            if ours == theirs:
+                lines.append(f"{run_dir}: ignored, the same recipe and results as {used}")
+            else:
+                differ = sorted(k for k in set(ours) | set(theirs)
+                                if ours.get(k) != theirs.get(k))
+                lines.append(f"{run_dir} and {used}: two finished runs of the same recipe "
+                             f"with different results ({', '.join(differ[:4])} differ); "
+                             f"{used} is used, move the other away to use it")
+        else:
+            lines.append(f"{run_dir}: ignored, {_describe(run_dir, status)}; the same "
+                         f"recipe's {used_status['state']} run {used} is used")
+    return kept, lines
+
+
 def collect(paths: list[Path]) -> Results:
-    """Every run under `paths` into one Results; identical recipes are kept once."""
+    """Every run under `paths` into one Results; of the runs of one recipe one is kept
+    (`choose`). A diverged run has a row (status "diverged", complete False) without
+    metrics: a number it produced is never shown."""
     rows: list[dict[str, Any]] = []
     tables: dict[str, list[pd.DataFrame]] = {}
-    kept: dict[str, Path] = {}
-    duplicates = []
-    for run_dir in runs.find_runs(paths):
+    notes: list[str] = []
+    found = []
+    for run_dir in runs.find_runs(paths, notes):
         recipe = runs.read_recipe(run_dir, any_kind=True)
-        key = run_key(recipe)
-        if key in kept:
-            duplicates.append(f"{run_dir} (same recipe as {kept[key]})")
-            continue
-        kept[key] = run_dir
+        found.append((run_dir, recipe, runs.Run(run_dir).status()))
+    kept, duplicates = choose(found)
+    for run_dir, recipe, status in kept.values():
         run = str(run_dir)
-        scalars, nested = _read_eval(run_dir)
+        diverged = status["state"] == runs.DIVERGED
+        scalars, nested = _read_eval(run_dir) if not diverged else ({}, {})
         metrics = runs.Run(run_dir).metrics()
-        row = {"run": run, **flatten(recipe), **scalars, **_training_summary(metrics),
-               "complete": runs.Run(run_dir).is_complete()}
+        summary = _training_summary(metrics) if not diverged else {
+            "train_step": status.get("iteration")}
+        row = {"run": run, **flatten(recipe), **scalars, **summary,
+               "status": status["state"], "complete": status["state"] == runs.FINISHED}
+        if diverged:
+            rows.append(row)
+            continue
         own = {name: pd.DataFrame(items) for name, items in nested.items()}
         stability = _read_stability(run_dir)
         if stability is not None:
@@ -131,7 +189,16 @@ def collect(paths: list[Path]) -> Results:
     frame = pd.DataFrame(rows)
     recipe_columns = [c for c in frame.columns if c.split(".")[0] in SECTIONS]
     joined = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}
-    return Results(frame, joined, recipe_columns, duplicates)
+    return Results(frame, joined, recipe_columns, duplicates, notes)
+
+
+def say_left_out(results: Results) -> None:
+    """The notes of the run search and the run directories of a recipe not used, and why
+    (`figures`, `verify`)."""
+    for line in results.notes:
+        console.print(f"[yellow]note:[/] {line}", highlight=False, soft_wrap=True)
+    for line in results.duplicates:
+        console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
 
 
 def results_table(results: Results) -> pd.DataFrame:

@@ -8,6 +8,14 @@
                                    the newest train.keep_checkpoints of them are kept
     RUN_DIR/checkpoints/resume.pt  written when a run is interrupted (SIGINT/SIGTERM)
     RUN_DIR/eval.json              held-out metrics of the final model
+    RUN_DIR/status.json            the run's state, written when it changes: {"state":
+                                   "finished", "iteration"} once eval.json is written (the
+                                   run stays finished when its checkpoints are deleted);
+                                   {"state": "diverged", "iteration", "reason", "checkpoint"}
+                                   when training met a number that is not finite (the newest
+                                   finite checkpoint is kept); "pruned" what `perencode prune`
+                                   deleted. No file: unfinished (or a run of an earlier
+                                   perencode: Run.status infers it)
     RUN_DIR/tensorboard/           TensorBoard event files (`train --tensorboard`; tracking.py)
     RUN_DIR/.perencode.lock        while a command writes in the run (perencode.lock)
 
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -58,6 +67,13 @@ _STEP_RE = re.compile(r"^step-(\d+)\.pt$")
 TRAINING_SEED_OFFSET = 1_000_003
 STABILITY_SEED_OFFSET = 2_000_003
 
+# A run's state (status.json): its final evaluation written; training stopped on a loss,
+# gradient norm or weight that is not a number; anything else (training, stopped, killed).
+FINISHED, DIVERGED, UNFINISHED = "finished", "diverged", "unfinished"
+STATES = (FINISHED, DIVERGED, UNFINISHED)
+STATUS_NAME = "status.json"
+DIVERGED_EXIT = 3  # the exit status of a `train` that stopped on a number that is not finite
+
 # eval.json opens with the run's identity, eval key -> recipe field (results.py reads the
 # recipe's own copy and leaves these out of the metrics).
 EVAL_IDENTITY = {"task": "task.name", "arch": "model.arch", "encoding": "encoding.kind",
@@ -73,24 +89,64 @@ def eval_identity(recipe: Recipe) -> dict[str, Any]:
     return out
 
 
-def find_runs(paths: list[Path]) -> list[Path]:
+def find_runs(paths: list[Path], notes: list[str] | None = None) -> list[Path]:
     """Run directories (holding recipe.toml) at or below `paths`, following links (a sweep
     links cells to identical finished runs), each real directory once, in a stable order.
-    Hidden folders (a sweep's .submitit logs) are skipped."""
-    found, seen = [], set()
+    Hidden folders (a sweep's .submitit logs) are skipped.
+
+    Each folder is entered once by its resolved path, and a link back to a folder it lies
+    in (`self -> .`, `back -> ..`) is a loop: not followed, and named once in a note. A
+    link whose target is gone (a run linked from a deleted grid) is named too. The notes
+    go to `notes` when given, else to the console."""
+    found: list[Path] = []
+    entered: set[str] = set()
+    said: list[str] = []
+
+    def walk(folder: Path) -> None:
+        entered.add(os.path.realpath(folder))
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            said.append(f"{folder}: cannot be read ({exc.strerror}); skipped")
+            return
+        if any(e.name == "recipe.toml" for e in entries):
+            found.append(folder)  # a run directory holds no other run
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            path = folder / entry.name
+            if entry.is_symlink() and not path.exists():
+                said.append(f"{path}: a link to {os.readlink(path)}, which does not exist "
+                            "(its run was moved or deleted); skipped")
+            elif entry.is_dir():
+                real = os.path.realpath(path)
+                if entry.is_symlink() and real in ancestors(folder):
+                    said.append(f"{path}: a link back to {real}, a folder it lies in (a "
+                                "loop); not followed")
+                elif real not in entered:
+                    walk(path)
+
+    def ancestors(folder: Path) -> set[str]:
+        real = Path(os.path.realpath(folder))
+        return {str(real), *map(str, real.parents)}
+
     for path in paths:
         path = Path(path)
         if not path.exists():
             raise UserError(f"{path}: no such run directory or folder")
-        for folder, dirs, files in os.walk(path, followlinks=True):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            if "recipe.toml" in files:
-                dirs.clear()  # a run directory holds no other run
-                real = os.path.realpath(folder)
-                if real not in seen:
-                    seen.add(real)
-                    found.append(Path(folder))
+        if os.path.realpath(path) not in entered:
+            walk(path)
+    for line in said:
+        if notes is not None:
+            notes.append(line)
+        else:
+            console.print(f"[yellow]note:[/] {line}", highlight=False, soft_wrap=True)
     return found
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def default_run_dir(recipe_path: str | Path, seed: int) -> Path:
@@ -182,13 +238,62 @@ class Run:
                  if (m := _STEP_RE.match(p.name))]
         return sorted(found)
 
+    @property
+    def status_path(self) -> Path:
+        return self.dir / STATUS_NAME
+
+    def status(self) -> dict[str, Any]:
+        """The run's completeness and numerical health: {"state": FINISHED, DIVERGED or
+        UNFINISHED, ...} (the layout above). Read from status.json (a run recorded finished
+        whose eval.json was deleted since has no result: unfinished); a run directory
+        written before perencode kept it has its state inferred (and "inferred" says from
+        what): diverged when metrics.jsonl holds a loss that is not a number, finished when
+        eval.json is of the final iteration (one without an iteration: when the final
+        iteration's checkpoint is there, the rule of those versions)."""
+        if self.status_path.exists():
+            try:
+                data = read_json(self.status_path)
+            except UserError as exc:
+                data, why = None, str(exc)
+            else:
+                why = f"{self.status_path}: not a run status"
+            eval_gone = isinstance(data, dict) and data.get("state") == FINISHED \
+                and not (self.dir / "eval.json").exists()  # no result: not finished
+            if isinstance(data, dict) and data.get("state") in STATES and not eval_gone:
+                return data
+            if eval_gone:
+                return {"state": UNFINISHED}
+            console.print(f"[yellow]note:[/] {why}; the run's state is inferred from its "
+                          "other files", highlight=False, soft_wrap=True)
+        if not (self.dir / "recipe.toml").exists():
+            return {"state": UNFINISHED}
+        total = read_recipe(self.dir, any_kind=True).train.iterations
+        for row in self.metrics():
+            if not _finite(row.get("loss", 0.0)):
+                return {"state": DIVERGED, "iteration": row.get("step"),
+                        "reason": f"loss is {row.get('loss')}", "inferred": "metrics.jsonl"}
+        eval_path = self.dir / "eval.json"
+        if eval_path.exists():
+            try:
+                at = read_json(eval_path).get("iteration")
+            except (UserError, AttributeError):
+                at = None
+            steps = self.checkpoints()
+            if at == total or (at is None and steps and steps[-1][0] == total):
+                return {"state": FINISHED, "iteration": total,
+                        "inferred": "eval.json of the final iteration"}
+        return {"state": UNFINISHED}
+
     def is_complete(self) -> bool:
-        """eval.json written and the last iteration's checkpoint present."""
-        if not (self.dir / "eval.json").exists() or not (self.dir / "recipe.toml").exists():
-            return False
-        steps = self.checkpoints()
-        return bool(steps) and \
-            steps[-1][0] == read_recipe(self.dir, any_kind=True).train.iterations
+        """The final evaluation is written (status); checkpoints may have been deleted."""
+        return self.status()["state"] == FINISHED
+
+    def record_status(self, state: str, **fields: Any) -> None:
+        """status.json: the run's state, with `fields` (iteration, reason, ...) and the time;
+        what `perencode prune` recorded is kept."""
+        pruned = self.status().get("pruned") if self.status_path.exists() else None
+        atomic_write_json(self.status_path, {"state": state, **fields, "time": now(),
+                                             **({"pruned": pruned} if pruned else {})})
 
     def claim(self, recipe: Recipe) -> bool:
         """Make the directory this recipe's run. Returns True if it already held this
@@ -412,7 +517,18 @@ class Run:
         env = read_json(env_path) if env_path.exists() else {}
         env["end_time"] = now()
         atomic_write_json(env_path, env)
+        self.record_status(FINISHED, iteration=self.recipe.train.iterations)
         return path
+
+    def diverged(self, iteration: int, reason: str) -> Path | None:
+        """Record that training diverged at `iteration` (`reason`: what was not finite);
+        the newest checkpoint, all of whose weights are finite (train checks them before
+        each save), is kept and named. Returns its path (None when there is none)."""
+        steps = self.checkpoints()
+        last = steps[-1][1] if steps else None
+        self.record_status(DIVERGED, iteration=iteration, reason=reason,
+                           checkpoint=str(last.relative_to(self.dir)) if last else None)
+        return last
 
 
 def now() -> str:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from perencode import kinds, runs
+from perencode.console import console
 from perencode.device import resolve_device
 from perencode.errors import UserError
 from perencode.evaluate import load_run
@@ -349,9 +350,17 @@ def _analyse(run: runs.Run, chosen: Triplets, dev: torch.device, triplets: int, 
     recipe = run.recipe
     task = recipe.task
     checkpoints = run.checkpoints()[::every]
-    if not checkpoints:
-        raise UserError(f"{run.dir}: no checkpoints yet (train it first)")
     path = run.dir / "stability.csv"
+    if not checkpoints:
+        if run.is_complete() and path.exists():
+            console.print(f"{run.dir}: its checkpoints were deleted; {path} is kept as it is",
+                          highlight=False, soft_wrap=True)
+            return path
+        if run.is_complete():
+            raise UserError(f"{run.dir}: the run is finished but its checkpoints were "
+                            "deleted; the analysis reads them: train the recipe again into "
+                            "a new run directory to analyse it")
+        raise UserError(f"{run.dir}: no checkpoints yet (train it first)")
     rows: list[dict[str, Any]] = list(_read_csv(path, triplets, metric))
     done = {int(row["iteration"]) for row in rows}
     todo = [(it, ckpt) for it, ckpt in checkpoints if it not in done]

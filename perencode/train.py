@@ -96,15 +96,16 @@ def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.Optimize
 
 
 def train_step(model: SequenceModel, optimizer: torch.optim.Optimizer, batch: Batch,
-               clip_norm: float, count_hits: bool = False) -> tuple[Tensor, Tensor | None]:
-    """One optimizer step; returns (loss, correct predictions or None), not synchronised."""
+               clip_norm: float, count_hits: bool = False
+               ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """One optimizer step; returns (loss, correct predictions or None, the gradient norm
+    before clipping or None without clipping), not synchronised."""
     loss, hits = loss_fn(model, batch, count_hits)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    if clip_norm > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm) if clip_norm > 0 else None
     optimizer.step()
-    return loss, hits
+    return loss, hits, norm
 
 
 def scored_outputs(batch: Batch) -> int:
@@ -176,6 +177,46 @@ class Interrupted(Exception):
         self.iteration, self.path, self.signum = iteration, path, int(signum)
 
 
+class Diverged(Exception):
+    """Training met a loss, gradient norm or weight that is not finite (`reason`) at
+    `iteration` and stopped; status.json records it, the newest checkpoint (`checkpoint`,
+    all of its weights finite, or None) is kept. The CLI exits runs.DIVERGED_EXIT."""
+
+    def __init__(self, run_dir: Path, iteration: int, reason: str, checkpoint: Path | None):
+        kept = (f"the last finite checkpoint is {checkpoint}" if checkpoint else
+                "no checkpoint was written before it")
+        super().__init__(f"{run_dir}: diverged at iteration {iteration}: {reason}; training "
+                         f"stopped and {kept}. Change the recipe (optim.lr, "
+                         "optim.weight_decay, optim.clip_norm) and train into a new --run-dir")
+        self.iteration, self.reason, self.checkpoint = iteration, reason, checkpoint
+
+
+def _check_health(run: runs.Run, pending: list[tuple[int, Tensor, Tensor | None]],
+                  model: nn.Module | None = None, iteration: int = 0) -> None:
+    """Raise Diverged (recorded in status.json) if a loss or gradient norm in `pending` (the
+    steps since the last check), or with `model` one of its weights after `iteration`, is
+    not finite; empties `pending`. Called where the loop synchronises anyway (a log step
+    fetches the loss, a checkpoint copies the weights), so that a healthy step pays no
+    device synchronisation of its own."""
+    labels = [(k, what) for k, loss, norm in pending
+              for what, value in (("loss", loss), ("gradient norm", norm)) if value is not None]
+    values = [value.float() for _, loss, norm in pending for value in (loss, norm)
+              if value is not None]
+    pending.clear()
+    if values:
+        stacked = torch.stack(values)
+        finite = torch.isfinite(stacked)
+        if not bool(finite.all()):
+            first = int((~finite).nonzero()[0, 0])
+            k, what = labels[first]
+            raise Diverged(run.dir, k, f"{what} is {float(stacked[first])}",
+                           run.diverged(k, f"{what} is {float(stacked[first])}"))
+    if model is not None:
+        if not bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()):
+            reason = "a weight is not finite after the optimizer step"
+            raise Diverged(run.dir, iteration, reason, run.diverged(iteration, reason))
+
+
 def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "auto",
           progress: bool = True, tensorboard: bool = False, force: bool = False) -> dict:
     """Train (or resume, or report complete) the run of `recipe` in `run_dir`.
@@ -206,8 +247,14 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
         with hold(run.dir, "train"):
             try:
                 existed = run.check_claim(recipe)
-                if existed and run.is_complete():
+                status = run.status() if existed else {"state": runs.UNFINISHED}
+                if status["state"] == runs.FINISHED:
                     return runs.read_json(run.dir / "eval.json")
+                if status["state"] == runs.DIVERGED:
+                    kept = status.get("checkpoint")
+                    raise Diverged(run.dir, int(status.get("iteration") or 0),
+                                   status.get("reason", "not finite"),
+                                   run.dir / kept if kept else None)
                 built = build(recipe, device)
                 run.claim(recipe)
                 claimed = True
@@ -253,6 +300,7 @@ def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
     model.train()
     reporter = Reporter("train", tc.iterations, completed=start, log_every=tc.log_every,
                         enabled=progress)
+    pending: list[tuple[int, Tensor, Tensor | None]] = []  # steps since the last health check
     with reporter, _Stop() as stop, board.resumed_at(start, tc.batch_size, recipe.to_toml()):
         for k in range(start + 1, tc.iterations + 1):
             lr = learning_rate(k - 1, oc, tc.iterations)
@@ -260,10 +308,12 @@ def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
                 group["lr"] = lr
             batch = task.sample(tc.batch_size, generator)
             log = k % tc.log_every == 0 or k == tc.iterations
-            loss, hits = train_step(model, optimizer, batch, oc.clip_norm, count_hits=log)
+            loss, hits, norm = train_step(model, optimizer, batch, oc.clip_norm, count_hits=log)
+            pending.append((k, loss.detach(), norm))
             shown = {}
             if log:
                 assert hits is not None  # counted on the steps that log
+                _check_health(run, pending)  # before the row: metrics.jsonl holds numbers only
                 acc = int(hits) / max(scored_outputs(batch), 1)
                 row = {"step": k, "loss": float(loss.detach()), "accuracy": acc,
                        "lr": lr, "seconds": round(time.perf_counter() - t0, 3)}
@@ -273,10 +323,12 @@ def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
             reporter.advance(1, **shown)
             saved = None
             if k % tc.checkpoint_every == 0 or k == tc.iterations:
+                _check_health(run, pending, model, k)  # every checkpoint kept is finite
                 saved = run.save(k, model, optimizer, generator)
             if stop.requested() and k < tc.iterations:
                 # Checked once: a signal arriving between two checks still finds a checkpoint.
                 if saved is None:
+                    _check_health(run, pending, model, k)
                     saved = run.save(k, model, optimizer, generator, interrupted=True)
                 raise Interrupted(k, saved, stop.signum)
 

@@ -46,7 +46,7 @@ from perencode.io import atomic_write_json, atomic_write_text, remove_stale_temp
 from perencode.lock import hold
 from perencode.naming import short_key
 from perencode.recipe import read_toml
-from perencode.results import BOOKKEEPING, Results, collect
+from perencode.results import BOOKKEEPING, Results, collect, say_left_out
 from perencode.stats import bootstrap_ci, bootstrap_diff_ci
 from perencode.validation import validate_table
 
@@ -379,17 +379,22 @@ def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcom
     if claim.table != "curves":  # training curves of unfinished runs count too
         rows = rows[rows["complete"].astype(bool)]
     if rows.empty:  # e.g. no run wrote stability.csv: its columns do not exist either
-        return Outcome(claim, NOT_RUN, note=_no_table(claim.table, results))
+        return _count_diverged(Outcome(claim, NOT_RUN, note=_no_table(claim.table, results)),
+                               results)
     matched = select(rows, claim.where, source)
     if claim.metric not in matched.columns and not matched.empty:
         raise UserError(f"{source}: metric '{claim.metric}' is not a column of table "
                         f"'{claim.table}'")
     if matched.empty:
-        unfinished = select(every, claim.where, source)["run"].nunique()
+        waiting = results.runs.loc[results.runs["status"] == "unfinished", "run"]
+        unfinished = select(every[every["run"].isin(waiting)], claim.where,
+                            source)["run"].nunique()
         if unfinished:
-            return Outcome(claim, NOT_RUN, note=f"only unfinished runs match ({unfinished})")
+            return _count_diverged(Outcome(claim, NOT_RUN, note="only unfinished runs "
+                                           f"match ({unfinished})"), results)
         found = excluded(rows, claim.where, source)
-        return Outcome(claim, NOT_RUN, note=because(found), excluded=found)
+        return _count_diverged(Outcome(claim, NOT_RUN, note=because(found), excluded=found),
+                               results)
     rows = matched
     mixed = _mixed(rows, claim, results.recipe_columns, source)
     if mixed:
@@ -415,6 +420,18 @@ def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcom
             outcome = _verdict(claim, scored)
     if outcome.verdict != NOT_RUN:  # a difference rests on its groups' runs alone
         outcome.runs = sorted(set(_groups(rows, claim, source)[0]["run"]))
+    return _count_diverged(outcome, results)
+
+
+def _count_diverged(outcome: Outcome, results: Results) -> Outcome:
+    """Name the diverged runs of the claim's cells (the `where` fields of the runs table
+    they match): counted there, never as numbers."""
+    diverged = results.diverged()
+    where = {k: v for k, v in outcome.claim.where.items() if k in diverged.columns}
+    found = len(select(diverged, where, f"claim {outcome.claim.id}")) if len(diverged) else 0
+    if found:
+        said = f"{found} diverged run(s) match, counted without a value"
+        outcome.note = f"{outcome.note}; {said}" if outcome.note else said
     return outcome
 
 
@@ -617,9 +634,12 @@ class Checked:
         45 not run (reasons below).'"""
         runs = self.results.runs
         finished = int(runs["complete"].sum())
-        unfinished = len(runs) - finished
+        diverged = int((runs["status"] == "diverged").sum())
+        unfinished = len(runs) - finished - diverged
+        others = ", ".join(f"{n} {what}" for n, what in ((unfinished, "unfinished"),
+                                                          (diverged, "diverged")) if n)
         given = f"{finished} finished run{'s' * (finished != 1)} given" + (
-            f" ({unfinished} unfinished)" if unfinished else "")
+            f" ({others})" if others else "")
         decided = self.decided
         verdicts = ", ".join(f"{sum(o.verdict == v for o in decided)} {v}"
                              for v in (PASS, FAIL, INCONCLUSIVE))
@@ -688,6 +708,7 @@ def verify_runs(runs: list[Path], claims: str | Path = "paper",
     verify.md and verify.json into `out`. Returns 1 if a claim fails (inconclusive and not
     run do not fail), else 0."""
     checked = check(runs, claims)
+    say_left_out(checked.results)
     outcomes = checked.outcomes
     document = checked.as_json(runs)
     out = Path(out)

@@ -122,6 +122,10 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
                 run.proc, run.eta_s = None, None
                 if code == 0:
                     run.state = RunState.DONE
+                elif code == runs.DIVERGED_EXIT:
+                    run.state = RunState.DIVERGED
+                    run.message = f"a loss or weight was not finite (log: " \
+                                  f"{run.dir / 'train.log'})"
                 elif code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
                     # Stopped from outside with a checkpoint (train's exit on SIGINT/SIGTERM).
                     run.state = RunState.INTERRUPTED

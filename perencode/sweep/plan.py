@@ -23,7 +23,8 @@ from perencode.recipe import run_key
 
 
 class RunState(str, enum.Enum):
-    """Where a cell's run stands. Planning gives the first six; a sweep moves runs on."""
+    """Where a cell's run stands. Planning gives the first six (and DIVERGED); a sweep
+    moves runs on."""
 
     NEW = "new"                  # nothing on disk yet
     PARTIAL = "partial"          # started, not finished: resumes from its last checkpoint
@@ -35,6 +36,7 @@ class RunState(str, enum.Enum):
     RUNNING = "running"
     FAILED = "failed"
     INTERRUPTED = "interrupted"  # stopped by Ctrl-C / SIGTERM; the next sweep resumes it
+    DIVERGED = "diverged"        # stopped on a number that is not finite: never retrained
 
     def __str__(self) -> str:
         return self.value
@@ -77,7 +79,7 @@ def claimed_runs(out: Path) -> dict[str, Path]:
     found: dict[str, Path] = {}
     if not out.is_dir():
         return found
-    for run_dir in runs.find_runs([out]):
+    for run_dir in runs.find_runs([out], notes=[]):  # the plan names its own cells
         try:
             found.setdefault(run_key(runs.read_recipe(run_dir)), run_dir.resolve())
         except UserError:
@@ -186,11 +188,16 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[PlannedRun]:
         run_dir = out / grid.name / cell.name
         run = PlannedRun(cell, run_dir, RunState.NEW, job=recorded.get(cell.name))
         planned.append(run)
+        if run_dir.is_symlink() and not run_dir.exists():  # prepare replaces the link
+            run.message = (f"a link to {os.readlink(run_dir)}, which does not exist (its run "
+                           "was moved or deleted): the cell is trained anew")
         if run_dir.is_symlink() or not (run_dir / "recipe.toml").exists():
             claimed = claimed_runs(out) if claimed is None else claimed
             run.twin = claimed.get(run_key(cell.recipe))
         if run.twin is not None:
-            run.state, run.message = RunState.REUSE, f"same recipe as {run.twin}"
+            run.state = RunState.REUSE
+            run.message = f"same recipe as {run.twin}" + (
+                f"; replaces {run.message}" if run.message else "")
             run.twin_job = twin_job(out, run.twin)
         elif (run_dir / "recipe.toml").exists():
             try:
@@ -202,10 +209,21 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[PlannedRun]:
                 run.message = run.message or ("holds a run of a different recipe; move it "
                                               "away or sweep into another --runs")
                 continue
-            run.state = RunState.DONE if runs.Run(run_dir).is_complete() else RunState.PARTIAL
+            run.state = RunState.PARTIAL
+        status = runs.Run(run.twin or run_dir).status() \
+            if run.state in (RunState.PARTIAL, RunState.REUSE) else {"state": runs.UNFINISHED}
+        if status["state"] == runs.FINISHED and run.state == RunState.PARTIAL:
+            run.state = RunState.DONE
+        elif status["state"] == runs.DIVERGED:
+            said = (f"diverged at iteration {status.get('iteration')} "
+                    f"({status.get('reason')}); not trained again")
+            if run.state == RunState.PARTIAL:
+                run.state, run.message = RunState.DIVERGED, said
+            else:
+                run.message = f"{run.message}; {said}"
+            continue
         refresh(run)
-        trained = run.state == RunState.DONE or (run.twin is not None
-                                                 and runs.Run(run.twin).is_complete())
+        trained = status["state"] == runs.FINISHED
         if not trained:
             run.commands.append(["train", str(run_dir / "recipe.toml"), "--run-dir", str(run_dir),
                                  *(["--tensorboard"] if tensorboard else [])])
@@ -234,6 +252,8 @@ def prepare(todo: list[PlannedRun]) -> list[PlannedRun]:
     ready = []
     for run in todo:
         try:
+            if run.dir.is_symlink() and not run.dir.exists():
+                run.dir.unlink()  # a link to a run that is gone (the plan said so)
             if run.state == RunState.REUSE and run.twin and not run.dir.is_symlink():
                 run.dir.parent.mkdir(parents=True, exist_ok=True)
                 run.dir.symlink_to(os.path.relpath(run.twin, run.dir.parent),
