@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from perencode import kinds, runs
+from perencode import identity, kinds, runs
+from perencode.console import console
 from perencode.errors import UserError
 from perencode.naming import format_value, short_names
 from perencode.recipe import SECTIONS, field_names, run_key
@@ -96,14 +97,24 @@ def _read_stability(run_dir: Path) -> pd.DataFrame | None:
                                                 n=("stability", "size"))
 
 
-def collect(paths: list[Path]) -> Results:
-    """Every run under `paths` into one Results; identical recipes are kept once."""
+def collect(paths: list[Path], command: str = "figures",
+            accept_code_change: bool = False) -> Results:
+    """Every run under `paths` into one Results; identical recipes are kept once.
+
+    A run whose recipe.toml was edited, or whose code differs from the code loaded now
+    (unless `accept_code_change`: its row says so), is refused (perencode.identity, for
+    `command`); each row carries the run's fingerprint."""
     rows: list[dict[str, Any]] = []
     tables: dict[str, list[pd.DataFrame]] = {}
     kept: dict[str, Path] = {}
-    duplicates = []
+    duplicates, unverified = [], []
     for run_dir in runs.find_runs(paths):
         recipe = runs.read_recipe(run_dir, any_kind=True)
+        accepted = identity.check(run_dir, recipe, command, data=False, write=False,
+                                  accept_code_change=accept_code_change, note_missing=False)
+        fingerprint = identity.short(run_dir)
+        if fingerprint == identity.UNVERIFIED:
+            unverified.append(str(run_dir))
         key = run_key(recipe)
         if key in kept:
             duplicates.append(f"{run_dir} (same recipe as {kept[key]})")
@@ -113,7 +124,8 @@ def collect(paths: list[Path]) -> Results:
         scalars, nested = _read_eval(run_dir)
         metrics = runs.Run(run_dir).metrics()
         row = {"run": run, **flatten(recipe), **scalars, **_training_summary(metrics),
-               "complete": runs.Run(run_dir).is_complete()}
+               "complete": runs.Run(run_dir).is_complete(), "fingerprint": fingerprint,
+               **({"code_changes_accepted": "; ".join(accepted)} if accepted else {})}
         own = {name: pd.DataFrame(items) for name, items in nested.items()}
         stability = _read_stability(run_dir)
         if stability is not None:
@@ -128,6 +140,11 @@ def collect(paths: list[Path]) -> Results:
             tables.setdefault(name, []).append(pd.DataFrame(table).assign(run=run))
     if not rows:
         raise UserError(f"{', '.join(map(str, paths))}: no run directories (recipe.toml) found")
+    if unverified:
+        console.print(f"[yellow]note:[/] {len(unverified)} run(s) have {identity.MISSING} "
+                      f"(fingerprint {identity.UNVERIFIED}): {', '.join(unverified[:3])}"
+                      f"{' and more' if len(unverified) > 3 else ''}", highlight=False,
+                      soft_wrap=True)
     frame = pd.DataFrame(rows)
     recipe_columns = [c for c in frame.columns if c.split(".")[0] in SECTIONS]
     joined = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}
