@@ -145,8 +145,8 @@ def main(
             fail(str(exc))
 
 
-ACCEPT_HELP = ("Use the code loaded now although a kind's code differs from the code the "
-               "run was made with (RUN_DIR/identity.json; recorded in the output).")
+ACCEPT_HELP = ("Use the code loaded now although a kind's code differs from the code that "
+               "made the run (as its identity.json records); the output says so.")
 
 
 @app.command()
@@ -165,7 +165,7 @@ def train(
                                      "`pip install perencode\\[tensorboard]`)."),
     force: bool = typer.Option(False, "--force", help="Skip the memory check (a recipe "
                                "estimated not to fit in the device's memory is refused)."),
-    accept_code_change: bool = typer.Option(False, "--accept-code-change", help=ACCEPT_HELP),
+    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
 ) -> None:
     """Train a recipe (or resume its interrupted run, or report it complete)."""
     from perencode import runs
@@ -208,7 +208,7 @@ def eval_(
     device: str = typer.Option("auto", help=DEVICE_HELP),
     per_position: bool = typer.Option(False, "--per-position",
                                       help="Language models: perplexity by token position."),
-    accept_code_change: bool = typer.Option(False, "--accept-code-change", help=ACCEPT_HELP),
+    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
 ) -> None:
     """Score a run on its held-out data and write eval.json."""
     from perencode.evaluate import evaluate_run
@@ -363,7 +363,7 @@ def stability(
     batch: int = typer.Option(16, min=1, help="Triplets differentiated at once; peak memory "
                               "grows linearly with it (docs/stability.md)."),
     progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
-    accept_code_change: bool = typer.Option(False, "--accept-code-change", help=ACCEPT_HELP),
+    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
 ) -> None:
     """Gradient stability at every checkpoint of a dual-frequency run (Fig. 4-5).
 
@@ -499,7 +499,7 @@ def quickstart(
 def figures(
     runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
     out: Path = typer.Option(Path("figures"), help="Output folder."),
-    accept_code_change: bool = typer.Option(False, "--accept-code-change", help=ACCEPT_HELP),
+    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
 ) -> None:
     """Collect results into results.csv and draw every paper figure they cover."""
     from perencode.figures import make_figures
@@ -522,7 +522,7 @@ def verify(
                                      "decide, as in `make rehearsal`."),
     as_json: bool = typer.Option(False, "--json", help="Print verify.json (every field of "
                                  "every claim) on stdout instead of the tables."),
-    accept_code_change: bool = typer.Option(False, "--accept-code-change", help=ACCEPT_HELP),
+    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
     from perencode.verify import verify_runs
@@ -576,7 +576,7 @@ def report(
                                "quick, quick_gpu)."),
     out: Path = typer.Option(Path("figures"), help="Output folder: the figures and "
                              "report.html."),
-    accept_code_change: bool = typer.Option(False, "--accept-code-change", help=ACCEPT_HELP),
+    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
 ) -> None:
     """Draw the figures and write report.html: each figure with its claims' verdicts and
     the runs behind it, and why the other claims were not run (one offline page)."""

@@ -19,7 +19,7 @@ The rules (docs/runs.md#a-runs-identity):
   package, or the plugin's one file. The hash is of the code's syntax tree, without
   docstrings: comments, docstrings and layout are no change, a new commit that leaves the
   kind's module alone is none either. Another origin or another hash is refused, naming the
-  kind and what changed, unless the command is given --accept-code-change; the change is
+  kind and what changed, unless the command is given --accept-code; the change is
   then recorded (here, by the commands that write in the run, and in eval.json).
 - Data: a task that reads prepared data (TaskKind.data) records its absolute folder and the
   SHA-256 of its manifest; `eval`, a resumed `train` and `stability` refuse another.
@@ -51,7 +51,7 @@ RECORD = "identity.json"
 FORMAT = "perencode-identity"
 VERSION = 1
 UNVERIFIED = "unverified"
-ACCEPT = "--accept-code-change"
+ACCEPT = "--accept-code"
 MISSING = (f"no {RECORD} (made before perencode recorded a run's recipe, code and data): "
            "they are not checked")
 

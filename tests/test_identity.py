@@ -127,10 +127,10 @@ def test_an_edited_loose_plugin_is_refused_until_accepted(tmp_path):
         line = one_line(text)
         assert code == 2 and "encoding.kind = 'my_ramp': the code of plugin my_ramp " \
             f"({plugin}) changed since the run was made" in line \
-            and f"`perencode {command[0]} --accept-code-change`" in line, text
+            and f"`perencode {command[0]} --accept-code`" in line, text
     assert (run_dir / "eval.json").read_bytes() == scored
     code, text = perencode("--plugin", plugin, "eval", run_dir, "--device", "cpu",
-                           "--accept-code-change")
+                           "--accept-code")
     assert code == 0, text
     result = json.loads((run_dir / "eval.json").read_text())
     assert "changed since the run was made" in result["code_changes_accepted"][0]
@@ -214,11 +214,13 @@ def test_a_language_model_run_keeps_its_data(tmp_path, monkeypatch):
     code, text = perencode("eval", run, "--device", "cpu", cwd=elsewhere)
     assert code == 0, text
     assert json.loads((run / "eval.json").read_text()) == scored
-    # The data rebuilt in place (its vocabulary trained on a sample): refused.
-    result = run_cli("lm-prepare", "--source", corpus, "--out", here / "lmdata", "--vocab-size",
-                     VOCAB, "--max-tokens", MAX_TOKENS, "--threads", 1, "--no-progress",
-                     "--sample", 200)
-    assert result[0] == 0, result[1]
+    # The data rebuilt in place (from another version of the corpus): refused.
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    make_corpus(newer, seed=1)
+    result = run_cli("lm-prepare", "--source", newer, "--out", here / "lmdata", "--vocab-size",
+                     VOCAB, "--max-tokens", MAX_TOKENS, "--threads", 1, "--no-progress")
+    assert result[0] == 0 and "(rebuilt)" in result[1], result[1]
     before = (run / "eval.json").read_bytes()
     for command in (["eval", run, "--device", "cpu"],
                     ["train", run / "recipe.toml", "--run-dir", run, "--device", "cpu"]):
