@@ -8,7 +8,7 @@
      "data": {"field": "data", "path": "/abs/lmdata", "manifest_sha256": "..."},  # LM only
      "accepted": [{"time": ..., "command": "eval", "changes": [...]}]}
 
-The rules (docs/runs.md#a-runs-identity):
+The rules (README.md, "A run is tied to what made it"):
 
 - Recipe: RUN_DIR/recipe.toml must still hold the recorded recipe; a hand edit is refused,
   naming the field that differs from what trained.

@@ -6,11 +6,10 @@ summary of the verdicts; then each figure with the claims it supports beside it 
 stands beside the figure drawing the largest share of the runs its verdict rests on, the
 one its `source` cites first) and the runs behind it (count, seeds, sizes, devices, code
 commits, fingerprints (perencode.identity), device-hours: training wall time summed over
-the runs); the claims that rest on
-no drawn figure; and the claims not run, grouped by their reason. The page is
-self-contained: images inline as base64 PNG, styles inline, nothing fetched, so it can be
-mailed or opened offline. verify.md / verify.json and the PNG/PDF files stay the formats
-for people and machines that prefer them.
+the runs); the claims that rest on no drawn figure; and the claims not run, grouped by
+their reason. The page is self-contained: images inline as base64 PNG, styles inline,
+nothing fetched, so it can be mailed or opened offline. verify.md / verify.json and the
+PNG/PDF files stay the formats for people and machines that prefer them.
 """
 
 from __future__ import annotations
