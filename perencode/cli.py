@@ -145,6 +145,10 @@ def main(
             fail(str(exc))
 
 
+ACCEPT_HELP = ("Use the code loaded now although a kind's code differs from the code that "
+               "made the run (as its identity.json records); the output says so.")
+
+
 @app.command()
 @user_errors
 def train(
@@ -161,6 +165,7 @@ def train(
                                      "`pip install perencode\\[tensorboard]`)."),
     force: bool = typer.Option(False, "--force", help="Skip the memory check (a recipe "
                                "estimated not to fit in the device's memory is refused)."),
+    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
 ) -> None:
     """Train a recipe (or resume its interrupted run, or report it complete)."""
     from perencode import runs
@@ -174,7 +179,7 @@ def train(
     already = run_dir.is_dir() and runs.Run(run_dir).is_complete()
     try:
         result = run_training(r, run_dir, device, progress=progress, tensorboard=tensorboard,
-                              force=force)
+                              force=force, accept_code_change=accept_code_change)
     except Interrupted as stop:
         console.print(f"interrupted at iteration {stop.iteration}; checkpoint saved to "
                       f"{stop.path}. Run the same command again to resume.")
@@ -205,12 +210,13 @@ def eval_(
     device: str = typer.Option("auto", help=DEVICE_HELP),
     per_position: bool = typer.Option(False, "--per-position",
                                       help="Language models: perplexity by token position."),
+    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
 ) -> None:
     """Score a run on its held-out data and write eval.json."""
     from perencode.evaluate import evaluate_run
 
     options = {"per_position": True} if per_position else {}
-    result, path = evaluate_run(run_dir, device, checkpoint, **options)
+    result, path = evaluate_run(run_dir, device, checkpoint, accept_code_change, **options)
     _print_metrics(result, path)
 
 
@@ -244,17 +250,28 @@ def bench(
 @app.command()
 @user_errors
 def show(
-    recipe: Path = typer.Argument(..., help="TOML recipe, e.g. recipes/gru_vocab256.toml."),
+    recipe: Path = typer.Argument(..., help="TOML recipe, e.g. recipes/gru_vocab256.toml, "
+                                  "or a run directory."),
     overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
     as_json: bool = typer.Option(False, "--json", help="JSON instead of TOML."),
 ) -> None:
     """Print the recipe a run would use: overrides applied, every default filled in (an
-    unset field as a comment in TOML, null in JSON)."""
+    unset field as a comment in TOML, null in JSON). For a run directory: its recipe, and
+    its fingerprint with where its code and data came from (RUN_DIR/identity.json)."""
     from perencode.recipe import load_recipe
 
+    lines: list[str] = []
+    if recipe.is_dir():
+        from perencode import identity
+
+        lines, entry = identity.describe(recipe), identity.read(recipe)
+        recipe = recipe / "recipe.toml"
     r = load_recipe(recipe, overrides)
-    print(json.dumps(r.model_dump(mode="json"), indent=2) if as_json
-          else r.to_toml_every_field().rstrip("\n"))
+    if as_json:
+        shown = r.model_dump(mode="json")
+        print(json.dumps({**shown, "identity": entry} if lines else shown, indent=2))
+        return
+    print("".join(f"# {line}\n" for line in lines) + r.to_toml_every_field().rstrip("\n"))
 
 
 @app.command("recipe-schema")
@@ -348,6 +365,7 @@ def stability(
     batch: int = typer.Option(16, min=1, help="Triplets differentiated at once; peak memory "
                               "grows linearly with it (docs/stability.md)."),
     progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
+    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
 ) -> None:
     """Gradient stability at every checkpoint of a dual-frequency run (Fig. 4-5).
 
@@ -360,7 +378,7 @@ def stability(
     from perencode.stability import analyse_run
 
     path = analyse_run(run_dir, triplets=triplets, metric=metric, device=device, every=every,
-              batch=batch, progress=progress)
+              batch=batch, progress=progress, accept_code_change=accept_code_change)
     console.print(f"wrote {path}")
 
 
@@ -483,11 +501,12 @@ def quickstart(
 def figures(
     runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
     out: Path = typer.Option(Path("figures"), help="Output folder."),
+    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
 ) -> None:
     """Collect results into results.csv and draw every paper figure they cover."""
     from perencode.figures import make_figures
 
-    written = make_figures(runs, out=out)
+    written = make_figures(runs, out=out, accept_code_change=accept_code_change)
     for path in written:
         console.print(f"wrote {path}")
 
@@ -532,11 +551,13 @@ def verify(
                                      "decide, as in `make rehearsal`."),
     as_json: bool = typer.Option(False, "--json", help="Print verify.json (every field of "
                                  "every claim) on stdout instead of the tables."),
+    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
     from perencode.verify import verify_runs
 
-    code = verify_runs(runs, claims=claims, out=out, as_json=as_json)
+    code = verify_runs(runs, claims=claims, out=out, as_json=as_json,
+                       accept_code_change=accept_code_change)
     raise typer.Exit(0 if report_only else code)
 
 
@@ -584,12 +605,14 @@ def report(
                                "quick, quick_gpu)."),
     out: Path = typer.Option(Path("figures"), help="Output folder: the figures and "
                              "report.html."),
+    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
 ) -> None:
     """Draw the figures and write report.html: each figure with its claims' verdicts and
     the runs behind it, and why the other claims were not run (one offline page)."""
     from perencode.report import make_report
 
-    console.print(f"wrote {make_report(runs, claims=claims, out=out)}")
+    page = make_report(runs, claims=claims, out=out, accept_code_change=accept_code_change)
+    console.print(f"wrote {page}")
 
 
 rehearsal_app = _App(no_args_is_help=True, help="The reviewer's path at CPU size "

@@ -4,6 +4,7 @@ and the packages results depend on)."""
 
 from __future__ import annotations
 
+import datetime as _dt
 import os
 import platform
 import subprocess
@@ -24,6 +25,11 @@ PACKAGE_DIR = Path(perencode.__file__).resolve().parent
 GIT_COMMIT_VARIABLE = "PERENCODE_GIT_COMMIT"
 PACKAGES = ("numpy", "pydantic", "typer", "rich", "pandas", "matplotlib", "seaborn",
             "submitit", "sentencepiece", "tensorboard", "datasets")
+
+
+def now() -> str:
+    """The time in UTC, to the second (ISO 8601): a run's records' timestamps."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def git_commit(folder: str | Path | None = None) -> str | None:

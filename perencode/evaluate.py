@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from perencode import runs
+from perencode import identity, runs
 from perencode.console import console
 from perencode.device import resolve_device
 from perencode.errors import UserError
@@ -80,21 +80,28 @@ def _refuse_without_model(run: runs.Run) -> None:
 
 
 def evaluate_run(run_dir: str | Path, device: str = "auto",
-                 checkpoint: str | Path | None = None, **options) -> tuple[dict, Path]:
+                 checkpoint: str | Path | None = None, accept_code_change: bool = False,
+                 **options) -> tuple[dict, Path]:
     """Evaluate a run; the final model goes to eval.json, another checkpoint to eval-step-K.json.
 
-    The run directory is locked meanwhile (perencode.lock): not beside a `train` of it."""
+    The run directory is locked meanwhile (perencode.lock): not beside a `train` of it.
+    Its recipe.toml, data and code must be those it was made with (perencode.identity);
+    code accepted with `accept_code_change` is named in the result
+    (code_changes_accepted)."""
     run = runs.Run(run_dir)
     dev = resolve_device(device)
     recipe = run.recipe  # not a run: say so before creating the lock file in it
     with hold(run.dir, "eval"):
         remove_stale_temps(run.dir)
+        accepted = identity.check(run.dir, recipe, "eval", accept_code_change=accept_code_change)
         if checkpoint is None:
             _refuse_without_model(run)
             _say_what_is_scored(run)
         _, task, model, iteration = load_run(run, dev, checkpoint)
         result = evaluate_model(model, task, recipe, **options)
         result["iteration"] = iteration
+        if accepted:
+            result["code_changes_accepted"] = accepted
         final = iteration == recipe.train.iterations
         name = "eval.json" if final else f"eval-step-{iteration}.json"
         path = run.write_eval(result, name)

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from perencode.errors import UserError
+
 # The modules whose import registers the package's own kinds.
 BUILTIN_MODULES = ("perencode.tasks", "perencode.models", "perencode.encoding")
 
@@ -45,6 +47,10 @@ class TaskKind:
     # tables (name -> pandas DataFrame: eval.json's lists, stability) or adds one (a list of
     # row dicts will do); None: nothing.
     results: Callable[[dict, list, dict], None] | None = None
+    # The prepared data a run reads (perencode.identity): (task_cfg) -> {"field": its
+    # [task] key, "path": the absolute folder, "manifest_sha256": that of its manifest, or
+    # None where it has none}; None: the task generates its data.
+    data: Callable[[Any], dict] | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,9 @@ _loaded: list[bool] = []
 # (LOADING holds the one being imported) or (module, file) of the code that registered it.
 ORIGINS: dict[tuple[str, str], Any] = {}
 LOADING: list[Any] = []
+# (registry, name) -> the module whose register_* call registered it (perencode.identity
+# hashes a package kind's code from it).
+MODULES: dict[tuple[str, str], str] = {}
 # Loads the installed plugins and those PERENCODE_PLUGINS names on first use, by name as
 # the package's own modules are (it imports this module).
 PLUGIN_LOADER = "perencode.plugins"
@@ -120,33 +129,63 @@ PLUGIN_HINT = ("a plugin's kinds load with `perencode --plugin FILE_OR_MODULE`, 
 def _register(registry: dict, kind):
     if not kind.name or not kind.name.replace("_", "").isalnum():
         raise ValueError(f"kind name {kind.name!r}: letters, digits and '_' only")
-    registry[kind.name] = kind
     # Where it came from (a run's plugins.json): the plugin being loaded, else the module
     # that called register_*; nothing for the package's own kinds.
     key = (next(k for k, v in REGISTRIES.items() if v is registry), kind.name)
     caller = sys._getframe(2).f_globals
     module = caller.get("__name__", "")
     if LOADING:
-        ORIGINS[key] = LOADING[-1]
+        origin = LOADING[-1]
     elif module == "perencode" or module.startswith("perencode."):
+        origin = None
+    else:
+        origin = (module, caller.get("__file__"))
+    if kind.name in registry and _origin_text(key) != _origin_text(key, origin, module):
+        # A name stays with its first origin: a run's score never depends on which of two
+        # registrations happened to load last.
+        raise UserError(f"{FIELDS[key[0]]} = {kind.name!r} is registered by "
+                        f"{_origin_text(key)} and again by {_origin_text(key, origin, module)}; "
+                        "a kind's name cannot be taken over: give the new one another name")
+    registry[kind.name] = kind
+    MODULES[key] = module
+    if origin is None:
         ORIGINS.pop(key, None)
     else:
-        ORIGINS[key] = (module, caller.get("__file__"))
+        ORIGINS[key] = origin
     return kind
 
 
+_NOT_GIVEN: Any = object()
+
+
+def _origin_text(key: tuple[str, str], origin: Any = _NOT_GIVEN, module: str = "") -> str:
+    """Who registers a kind: 'perencode (perencode.encoding)', 'plugin my_pe (/x/my_pe.py)',
+    'module notebook (/x/notebook.py)'; that of the registered kind when `origin` is not
+    given."""
+    if origin is _NOT_GIVEN:
+        origin, module = ORIGINS.get(key), MODULES.get(key, "perencode")
+    if origin is None:
+        return f"perencode ({module})"
+    if isinstance(origin, tuple):
+        name, file = origin
+        return f"module {name}" + (f" ({file})" if file else "")
+    return f"plugin {origin.describe()}"
+
+
 def register_task(kind: TaskKind) -> TaskKind:
-    """Add (or replace) a task: recipes may then name it in `task.name`."""
+    """Add a task: recipes may then name it in `task.name` (a name registered from
+    elsewhere is a UserError naming both; the same module may register it again)."""
     return _register(TASKS, kind)
 
 
 def register_model(kind: ModelKind) -> ModelKind:
-    """Add (or replace) a model: recipes may then name it in `model.arch`."""
+    """Add a model: recipes may then name it in `model.arch` (see `register_task`)."""
     return _register(MODELS, kind)
 
 
 def register_encoding(kind: EncodingKind) -> EncodingKind:
-    """Add (or replace) a positional encoding: recipes may then name it in `encoding.kind`."""
+    """Add a positional encoding: recipes may then name it in `encoding.kind` (see
+    `register_task`)."""
     return _register(ENCODINGS, kind)
 
 

@@ -252,6 +252,19 @@ def identity(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def differences(a: dict, b: dict, prefix: str = "",
+                 names: tuple[str, str] = ("there", "now")) -> list[str]:
+    """The fields in which two recipe dicts differ: "task.vocab_size: 8 there vs 16 now"."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += differences(va, vb, f"{prefix}{key}.", names)
+        elif va != vb:
+            out.append(f"{prefix}{key}: {va!r} {names[0]} vs {vb!r} {names[1]}")
+    return out
+
+
 def run_key(recipe: Recipe) -> str:
     """`identity` as a hashable string (sweeps and results index runs by it)."""
     return json.dumps(recipe.identity(), sort_keys=True)

@@ -5,11 +5,11 @@ claims (perencode.verify, nothing written but the page) and writes `report.html`
 summary of the verdicts; then each figure with the claims it supports beside it (a claim
 stands beside the figure drawing the largest share of the runs its verdict rests on, the
 one its `source` cites first) and the runs behind it (count, seeds, sizes, devices, code
-commits, device-hours: training wall time summed over the runs); the claims that rest on
-no drawn figure; and the claims not run, grouped by their reason. The page is
-self-contained: images inline as base64 PNG, styles inline, nothing fetched, so it can be
-mailed or opened offline. verify.md / verify.json and the PNG/PDF files stay the formats
-for people and machines that prefer them.
+commits, fingerprints (perencode.identity), device-hours: training wall time summed over
+the runs); the claims that rest on no drawn figure; and the claims not run, grouped by
+their reason. The page is self-contained: images inline as base64 PNG, styles inline,
+nothing fetched, so it can be mailed or opened offline. verify.md / verify.json and the
+PNG/PDF files stay the formats for people and machines that prefer them.
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ def panels(results: Results, written: list[Path]) -> list[Panel]:
 
 
 def provenance(part: pd.DataFrame) -> dict:
-    """Count, seeds, devices, commits and device-hours of the runs in `part` (devices and
-    commits from each run's env.json, device-hours from its logged training time)."""
+    """Count, seeds, devices, commits, fingerprints and device-hours of the runs in `part`
+    (devices and commits from each run's env.json, fingerprints from its identity.json,
+    device-hours from its logged training time)."""
     devices: dict[str, int] = {}
     commits: dict[str, int] = {}
     for run in part["run"]:
@@ -105,10 +106,14 @@ def provenance(part: pd.DataFrame) -> dict:
             commit += " (edited checkout)"
         commits[commit] = commits.get(commit, 0) + 1
     seconds = part["train_seconds"].fillna(0).sum() if "train_seconds" in part else 0.0
+    fingerprints: dict[str, int] = {}
+    for found in part["fingerprint"] if "fingerprint" in part else []:
+        fingerprints[found] = fingerprints.get(found, 0) + 1
     shown = {short_key(c): _distinct(part[c]) for c in SETTINGS if c in part}
     return {"runs": len(part), "seeds": sorted(int(s) for s in part["train.seed"].unique()),
             "settings": {k: v for k, v in shown.items() if v}, "devices": devices,
-            "commits": commits, "device_hours": float(seconds) / 3600}
+            "commits": commits, "fingerprints": fingerprints,
+            "device_hours": float(seconds) / 3600}
 
 
 def _distinct(column: pd.Series) -> str:
@@ -170,6 +175,7 @@ def _runs_box(part: pd.DataFrame, diverged: int = 0) -> str:
             + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in p["settings"].items())
             + f'<dt>devices</dt><dd>{_counted(p["devices"])}</dd>'
             f'<dt>commits</dt><dd>{_counted(p["commits"])}</dd>'
+            f'<dt>fingerprints</dt><dd>{_e(", ".join(sorted(p["fingerprints"])))}</dd>'
             f'<dt>device-hours</dt><dd>{p["device_hours"]:.3g}</dd></dl>')
 
 
@@ -277,13 +283,13 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
 
 
 def make_report(runs: list[Path], claims: str | Path = "paper",
-                out: Path = Path("figures")) -> Path:
+                out: Path = Path("figures"), accept_code_change: bool = False) -> Path:
     """Draw the figures into `out`, check the claims and write `out`/report.html; its path."""
     run_paths = [Path(p) for p in runs]
     out = Path(out)
-    results = collect(run_paths)
+    results = collect(run_paths, "report", accept_code_change)
     checked = check(run_paths, claims, results=results)  # a bad claims file stops it here
-    written = make_figures(run_paths, out=out)
+    written = make_figures(run_paths, out=out, accept_code_change=accept_code_change)
     page = render(checked, panels(results, written), out, run_paths)
     with hold(out, "report"):
         remove_stale_temps(out, lambda name: name == REPORT)

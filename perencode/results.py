@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from perencode import kinds, runs
+from perencode import identity, kinds, runs
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.naming import format_value, short_names
@@ -148,10 +148,15 @@ def choose(found: list[tuple[Path, Any, dict]]) -> tuple[dict[str, tuple[Path, A
     return kept, lines
 
 
-def collect(paths: list[Path]) -> Results:
+def collect(paths: list[Path], command: str = "figures",
+            accept_code_change: bool = False) -> Results:
     """Every run under `paths` into one Results; of the runs of one recipe one is kept
     (`choose`). A diverged run has a row (status "diverged", complete False) without
-    metrics: a number it produced is never shown."""
+    metrics: a number it produced is never shown.
+
+    A run whose recipe.toml was edited, or whose code differs from the code loaded now
+    (unless `accept_code_change`: its row says so), is refused (perencode.identity, for
+    `command`); each row carries the run's fingerprint."""
     rows: list[dict[str, Any]] = []
     tables: dict[str, list[pd.DataFrame]] = {}
     notes: list[str] = []
@@ -160,7 +165,13 @@ def collect(paths: list[Path]) -> Results:
         recipe = runs.read_recipe(run_dir, any_kind=True)
         found.append((run_dir, recipe, runs.Run(run_dir).status()))
     kept, duplicates = choose(found)
+    unverified = []
     for run_dir, recipe, status in kept.values():
+        accepted = identity.check(run_dir, recipe, command, data=False, write=False,
+                                  accept_code_change=accept_code_change, note_missing=False)
+        fingerprint = identity.short(run_dir)
+        if fingerprint == identity.UNVERIFIED:
+            unverified.append(str(run_dir))
         run = str(run_dir)
         diverged = status["state"] == runs.DIVERGED
         scalars, nested = _read_eval(run_dir) if not diverged else ({}, {})
@@ -168,7 +179,9 @@ def collect(paths: list[Path]) -> Results:
         summary = _training_summary(metrics) if not diverged else {
             "train_step": status.get("iteration")}
         row = {"run": run, **flatten(recipe), **scalars, **summary,
-               "status": status["state"], "complete": status["state"] == runs.FINISHED}
+               "status": status["state"], "complete": status["state"] == runs.FINISHED,
+               "fingerprint": fingerprint,
+               **({"code_changes_accepted": "; ".join(accepted)} if accepted else {})}
         if diverged:
             rows.append(row)
             continue
@@ -186,6 +199,11 @@ def collect(paths: list[Path]) -> Results:
             tables.setdefault(name, []).append(pd.DataFrame(table).assign(run=run))
     if not rows:
         raise UserError(f"{', '.join(map(str, paths))}: no run directories (recipe.toml) found")
+    if unverified:
+        console.print(f"[yellow]note:[/] {len(unverified)} run(s) have {identity.MISSING} "
+                      f"(fingerprint {identity.UNVERIFIED}): {', '.join(unverified[:3])}"
+                      f"{' and more' if len(unverified) > 3 else ''}", highlight=False,
+                      soft_wrap=True)
     frame = pd.DataFrame(rows)
     recipe_columns = [c for c in frame.columns if c.split(".")[0] in SECTIONS]
     joined = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}

@@ -2,6 +2,7 @@
 
     RUN_DIR/recipe.toml            the resolved recipe (overrides applied)
     RUN_DIR/plugins.json           the plugins its kinds come from (perencode.plugins), if any
+    RUN_DIR/identity.json          the recipe, code and data that made it (perencode.identity)
     RUN_DIR/env.json               the environment report (`perencode env`), seed, start/end times
     RUN_DIR/metrics.jsonl          one row per log step: step, loss, accuracy, lr, seconds
     RUN_DIR/checkpoints/step-K.pt  every train.checkpoint_every iterations and the last one;
@@ -32,7 +33,6 @@ iteration again: the learning rate is a function of it); it is ignored.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import os
@@ -42,8 +42,9 @@ from typing import Any
 
 import torch
 
-from perencode import environment, plugins
+from perencode import environment, identity, plugins
 from perencode.console import console
+from perencode.environment import now
 from perencode.errors import UserError
 from perencode.io import (
     CorruptCheckpoint,
@@ -54,7 +55,7 @@ from perencode.io import (
     safe_torch_load,
 )
 from perencode.lock import LOCK_NAME
-from perencode.recipe import Recipe, migrate_stored, read_toml, validate
+from perencode.recipe import Recipe, differences, migrate_stored, read_toml, validate
 
 CHECKPOINT_FORMAT = "perencode-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -175,22 +176,10 @@ def foreign_reason(state: dict, recipe: Recipe, path: str | Path) -> str | None:
         theirs = validate(migrate_stored(state["recipe"]), str(path), any_kind=True).identity()
     except UserError:
         return "its recipe is unreadable"
-    diff = _differences(theirs, recipe.identity(), names=("in the checkpoint", "in the run"))
+    diff = differences(theirs, recipe.identity(), names=("in the checkpoint", "in the run"))
     if not diff:
         return None
     return f"it is another run's checkpoint ({diff[0]}{'; ...' if len(diff) > 1 else ''})"
-
-
-def _differences(a: dict, b: dict, prefix: str = "",
-                 names: tuple[str, str] = ("there", "now")) -> list[str]:
-    out = []
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key), b.get(key)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += _differences(va, vb, f"{prefix}{key}.", names)
-        elif va != vb:
-            out.append(f"{prefix}{key}: {va!r} {names[0]} vs {vb!r} {names[1]}")
-    return out
 
 
 class Run:
@@ -304,6 +293,7 @@ class Run:
         """
         existed = self.check_claim(recipe)
         if not existed:
+            identity.record(self.dir, recipe)  # first: a run with a recipe.toml has one
             atomic_write_text(self.dir / "recipe.toml", recipe.to_toml())
             plugins.record(self.dir, recipe)
         self._recipe = recipe
@@ -318,12 +308,14 @@ class Run:
         path = run_dir / "recipe.toml"
         if path.exists():
             existing = read_recipe(run_dir)
-            diff = _differences(existing.identity(), recipe.identity())
+            diff = differences(existing.identity(), recipe.identity())
             if diff:
                 raise UserError(f"{run_dir}: holds a run of a different recipe ({diff[0]}"
                                 f"{'; ...' if len(diff) > 1 else ''}); choose another --run-dir")
             return True
-        if run_dir.exists() and any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+        # identity.json alone: a claim cut short before its recipe.toml
+        if run_dir.exists() and any(p.name not in (LOCK_NAME, identity.RECORD)
+                                    for p in run_dir.iterdir()):
             raise UserError(f"{run_dir}: exists and is not a perencode run directory; "
                             "choose another --run-dir")
         return False
@@ -529,10 +521,6 @@ class Run:
         self.record_status(DIVERGED, iteration=iteration, reason=reason,
                            checkpoint=str(last.relative_to(self.dir)) if last else None)
         return last
-
-
-def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:

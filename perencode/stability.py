@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from perencode import kinds, runs
+from perencode import identity, kinds, runs
 from perencode.console import console
 from perencode.device import resolve_device
 from perencode.errors import UserError
@@ -313,14 +313,16 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 def analyse_run(run_dir: str | Path, triplets: int = 1024, metric: str = "weighted",
                 device: str = "auto", every: int = 1, batch: int = 16,
-                progress: bool = True) -> Path:
+                progress: bool = True, accept_code_change: bool = False) -> Path:
     """Gradient stability at every (every-th) checkpoint of a dual-frequency run.
 
     Writes RUN_DIR/stability.csv (columns COLUMNS; two rows per triplet and checkpoint,
     one per comparison) and returns its path. Checkpoints already in the CSV are skipped;
     after each new checkpoint the CSV is rewritten atomically with its rows appended, so
     an interrupted analysis resumes where it stopped. `metric` names the column copied into
-    `stability` (METRICS). Memory grows linearly with `batch` (docs/stability.md).
+    `stability` (METRICS). Memory grows linearly with `batch` (docs/stability.md). The run's
+    recipe.toml, data and code must be those it was made with (perencode.identity; other
+    code with `accept_code_change`, recorded in its identity.json).
     """
     if metric not in METRICS:
         raise UserError(f"--metric '{metric}': expected one of {', '.join(METRICS)}")
@@ -341,6 +343,7 @@ def analyse_run(run_dir: str | Path, triplets: int = 1024, metric: str = "weight
     dev = resolve_device(device)
     with hold(run.dir, "stability"):
         remove_stale_temps(run.dir)
+        identity.check(run.dir, recipe, "stability", accept_code_change=accept_code_change)
         return _analyse(run, chosen, dev, triplets, metric, every, batch, progress)
 
 

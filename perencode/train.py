@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from perencode import preflight, runs
+from perencode import identity, preflight, runs
 from perencode.console import console
 from perencode.device import resolve_device
 from perencode.evaluate import evaluate_model
@@ -218,7 +218,8 @@ def _check_health(run: runs.Run, pending: list[tuple[int, Tensor, Tensor | None]
 
 
 def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "auto",
-          progress: bool = True, tensorboard: bool = False, force: bool = False) -> dict:
+          progress: bool = True, tensorboard: bool = False, force: bool = False,
+          accept_code_change: bool = False) -> dict:
     """Train (or resume, or report complete) the run of `recipe` in `run_dir`.
 
     Returns the eval.json dict (that of the earlier training when the run was already
@@ -232,7 +233,9 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
     data file fails there): a run directory is claimed (recipe.toml) only by a recipe that
     passed every check that can fail before the first step, so fixing it and running again
     is never refused as "a different recipe". The run directory is locked from its claim
-    to its eval.json (perencode.lock): a second `train` of it fails at once. A write the
+    to its eval.json (perencode.lock): a second `train` of it fails at once. An existing
+    run's recipe.toml, data and code must be those it was made with (perencode.identity;
+    `accept_code_change` accepts other code, and records it). A write the
     filesystem refuses (full disk, quota, read-only) ends it with a UserError naming the
     last complete checkpoint.
     """
@@ -246,6 +249,9 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
     try:
         with hold(run.dir, "train"):
             try:
+                if (run.dir / "recipe.toml").is_file():
+                    identity.check(run.dir, runs.read_recipe(run.dir), "train",
+                                   accept_code_change=accept_code_change)
                 existed = run.check_claim(recipe)
                 status = run.status() if existed else {"state": runs.UNFINISHED}
                 if status["state"] == runs.FINISHED:

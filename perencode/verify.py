@@ -663,12 +663,13 @@ class Checked:
 
 
 def check(runs: list[Path], claims: str | Path = "paper",
-          results: Results | None = None) -> Checked:
+          results: Results | None = None, accept_code_change: bool = False) -> Checked:
     """Every claim of `claims` evaluated on the runs under `runs` (or on `results`, already
     collected from them); nothing is written."""
     claims_path = claims_file(claims)
     parsed = load_claims(claims_path)
-    results = collect([Path(p) for p in runs]) if results is None else results
+    results = collect([Path(p) for p in runs], "verify", accept_code_change) \
+        if results is None else results
     done: dict[str, Outcome] = {}
     for claim in sorted(parsed, key=lambda c: c.than is not None):  # referenced ones first
         done[claim.id] = evaluate(claim, results, done)
@@ -702,12 +703,13 @@ def report_markdown(checked: Checked, run_paths: list[Path]) -> str:
 
 
 def verify_runs(runs: list[Path], claims: str | Path = "paper",
-                out: Path = Path("figures"), as_json: bool = False) -> int:
+                out: Path = Path("figures"), as_json: bool = False,
+                accept_code_change: bool = False) -> int:
     """Evaluate every claim; print a summary, the decided claims and the reasons of those
     not run (`as_json`: the whole verify.json document on stdout instead), and write
     verify.md and verify.json into `out`. Returns 1 if a claim fails (inconclusive and not
     run do not fail), else 0."""
-    checked = check(runs, claims)
+    checked = check(runs, claims, accept_code_change=accept_code_change)
     say_left_out(checked.results)
     outcomes = checked.outcomes
     document = checked.as_json(runs)

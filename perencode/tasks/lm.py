@@ -14,17 +14,19 @@ paragraph's start.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from torch import Tensor
 
 from perencode.kinds import TaskKind, register_task
-from perencode.lm.data import Split, load
+from perencode.lm.data import MANIFEST, Split, load, sha256_file
 from perencode.recipe import TaskConfig
 from perencode.tasks.base import Batch, Shapes
 
@@ -145,7 +147,16 @@ class LanguageModelConfig(TaskConfig):
     """[task] of lm: the prepared data; its test sets are the corpus's valid and test."""
 
     data: str | None = Field(
-        None, description="Prepared data folder (made by `perencode lm-prepare`).")
+        None, description="Prepared data folder (made by `perencode lm-prepare`); a "
+        "relative one is resolved against the working directory when the recipe is read, "
+        "and a run keeps the absolute path.")
+
+    @field_validator("data")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        # Resolved once, where the recipe is first read (a run stores it absolute): an
+        # `eval` from another folder reads the run's data, not a ./lmdata there.
+        return os.path.abspath(os.path.expanduser(value)) if value else value
 
     @model_validator(mode="after")
     def _has_data(self) -> LanguageModelConfig:
@@ -153,6 +164,15 @@ class LanguageModelConfig(TaskConfig):
             raise ValueError("field 'data': task.name = 'lm' needs task.data (a folder made "
                              "by `perencode lm-prepare`)")
         return self
+
+
+def data_identity(cfg: LanguageModelConfig) -> dict:
+    """The data a run reads (perencode.identity): its folder and its manifest's SHA-256
+    (the manifest lists every file's own)."""
+    assert cfg.data is not None  # LanguageModelConfig requires it
+    manifest = Path(cfg.data) / MANIFEST
+    return {"field": "data", "path": cfg.data,
+            "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None}
 
 
 def results(row: dict, metrics: list[dict], tables: dict) -> None:
@@ -169,4 +189,5 @@ def results(row: dict, metrics: list[dict], tables: dict) -> None:
 
 register_task(TaskKind("lm", LanguageModelTask, label="Language model",
                        summary="WikiText-103 language modelling (Table 1, Fig. 15)",
-                       config=LanguageModelConfig, shapes=shapes, results=results))
+                       config=LanguageModelConfig, shapes=shapes, results=results,
+                       data=data_identity))
