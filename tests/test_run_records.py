@@ -221,6 +221,7 @@ def test_diverged_runs_are_shown_as_such_never_as_numbers(trained, tmp_path):
     good = _copy(trained, tmp_path / "runs" / "good")
     old = _copy(trained, tmp_path / "runs" / "old")  # diverged under an earlier perencode:
     (old / "status.json").unlink()                   # a bare NaN loss, eval.json scored
+    (old / "identity.json").unlink()                 # (an earlier perencode kept neither)
     (old / "recipe.toml").write_text((old / "recipe.toml").read_text().replace(
         "seed = ", "seed = 9", 1))
     rows = (old / "metrics.jsonl").read_text().splitlines()
