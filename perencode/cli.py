@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from perencode import __version__
-from perencode.console import console
+from perencode.console import console, guard_output
 from perencode.errors import UserError, refused_write
 
 
@@ -168,6 +168,7 @@ def train(
     from perencode.train import Interrupted
     from perencode.train import train as run_training
 
+    guard_output()
     r = load_recipe(recipe, overrides)
     run_dir = renamed(run_dir, old_out, "--run-dir", "--out")
     run_dir = run_dir if run_dir is not None else runs.default_run_dir(recipe, r.train.seed)
@@ -437,6 +438,7 @@ def sweep(
     from perencode.grid import slurm_overrides
     from perencode.sweep import run_sweep
 
+    guard_output()
     slurm = {k: v for k, v in (("partition", partition), ("time_min", time_min),
                                ("gpus_per_job", gpus_per_job),
                                ("cpus_per_job", cpus_per_job)) if v is not None}
