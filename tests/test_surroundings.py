@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import PYTHON, ROOT, subprocess_env, tiny_overrides
 
-from perencode import runs
+from perencode import doctor, runs
 
 RECIPE = ROOT / "recipes/gru_vocab256.toml"
 
@@ -159,3 +160,21 @@ def test_a_sweep_whose_board_cannot_be_written_finishes_its_runs(tmp_path):
     assert done.returncode == 0, done.stdout
     assert runs.Run(tmp_path / "runs/g/seed=1").is_complete()
     assert done.stdout.startswith("perencode: cannot write to stderr (No space left")
+
+
+# -- 9: doctor and a malformed thread count -----------------------------------------------
+
+@pytest.mark.parametrize("value, verdict", [("garbage", doctor.FAIL), ("0", doctor.FAIL),
+                                            ("4,2", doctor.PASS), ("1", doctor.PASS),
+                                            ("", doctor.FAIL)])
+def test_doctor_reports_a_malformed_omp_num_threads(monkeypatch, value, verdict):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    [row] = [r for r in doctor.stack_checks(torch.device("cpu")) if r.name == "OMP_NUM_THREADS"]
+    assert row.verdict == verdict
+    if verdict == doctor.FAIL:
+        assert row.measured == repr(value) and "export OMP_NUM_THREADS=N" in row.expected
+
+
+def test_doctor_has_no_thread_count_row_when_it_is_unset(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert all(r.name != "OMP_NUM_THREADS" for r in doctor.stack_checks(torch.device("cpu")))
