@@ -26,7 +26,7 @@ from perencode.lock import PARENT_ENV, hold
 from perencode.models import SequenceModel
 from perencode.progress import Reporter
 from perencode.recipe import OptimConfig, Recipe
-from perencode.tasks import Batch
+from perencode.tasks import Batch, held_out_warning
 from perencode.tracking import TensorBoardLog
 
 
@@ -213,6 +213,9 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
                 if existed and run.is_complete():
                     return runs.read_json(run.dir / "eval.json")
                 built = build(recipe, device)
+                note = held_out_warning(built[0], recipe.train.batch_size)
+                if note:
+                    console.print(f"[yellow]warning:[/] {note}", highlight=False)
                 run.claim(recipe)
                 claimed = True
                 for folder in (run.dir, run.checkpoint_dir):

@@ -7,6 +7,7 @@ Real processes and real signals throughout; /dev/full stands in for a full disk 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,9 @@ import torch
 from conftest import PYTHON, ROOT, subprocess_env, tiny_overrides
 
 from perencode import doctor, runs
+from perencode.recipe import Recipe
+from perencode.tasks import make
+from perencode.tasks.base import DENSE_SHARE
 
 RECIPE = ROOT / "recipes/gru_vocab256.toml"
 
@@ -178,3 +182,149 @@ def test_doctor_reports_a_malformed_omp_num_threads(monkeypatch, value, verdict)
 def test_doctor_has_no_thread_count_row_when_it_is_unset(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert all(r.name != "OMP_NUM_THREADS" for r in doctor.stack_checks(torch.device("cpu")))
+
+
+# -- 2: held-out sets that fill most of the task ------------------------------------------
+
+def _task(**cfg):
+    return make(Recipe.model_validate({"task": cfg}).task, seed=1)
+
+
+def _redrawn_row_by_row(task, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """The rows of a batch as every sparse held-out set has always drawn them: a batch,
+    then each held-out row redrawn until none is left."""
+    rows = task.draw(batch_size, generator)
+    held = {tuple(r) for r in task.key(task.held_out).tolist()}
+    while True:
+        idx = [i for i, r in enumerate(task.key(rows).tolist()) if tuple(r) in held]
+        if not idx:
+            return rows
+        rows[idx] = task.draw(len(idx), generator)
+
+
+def _rows(batch, L: int) -> torch.Tensor:
+    """A batch's raw rows: the query appended (predecessor), -1 beyond each length
+    (variable length, whose batch is as long as its longest row)."""
+    if batch.queries is not None:
+        return torch.cat([batch.sequences, batch.queries[:, None]], 1)
+    return torch.nn.functional.pad(batch.sequences, (0, L - batch.sequences.shape[1]),
+                                   value=-1)
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(name="reverse", vocab_size=8, length=6, held_out=32),
+    dict(name="reverse", vocab_size=2, length=8, held_out=64),  # a quarter: still sparse
+    dict(name="predecessor", vocab_size=5, length=3, held_out=30),  # 30 of 120
+    dict(name="variable_length", vocab_size=3, length=4, min_length=2, held_out=2),
+])
+def test_a_sparse_held_out_set_draws_the_batches_it_always_drew(cfg):
+    task = _task(**cfg)
+    assert task.held_out_share <= DENSE_SHARE
+    ours, theirs = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    for _ in range(20):
+        assert torch.equal(_rows(task.sample(64, ours), task.L),
+                           _redrawn_row_by_row(task, 64, theirs))
+    assert torch.equal(ours.get_state(), theirs.get_state())  # the same random numbers used
+
+
+@pytest.mark.parametrize("held_out", [960, 1023])  # all but one batch; all but one row
+def test_a_dense_held_out_set_is_drawn_in_bulk_from_what_is_left(held_out):
+    task = _task(name="reverse", vocab_size=2, length=10, held_out=held_out)
+    assert task.held_out_share == held_out / 1024 > DENSE_SHARE
+    calls = []
+    draw = task.draw
+    task.draw = lambda n, g: calls.append(n) or draw(n, g)  # type: ignore[method-assign]
+    held = {tuple(r) for r in task.held_out.tolist()}
+    seen: set = set()
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        rows = task.sample(64, generator).sequences
+        assert len(rows) == 64
+        drawn = {tuple(r) for r in rows.tolist()}
+        assert not drawn & held
+        seen |= drawn
+    assert len(seen) == 1024 - held_out  # every sequence left is drawn, none other
+    assert len(calls) <= 55  # one round a batch, rarely two (row by row: thousands)
+    # The rule is the recipe's: the same generator state draws the same batch again.
+    state = generator.get_state()
+    first = task.sample(64, generator).sequences
+    generator.set_state(state)
+    assert torch.equal(_task(name="reverse", vocab_size=2, length=10,
+                             held_out=held_out).sample(64, generator).sequences, first)
+
+
+def test_dense_draws_keep_a_tasks_own_distribution():
+    """dual frequency: a RARE token is 7 times rarer than a FREQUENT one; drawn in bulk,
+    the rows left keep their relative chances (FF rows are held out in part)."""
+    task = _task(name="dual_frequency", vocab_size=4, length=2, held_out_per_cell=1)
+    assert task.held_out_share > DENSE_SHARE
+    rows = task.sample(40_000, torch.Generator().manual_seed(0)).sequences
+    held = {tuple(r) for r in task.held_out.tolist()}
+    counts: dict = {}
+    for r in rows.tolist():
+        counts[tuple(r)] = counts.get(tuple(r), 0) + 1
+    assert not set(counts) & held and len(counts) == 16 - len(held)
+    chance = {r: (7 if r[0] < 2 else 1) * (7 if r[1] < 2 else 1) for r in counts}
+    total = sum(chance.values())
+    for r, n in counts.items():
+        assert n / len(rows) == pytest.approx(chance[r] / total, rel=0.15), r
+
+
+def _train_in_process(cli, tmp_path, *extra):
+    return cli("train", RECIPE, "--run-dir", tmp_path / "run", "--device", "cpu",
+               "--no-progress", *tiny_overrides("train.iterations=4", "train.batch_size=64",
+                                                "task.vocab_size=2", "task.length=10",
+                                                "optim.warmup=2", *extra))
+
+
+@pytest.mark.parametrize("held_out, says", [
+    (1023, "warning: only 1 distinct sequence of the task's 1024 is not held out, fewer "
+           "than a batch (64): every batch repeats them"),
+    (960, "warning: 94% of random sequences are held out (960 of 1024): training sees the "
+          "other 64, in batches drawn in bulk (not as a sparse held-out set draws them)"),
+])
+def test_a_dense_held_out_set_is_one_warning_before_training(cli, tmp_path, held_out, says):
+    code, text = _train_in_process(cli, tmp_path, f"task.held_out={held_out}")
+    assert code == 0, text
+    assert text.splitlines()[0] == says
+    assert runs.Run(tmp_path / "run").is_complete()
+
+
+def test_a_sparse_held_out_set_trains_without_a_warning(cli, tmp_path):
+    code, text = _train_in_process(cli, tmp_path, "task.held_out=256")
+    assert code == 0 and "warning" not in text
+
+
+@pytest.mark.parametrize("recipe, items, says", [
+    (RECIPE, ["task.vocab_size=2", "task.length=10", "task.held_out=1024"],
+     "task.held_out: 1024 held-out sequences leave nothing to train on"),
+    (ROOT / "recipes/gru_dualfreq_vocab64.toml",
+     ["task.vocab_size=4", "task.length=2", "task.held_out_per_cell=2"],
+     "task.held_out_per_cell: 2 per cell holds out 16 sequences, all of the K^L = 16 there "
+     "are: nothing is left to train on (at most 1 per cell)"),
+])
+def test_an_empty_training_space_is_refused_in_one_line(cli, tmp_path, recipe, items, says):
+    args = ["train", recipe, "--run-dir", tmp_path / "run", "--device", "cpu"]
+    for item in items:
+        args += ["--set", item]
+    code, text = cli(*args)
+    assert code == 2 and len(text.strip().splitlines()) == 1, text
+    assert says in " ".join(text.split())
+    assert not (tmp_path / "run").exists()
+
+
+def test_bench_times_sampling_by_held_out_density(cli):
+    code, text = cli("bench", RECIPE, "--device", "cpu", "--iterations", "3", "--warmup", "1",
+                     "--sampling", *tiny_overrides("train.batch_size=64", "task.vocab_size=2",
+                                                   "task.length=10"))
+    assert code == 0, text
+    rows = json.loads(text.strip().splitlines()[-1])["sampling"]
+    assert [(r["density"], r["held_out"]) for r in rows] == [
+        ("none", 1), ("50%", 512), ("99%", 1013), ("all but one batch", 960)]
+    assert rows[0]["ratio"] == 1.0 and all(r["seconds_per_batch"] > 0 for r in rows)
+
+
+def test_bench_sampling_needs_a_space_it_can_hold(cli):
+    code, text = cli("bench", RECIPE, "--device", "cpu", "--iterations", "1", "--sampling",
+                     *tiny_overrides())
+    assert code == 2 and "more than the 1048576 a held-out set may hold here" in text, text

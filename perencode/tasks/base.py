@@ -8,6 +8,7 @@ task's device, vectorised: no per-sample Python loop, no DataLoader.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -22,6 +23,11 @@ from perencode.shapes import Shapes
 
 # Odd 64-bit multiplier of the polynomial hash (wrapping int64 arithmetic).
 _HASH_BASE = 0x100000001B3
+# Above this chance that a random row is held out, a training batch is drawn in bulk
+# (SyntheticTask.sample), and training is warned that it sees a small part of the task.
+DENSE_SHARE = 0.25
+# At most this many rows are drawn at once for a batch drawn in bulk (memory).
+BULK_ROWS = 1 << 20
 
 
 class HeldOutConfig(TaskConfig):
@@ -103,8 +109,8 @@ class Exclusion:
     """Membership test of rows in a fixed set: hash lookup, then an exact check on hits."""
 
     def __init__(self, keys: Tensor):
-        self.keys = keys  # [N, M]
-        self.sorted_hashes = torch.sort(sequence_hash(keys)).values  # [N]
+        self.sorted_hashes, order = torch.sort(sequence_hash(keys))  # [N]
+        self.keys = keys[order]  # [N, M], in the order of their hashes
 
     def members(self, keys: Tensor) -> Tensor:
         """keys [B, M] -> the indices [n] of the rows that are in the set.
@@ -118,11 +124,15 @@ class Exclusion:
         rows = (self.sorted_hashes[idx] == h).nonzero().squeeze(1)
         if len(rows) == 0:
             return rows
-        # Exact check of the (rare) hash hits against the whole set, a chunk at a time.
-        found = torch.zeros(len(rows), dtype=torch.bool, device=keys.device)
-        for start in range(0, self.keys.shape[0], 4096):
+        # Exact check of a hash hit against the set's row of that hash: one comparison a
+        # row, whatever share of the draws the set holds.
+        found = (keys[rows] == self.keys[idx[rows]]).all(1)
+        unsure = (~found).nonzero().squeeze(1)
+        # A hit on another row of the same hash (a collision, 2^-64 a pair) is checked
+        # against the whole set, a chunk at a time.
+        for start in range(0, self.keys.shape[0] if len(unsure) else 0, 4096):
             chunk = self.keys[start:start + 4096]
-            found |= (keys[rows][:, None, :] == chunk[None]).all(-1).any(-1)
+            found[unsure] |= (keys[rows[unsure]][:, None, :] == chunk[None]).all(-1).any(-1)
         return rows[found]
 
     def contains(self, keys: Tensor) -> Tensor:
@@ -204,8 +214,44 @@ class SyntheticTask:
         rows = self.draw(self.cfg.held_out, generator)
         return redraw_duplicates(rows, lambda idx: self.draw(len(idx), generator))
 
+    def space(self) -> int | None:
+        """How many distinct rows `draw` can return (each with a chance above zero); None
+        where the task's config does not count them."""
+        return self.cfg.distinct_sequences() if isinstance(self.cfg, HeldOutConfig) else None
+
+    @functools.cached_property
+    def held_out_share(self) -> float:
+        """The chance that a row `draw` returns is a held-out row (draws are uniform over
+        the space unless a task says otherwise); 0 where the space is not counted."""
+        space = self.space()
+        return len(self.held_out) / space if space else 0.0
+
+    def held_out_warning(self, batch_size: int) -> str | None:
+        """One line for a held-out set that leaves little to train on, else None."""
+        space = self.space()
+        if space is None:
+            return None
+        left = space - len(self.held_out)
+        if left < batch_size:
+            return (f"only {left} distinct sequence{'s' * (left != 1)} of the task's {space} "
+                    f"{'are' if left != 1 else 'is'} not held out, fewer than a batch "
+                    f"({batch_size}): every batch repeats them")
+        if self.held_out_share > DENSE_SHARE:
+            return (f"{self.held_out_share:.0%} of random sequences are held out "
+                    f"({len(self.held_out)} of {space}): training sees the other {left}, "
+                    "in batches drawn in bulk (not as a sparse held-out set draws them)")
+        return None
+
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
-        """A training batch on the generator's device; held-out rows are redrawn."""
+        """A training batch on the generator's device; held-out rows are redrawn.
+
+        Where most random rows are held out (held_out_share > DENSE_SHARE, fixed by the
+        recipe, so a resumed run draws as the uninterrupted one), redrawing row by row
+        would take thousands of rounds a batch: the batch is drawn in bulk instead, from
+        the same distribution (a random row that is not held out) but other random numbers.
+        """
+        if self.held_out_share > DENSE_SHARE:
+            return self.build(self._drawn_in_bulk(batch_size, generator))
         rows = self.draw(batch_size, generator)
         idx = self._exclusion.members(self.key(rows))
         while len(idx):
@@ -213,6 +259,19 @@ class SyntheticTask:
             rows[idx] = fresh
             idx = idx[self._exclusion.members(self.key(fresh))]
         return self.build(rows)
+
+    def _drawn_in_bulk(self, n: int, generator: torch.Generator) -> Tensor:
+        """`n` rows that are not held out: enough random rows for all of them at the
+        held-out share, the held-out ones dropped, the first `n` others kept; again for
+        what is missing (rarely)."""
+        keep = 1.0 - self.held_out_share
+        parts: list[Tensor] = []
+        while n > 0:
+            rows = self.draw(min(math.ceil(n / keep * 1.25) + 16, BULK_ROWS), generator)
+            fresh = rows[~self._exclusion.contains(self.key(rows))][:n]
+            parts.append(fresh)
+            n -= len(fresh)
+        return torch.cat(parts)
 
     def held_out_batches(self, batch_size: int) -> Iterator[Batch]:
         for start in range(0, self.held_out.shape[0], batch_size):

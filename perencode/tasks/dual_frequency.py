@@ -17,6 +17,7 @@ on the target token alone, at its output step in the reversed output.
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import torch
@@ -62,6 +63,17 @@ class DualFrequencyTask(ReverseTask):
         rare = torch.rand((n, self.L), generator=generator,
                           device=generator.device) < self.cfg.rarity  # [n, L]
         return half_tokens(rare, self.K, generator)
+
+    def space(self) -> int:
+        return self.K ** self.L
+
+    @functools.cached_property
+    def held_out_share(self) -> float:
+        """The chance that a training draw is a held-out row: the sum of the rows' chances,
+        each token rarity/(K/2) if RARE, (1 - rarity)/(K/2) if FREQUENT."""
+        rare = self.held_out.cpu() >= self.K // 2
+        chance = torch.where(rare, self.cfg.rarity, 1.0 - self.cfg.rarity) / (self.K // 2)
+        return float(chance.double().prod(1).sum())
 
     def make_held_out(self, generator: torch.Generator) -> Tensor:
         """The structured test set (module docstring); `self.cells` says each row's cell."""
@@ -137,6 +149,13 @@ class DualFrequencyConfig(TaskConfig):
                 f"field 'held_out_per_cell': {self.held_out_per_cell} per cell needs "
                 f"{self.held_out_per_cell * self.length} distinct sequences of one half of "
                 f"the vocabulary, but only (K/2)^L = {per_half} exist")
+        held_out, distinct = 4 * self.length * self.held_out_per_cell, \
+            self.vocab_size ** self.length
+        if held_out >= distinct:
+            raise ValueError(
+                f"field 'held_out_per_cell': {self.held_out_per_cell} per cell holds out "
+                f"{held_out} sequences, all of the K^L = {distinct} there are: nothing is "
+                f"left to train on (at most {(distinct - 1) // (4 * self.length)} per cell)")
         return self
 
 

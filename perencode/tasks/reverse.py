@@ -8,6 +8,8 @@ Appendix B (Fig. 11, 14); the dual-frequency version is in `dual_frequency.py`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from pydantic import Field
 from torch import Tensor
@@ -58,6 +60,16 @@ class VariableLengthReverseTask(ReverseTask):
         lengths = torch.randint(self.cfg.min_length, self.L + 1, (n,), generator=generator,
                                 device=generator.device)
         return self._rows(lengths, generator)
+
+    def space(self) -> int:
+        """K^l rows of each length l."""
+        return sum(self.K ** length for length in range(self.cfg.min_length, self.L + 1))
+
+    @functools.cached_property
+    def held_out_share(self) -> float:
+        """A length uniform in min_length..L, then `held_out` of its K^l rows held out."""
+        lengths = range(self.cfg.min_length, self.L + 1)
+        return sum(self.cfg.held_out / self.K ** length for length in lengths) / len(lengths)
 
     def make_held_out(self, generator: torch.Generator) -> Tensor:
         """`held_out` distinct rows per length, ordered by length
