@@ -228,12 +228,14 @@ def test_a_sparse_held_out_set_draws_the_batches_it_always_drew(cfg):
 
 
 @pytest.mark.parametrize("held_out", [960, 1023])  # all but one batch; all but one row
-def test_a_dense_held_out_set_is_drawn_in_bulk_from_what_is_left(held_out):
+def test_a_dense_held_out_set_is_drawn_from_the_rows_left(held_out):
     task = _task(name="reverse", vocab_size=2, length=10, held_out=held_out)
     assert task.held_out_share == held_out / 1024 > DENSE_SHARE
-    calls = []
-    draw = task.draw
-    task.draw = lambda n, g: calls.append(n) or draw(n, g)  # type: ignore[method-assign]
+
+    def no_redraws(n, generator):
+        raise AssertionError("a dense held-out set is not redrawn row by row")
+
+    task.draw = no_redraws  # type: ignore[method-assign]
     held = {tuple(r) for r in task.held_out.tolist()}
     seen: set = set()
     generator = torch.Generator().manual_seed(0)
@@ -244,13 +246,32 @@ def test_a_dense_held_out_set_is_drawn_in_bulk_from_what_is_left(held_out):
         assert not drawn & held
         seen |= drawn
     assert len(seen) == 1024 - held_out  # every sequence left is drawn, none other
-    assert len(calls) <= 55  # one round a batch, rarely two (row by row: thousands)
     # The rule is the recipe's: the same generator state draws the same batch again.
     state = generator.get_state()
     first = task.sample(64, generator).sequences
     generator.set_state(state)
     assert torch.equal(_task(name="reverse", vocab_size=2, length=10,
                              held_out=held_out).sample(64, generator).sequences, first)
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(name="reverse", vocab_size=3, length=3, held_out=8),
+    dict(name="sort", vocab_size=2, length=4, held_out=8),
+    dict(name="reverse_add", vocab_size=2, length=2, held_out=8),
+    dict(name="predecessor", vocab_size=4, length=3, held_out=30),
+    dict(name="variable_length", vocab_size=2, length=3, min_length=1, held_out=1),
+    dict(name="dual_frequency", vocab_size=4, length=2, held_out_per_cell=1),
+])
+def test_a_tasks_list_of_rows_is_what_it_draws(cfg):
+    """every_row: each row `draw` can return once, and their chances sum to 1."""
+    task = _task(**cfg)
+    every = task.every_row()
+    assert len(every) == task.space() == len({tuple(r) for r in every.tolist()})
+    assert float(task.chance(every).sum()) == pytest.approx(1.0, abs=1e-12)
+    listed = {tuple(r) for r in every.tolist()}
+    drawn = task.draw(2000, torch.Generator().manual_seed(0))
+    assert {tuple(r) for r in drawn.tolist()} <= listed
+    assert task._rows_left is not None  # all of these are dense
 
 
 def test_dense_draws_keep_a_tasks_own_distribution():
@@ -281,7 +302,7 @@ def _train_in_process(cli, tmp_path, *extra):
     (1023, "warning: only 1 distinct sequence of the task's 1024 is not held out, fewer "
            "than a batch (64): every batch repeats them"),
     (960, "warning: 94% of random sequences are held out (960 of 1024): training sees the "
-          "other 64, in batches drawn in bulk (not as a sparse held-out set draws them)"),
+          "other 64, drawn from their list (not as a sparse held-out set draws them)"),
 ])
 def test_a_dense_held_out_set_is_one_warning_before_training(cli, tmp_path, held_out, says):
     code, text = _train_in_process(cli, tmp_path, f"task.held_out={held_out}")

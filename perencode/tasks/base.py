@@ -8,7 +8,6 @@ task's device, vectorised: no per-sample Python loop, no DataLoader.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -23,11 +22,12 @@ from perencode.shapes import Shapes
 
 # Odd 64-bit multiplier of the polynomial hash (wrapping int64 arithmetic).
 _HASH_BASE = 0x100000001B3
-# Above this chance that a random row is held out, a training batch is drawn in bulk
-# (SyntheticTask.sample), and training is warned that it sees a small part of the task.
+# Above this chance that a random row is held out, a training batch is drawn from the list
+# of the rows left (SyntheticTask.sample), and training is warned that it sees a small part
+# of the task.
 DENSE_SHARE = 0.25
-# At most this many rows are drawn at once for a batch drawn in bulk (memory).
-BULK_ROWS = 1 << 20
+# A task of more rows than this is never listed (its held-out set would hold millions).
+LISTED_ROWS = 1 << 22
 
 
 class HeldOutConfig(TaskConfig):
@@ -142,6 +142,12 @@ class Exclusion:
         return out
 
 
+def all_rows(K: int, width: int) -> Tensor:
+    """Every row of `width` tokens in [0, K) [K^width, width], in counting order."""
+    place = K ** torch.arange(width - 1, -1, -1)  # [width]
+    return torch.arange(K ** width)[:, None] // place % K
+
+
 def duplicated(rows: Tensor) -> Tensor:
     """bool [N]: True where a row of `rows` [N, M] repeats an earlier row."""
     index = torch.arange(len(rows), device=rows.device)
@@ -219,12 +225,20 @@ class SyntheticTask:
         where the task's config does not count them."""
         return self.cfg.distinct_sequences() if isinstance(self.cfg, HeldOutConfig) else None
 
+    def every_row(self) -> Tensor | None:
+        """Every row `draw` can return [space, W] on the CPU, in any fixed order; None where
+        the task cannot list them (then a dense held-out set is redrawn row by row)."""
+        return None
+
+    def chance(self, rows: Tensor) -> Tensor:
+        """float64 [N]: the chance that one `draw` returns each row (uniform by default)."""
+        space = self.space()
+        return torch.full((len(rows),), 1.0 / space if space else 0.0, dtype=torch.float64)
+
     @functools.cached_property
     def held_out_share(self) -> float:
-        """The chance that a row `draw` returns is a held-out row (draws are uniform over
-        the space unless a task says otherwise); 0 where the space is not counted."""
-        space = self.space()
-        return len(self.held_out) / space if space else 0.0
+        """The chance that a row `draw` returns is a held-out row (0 where not counted)."""
+        return float(self.chance(self.held_out.cpu()).sum())
 
     def held_out_warning(self, batch_size: int) -> str | None:
         """One line for a held-out set that leaves little to train on, else None."""
@@ -239,19 +253,38 @@ class SyntheticTask:
         if self.held_out_share > DENSE_SHARE:
             return (f"{self.held_out_share:.0%} of random sequences are held out "
                     f"({len(self.held_out)} of {space}): training sees the other {left}, "
-                    "in batches drawn in bulk (not as a sparse held-out set draws them)")
+                    "drawn from their list (not as a sparse held-out set draws them)")
         return None
+
+    @functools.cached_property
+    def _rows_left(self) -> tuple[Tensor, Tensor] | None:
+        """(the rows that are not held out [n, W], their cumulative chances [n]) where
+        most random rows are held out (held_out_share > DENSE_SHARE, a rule of the recipe,
+        so a resumed run draws as the uninterrupted one) and the task lists its rows."""
+        space = self.space()
+        if self.held_out_share <= DENSE_SHARE or space is None or space > LISTED_ROWS:
+            return None
+        rows = self.every_row()
+        if rows is None:
+            return None
+        rows = rows.to(self.device)
+        left = rows[~self._exclusion.contains(self.key(rows))]  # [n, W]
+        return left, torch.cumsum(self.chance(left.cpu()), 0).to(self.device)  # [n]
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
         """A training batch on the generator's device; held-out rows are redrawn.
 
-        Where most random rows are held out (held_out_share > DENSE_SHARE, fixed by the
-        recipe, so a resumed run draws as the uninterrupted one), redrawing row by row
-        would take thousands of rounds a batch: the batch is drawn in bulk instead, from
-        the same distribution (a random row that is not held out) but other random numbers.
+        Where most random rows are held out, redrawing them would take thousands of
+        rounds a batch: the batch is drawn from the list of the rows left instead, each
+        with its chance under `draw` (the same distribution, other random numbers), at
+        the cost of one uniform number a row whatever the held-out share.
         """
-        if self.held_out_share > DENSE_SHARE:
-            return self.build(self._drawn_in_bulk(batch_size, generator))
+        if self._rows_left is not None:
+            left, cumulative = (t.to(generator.device) for t in self._rows_left)
+            u = torch.rand(batch_size, generator=generator, device=generator.device,
+                           dtype=torch.float64) * cumulative[-1]  # [B]
+            pick = torch.searchsorted(cumulative, u, right=True).clamp_max(len(left) - 1)
+            return self.build(left[pick])
         rows = self.draw(batch_size, generator)
         idx = self._exclusion.members(self.key(rows))
         while len(idx):
@@ -259,19 +292,6 @@ class SyntheticTask:
             rows[idx] = fresh
             idx = idx[self._exclusion.members(self.key(fresh))]
         return self.build(rows)
-
-    def _drawn_in_bulk(self, n: int, generator: torch.Generator) -> Tensor:
-        """`n` rows that are not held out: enough random rows for all of them at the
-        held-out share, the held-out ones dropped, the first `n` others kept; again for
-        what is missing (rarely)."""
-        keep = 1.0 - self.held_out_share
-        parts: list[Tensor] = []
-        while n > 0:
-            rows = self.draw(min(math.ceil(n / keep * 1.25) + 16, BULK_ROWS), generator)
-            fresh = rows[~self._exclusion.contains(self.key(rows))][:n]
-            parts.append(fresh)
-            n -= len(fresh)
-        return torch.cat(parts)
 
     def held_out_batches(self, batch_size: int) -> Iterator[Batch]:
         for start in range(0, self.held_out.shape[0], batch_size):

@@ -17,7 +17,6 @@ on the target token alone, at its output step in the reversed output.
 
 from __future__ import annotations
 
-import functools
 from typing import ClassVar
 
 import torch
@@ -67,13 +66,10 @@ class DualFrequencyTask(ReverseTask):
     def space(self) -> int:
         return self.K ** self.L
 
-    @functools.cached_property
-    def held_out_share(self) -> float:
-        """The chance that a training draw is a held-out row: the sum of the rows' chances,
-        each token rarity/(K/2) if RARE, (1 - rarity)/(K/2) if FREQUENT."""
-        rare = self.held_out.cpu() >= self.K // 2
-        chance = torch.where(rare, self.cfg.rarity, 1.0 - self.cfg.rarity) / (self.K // 2)
-        return float(chance.double().prod(1).sum())
+    def chance(self, rows: Tensor) -> Tensor:
+        """Each token rarity/(K/2) if RARE, (1 - rarity)/(K/2) if FREQUENT."""
+        token = torch.where(rows >= self.K // 2, self.cfg.rarity, 1.0 - self.cfg.rarity)
+        return (token.double() / (self.K // 2)).prod(1)
 
     def make_held_out(self, generator: torch.Generator) -> Tensor:
         """The structured test set (module docstring); `self.cells` says each row's cell."""

@@ -8,21 +8,22 @@ Appendix B (Fig. 11, 14); the dual-frequency version is in `dual_frequency.py`.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from pydantic import Field
 from torch import Tensor
 
 from perencode.kinds import TaskKind, register_task
 from perencode.metrics import row_scores, summarise
-from perencode.tasks.base import Batch, HeldOutConfig, SyntheticTask, redraw_duplicates
+from perencode.tasks.base import Batch, HeldOutConfig, SyntheticTask, all_rows, redraw_duplicates
 
 
 class ReverseTask(SyntheticTask):
     def draw(self, n: int, generator: torch.Generator) -> Tensor:
         return torch.randint(0, self.K, (n, self.L), generator=generator,
                              device=generator.device)  # [n, L]
+
+    def every_row(self) -> Tensor:
+        return all_rows(self.K, self.L)  # [K^L, L]
 
     def transform(self, rows: Tensor) -> Tensor:
         """What the model must emit during the command steps: the input reversed."""
@@ -65,11 +66,15 @@ class VariableLengthReverseTask(ReverseTask):
         """K^l rows of each length l."""
         return sum(self.K ** length for length in range(self.cfg.min_length, self.L + 1))
 
-    @functools.cached_property
-    def held_out_share(self) -> float:
-        """A length uniform in min_length..L, then `held_out` of its K^l rows held out."""
-        lengths = range(self.cfg.min_length, self.L + 1)
-        return sum(self.cfg.held_out / self.K ** length for length in lengths) / len(lengths)
+    def every_row(self) -> Tensor:
+        return torch.cat([torch.nn.functional.pad(all_rows(self.K, length),
+                                                  (0, self.L - length), value=-1)
+                          for length in range(self.cfg.min_length, self.L + 1)])  # [space, L]
+
+    def chance(self, rows: Tensor) -> Tensor:
+        """A length l uniform in min_length..L, then one of its K^l rows."""
+        lengths = (rows >= 0).sum(1).double()  # [N]
+        return self.K ** -lengths / (self.L + 1 - self.cfg.min_length)
 
     def make_held_out(self, generator: torch.Generator) -> Tensor:
         """`held_out` distinct rows per length, ordered by length
