@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -55,6 +56,31 @@ def test_a_full_stderr_stops_the_messages_not_the_training(tmp_path, progress):
     # One note on the other stream, then silence.
     assert done.stdout == ("perencode: cannot write to stderr (No space left on device); its "
                            "output stops here, the command goes on\n")
+
+
+def test_a_log_on_a_full_4_kb_filesystem_loses_lines_not_iterations(tmp_path):
+    """`train ... 2>logfs/train.log` with logfs a 4 KB tmpfs (the issue's case)."""
+    logfs, out = tmp_path / "logfs", tmp_path / "run"
+    logfs.mkdir()
+    mount = shutil.which("mount")
+    if os.geteuid() != 0 or not mount or subprocess.run(
+            [mount, "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(logfs)],
+            capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root and mount)")
+    try:
+        with open(logfs / "train.log", "w") as log:
+            done = subprocess.run(_train(out, "train.log_every=1", iterations=300, progress=True),
+                                  stderr=log,
+                                  stdout=subprocess.PIPE, text=True, env=subprocess_env(),
+                                  timeout=120)
+        kept = (logfs / "train.log").read_text()
+    finally:
+        subprocess.run(["umount", str(logfs)], capture_output=True)
+    assert done.returncode == 0, done.stdout
+    assert "No space left on device" in done.stdout
+    assert kept.startswith("[train] 1/300 ") and "[train] 300/300" not in kept
+    assert runs.Run(out).is_complete()
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 300
 
 
 def test_a_pipe_closed_after_two_lines_leaves_the_training_running(tmp_path):
