@@ -3,6 +3,7 @@ A grid's cost from these timings is `perencode.sweep.cost` (`sweep --estimate`).
 
 from __future__ import annotations
 
+import functools
 import resource
 import sys
 import time
@@ -16,7 +17,8 @@ from perencode.errors import UserError
 from perencode.experiment import build
 from perencode.models.rnn import CELLS
 from perencode.recipe import Recipe
-from perencode.tasks import shapes
+from perencode.tasks import make, shapes
+from perencode.tasks.base import HeldOutConfig
 from perencode.train import make_optimizer, train_step, training_generator
 
 
@@ -95,6 +97,41 @@ def bench(recipe: Recipe, device: torch.device, iterations: int = 20, warmup: in
         result["bare_seconds_per_iteration"] = bare / iterations
         result["ratio_to_bare"] = ours / bare
     return result
+
+
+# `bench --sampling` builds held-out sets of up to this many sequences (all but a batch).
+SAMPLING_SPACE = 1 << 20
+
+
+def sampling(recipe: Recipe, device: torch.device, iterations: int = 20,
+             warmup: int = 3) -> list[dict]:
+    """Seconds to draw one training batch of the recipe's task (held-out rows excluded)
+    with held-out sets of growing density: one sequence (about 0), half, 99% and all but a
+    batch of the task's distinct sequences; `ratio` is each to the first's, timed in turn
+    on the same device."""
+    cfg, B = recipe.task, recipe.train.batch_size
+    if not isinstance(cfg, HeldOutConfig):
+        raise UserError(f"--sampling: task.name = '{cfg.name}' has no task.held_out to vary")
+    space = cfg.distinct_sequences()
+    if space > SAMPLING_SPACE:
+        raise UserError(f"--sampling: the task has {space} distinct sequences, more than "
+                        f"the {SAMPLING_SPACE} a held-out set may hold here; set a smaller "
+                        "task.vocab_size or task.length (e.g. --set task.vocab_size=2 --set "
+                        "task.length=10)")
+    cases = [("none", 1), ("50%", space // 2), ("99%", int(0.99 * space)),
+             ("all but one batch", space - B)]
+    rows: list[dict] = []
+    for label, held_out in cases:
+        if not 1 <= held_out < space or any(r["held_out"] == held_out for r in rows):
+            continue
+        task = make(type(cfg).model_validate(cfg.model_dump() | {"held_out": held_out}),
+                    recipe.train.seed, device)
+        seconds = _time(functools.partial(task.sample, B, training_generator(recipe, device)),
+                        iterations, warmup, device)
+        rows.append({"density": label, "held_out": held_out, "share": task.held_out_share,
+                     "seconds_per_batch": seconds,
+                     "ratio": seconds / rows[0]["seconds_per_batch"] if rows else 1.0})
+    return rows
 
 
 def bare_loop(recipe: Recipe, device: torch.device):

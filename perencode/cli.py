@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from perencode import __version__
-from perencode.console import console
+from perencode.console import console, guard_output
 from perencode.errors import UserError, refused_write
 
 
@@ -173,6 +173,7 @@ def train(
     from perencode.train import Diverged, Interrupted
     from perencode.train import train as run_training
 
+    guard_output()
     r = load_recipe(recipe, overrides)
     run_dir = renamed(run_dir, old_out, "--run-dir", "--out")
     run_dir = run_dir if run_dir is not None else runs.default_run_dir(recipe, r.train.seed)
@@ -230,20 +231,34 @@ def bench(
     device: str = typer.Option("auto", help=DEVICE_HELP),
     baseline: bool = typer.Option(False, help="Also time a bare PyTorch loop of the same "
                                   "shapes (GRU/LSTM) and report the ratio."),
+    sampling: bool = typer.Option(False, "--sampling", help="Also time drawing one batch "
+                                  "alone with held-out sets of about 0, 50%, 99% and all "
+                                  "but a batch of the task's sequences (a small task.length "
+                                  "and vocab_size), each as a ratio to the first."),
 ) -> None:
     """Time the real training step; prints a table and a final JSON line."""
     from perencode.bench import bench as run_bench
+    from perencode.bench import sampling as run_sampling
     from perencode.device import resolve_device
     from perencode.recipe import load_recipe
 
     r = load_recipe(recipe, overrides)
-    result = run_bench(r, resolve_device(device), iterations, warmup, baseline)
+    result: dict = run_bench(r, resolve_device(device), iterations, warmup, baseline)
     table = Table(title=f"bench {recipe}")
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in result.items():
         table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
     console.print(table)
+    if sampling:
+        result["sampling"] = run_sampling(r, resolve_device(device), iterations, warmup)
+        table = Table(title="drawing one batch, by held-out density")
+        for column in ("held out", "rows", "share of draws", "seconds", "ratio"):
+            table.add_column(column, justify="left" if column == "held out" else "right")
+        for row in result["sampling"]:
+            table.add_row(row["density"], str(row["held_out"]), f"{row['share']:.4f}",
+                          f"{row['seconds_per_batch']:.3g}", f"{row['ratio']:.2f}")
+        console.print(table)
     print(json.dumps(result), flush=True)
 
 
@@ -457,6 +472,7 @@ def sweep(
     from perencode.grid import slurm_overrides
     from perencode.sweep import run_sweep
 
+    guard_output()
     slurm = {k: v for k, v in (("partition", partition), ("time_min", time_min),
                                ("gpus_per_job", gpus_per_job),
                                ("cpus_per_job", cpus_per_job)) if v is not None}

@@ -2,9 +2,72 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from typing import Any, TextIO
+
 from rich.console import Console
 
 console = Console(stderr=True, soft_wrap=True)
+
+
+class GuardedStream:
+    """A standard stream whose failed write ends its output, not the process.
+
+    A long command's output is for people, and its terminal may go away while it works: a
+    full disk or quota behind `2>log` (ENOSPC), a pipe closed early (`| head`: EPIPE), a
+    dropped SSH session (EIO). The first failed write or flush makes one attempt at a note
+    on the other standard stream, then points the stream's descriptor at /dev/null, so
+    nothing written later (rich, print, a library's C code, the flush at exit) fails again.
+    """
+
+    def __init__(self, stream: TextIO, name: str):
+        self._stream, self.name = stream, name
+        self.failed: OSError | None = None
+
+    def write(self, text: str) -> int:
+        if self.failed is None:
+            try:
+                return self._stream.write(text)
+            except OSError as exc:
+                self._fail(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.failed is None:
+            try:
+                self._stream.flush()
+            except OSError as exc:
+                self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self.failed = exc
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._stream.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):  # no descriptor of its own (a test's)
+            pass
+        other = sys.stdout if self.name == "stderr" else sys.stderr
+        try:
+            other.write(f"perencode: cannot write to {self.name} ({exc.strerror or exc}); "
+                        "its output stops here, the command goes on\n")
+            other.flush()
+        except OSError:  # the other stream is not guarded: the note was the one attempt
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard_output() -> None:
+    """For the rest of this process, a failed write to stdout or stderr silences that
+    stream instead of raising (GuardedStream): a command whose work matters more than its
+    messages (train, sweep) ends with the status of its work."""
+    if not isinstance(sys.stdout, GuardedStream):
+        sys.stdout = GuardedStream(sys.stdout, "stdout")
+    if not isinstance(sys.stderr, GuardedStream):
+        sys.stderr = GuardedStream(sys.stderr, "stderr")
 
 
 def fit_name(name: str, width: int) -> str:

@@ -365,6 +365,20 @@ def _driver() -> str:
     return out.strip().splitlines()[0] if out.strip() else "unknown"
 
 
+def omp_threads_check(value: str | None) -> list[Check]:
+    """OMP_NUM_THREADS as OpenMP reads it: a positive count, or a comma-separated list of
+    them (one per nesting level). Anything else is ignored by the runtime, which then
+    starts a thread per core: on a shared login node, the limit the user meant is lost."""
+    if value is None:
+        return []
+    levels = value.strip().split(",")
+    if all(level.strip().isdigit() and int(level) > 0 for level in levels):
+        return [Check("OMP_NUM_THREADS", value, "a positive integer", PASS)]
+    return [Check("OMP_NUM_THREADS", repr(value), "a positive integer (OpenMP ignores this "
+                  f"value and uses all {os.cpu_count()} cores): export OMP_NUM_THREADS=N "
+                  "or unset it", FAIL)]
+
+
 def stack_checks(device: torch.device, skipped: str = NO_DEVICE) -> list[Check]:
     cudnn = torch.backends.cudnn
     version = torch.__version__.split("+")[0]
@@ -376,7 +390,7 @@ def stack_checks(device: torch.device, skipped: str = NO_DEVICE) -> list[Check]:
         threads = torch.get_num_threads()
         rows.append(Check("threads", f"{threads} torch thread{'s' * (threads != 1)} on the "
                           "CPU", "-", INFO))
-        return rows
+        return rows + omp_threads_check(os.environ.get("OMP_NUM_THREADS"))
     props = torch.cuda.get_device_properties(device)
     major, minor = torch.cuda.get_device_capability(device)
     tf32 = (f"cuDNN {'on' if cudnn.allow_tf32 else 'off'}, matmul "
@@ -395,7 +409,7 @@ def stack_checks(device: torch.device, skipped: str = NO_DEVICE) -> list[Check]:
               f"{'on' if cudnn.benchmark else 'off'}", PAPER_CUDNN,
               INFO if cudnn.enabled else FAIL),
     ]
-    return rows
+    return rows + omp_threads_check(os.environ.get("OMP_NUM_THREADS"))
 
 
 def equivalence_checks(device: torch.device, reference: torch.device,

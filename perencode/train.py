@@ -26,7 +26,7 @@ from perencode.lock import PARENT_ENV, hold
 from perencode.models import SequenceModel
 from perencode.progress import Reporter
 from perencode.recipe import OptimConfig, Recipe
-from perencode.tasks import Batch
+from perencode.tasks import Batch, held_out_warning
 from perencode.tracking import TensorBoardLog
 
 
@@ -121,8 +121,10 @@ def training_generator(recipe: Recipe, device: torch.device) -> torch.Generator:
 
 
 # SIGUSR2 is SLURM's warning before a time limit (submitit's `--signal=USR2@...`): it
-# reaches every process of the job, and by default it would kill training unsaved.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+# reaches every process of the job, and by default it would kill training unsaved. SIGHUP
+# is a dropped SSH session or a closed terminal: stopped with a checkpoint as on SIGTERM,
+# unless the process was started ignoring it (`nohup`), which keeps it running.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2, signal.SIGHUP)
 
 
 def _forget_parent_death_signal() -> None:
@@ -134,8 +136,8 @@ def _forget_parent_death_signal() -> None:
 
 
 class _Stop:
-    """SIGINT/SIGTERM/SIGUSR2, or the death of the sweep that started this process, ask the
-    loop to checkpoint and exit after the current iteration."""
+    """SIGINT/SIGTERM/SIGUSR2/SIGHUP, or the death of the sweep that started this process,
+    ask the loop to checkpoint and exit after the current iteration."""
 
     def __init__(self):
         self.signum: int | None = None
@@ -152,6 +154,8 @@ class _Stop:
 
     def __enter__(self):
         for s in STOP_SIGNALS:
+            if s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN:
+                continue  # `nohup perencode train ...`: asked to outlive the terminal
             try:
                 self._old[s] = signal.signal(s, self._handle)
             except ValueError:  # not the main thread: no handler, a kill loses < 1 interval
@@ -262,6 +266,9 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
                                    status.get("reason", "not finite"),
                                    run.dir / kept if kept else None)
                 built = build(recipe, device)
+                note = held_out_warning(built[0], recipe.train.batch_size)
+                if note:
+                    console.print(f"[yellow]warning:[/] {note}", highlight=False)
                 run.claim(recipe)
                 claimed = True
                 for folder in (run.dir, run.checkpoint_dir):

@@ -101,7 +101,11 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
         run.proc, run.log = launch(command, run.dir, thread_env(threads, run.gpu, handed))
         run.state, run.message = RunState.RUNNING, ""
 
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    # SIGTERM and SIGHUP (a dropped SSH session) stop the sweep as Ctrl-C does; under
+    # `nohup` SIGHUP stays ignored, and so it does in the workers, which inherit that.
+    stops = [signal.SIGTERM] + ([signal.SIGHUP] if signal.getsignal(signal.SIGHUP)
+                                != signal.SIG_IGN else [])
+    previous = {s: signal.signal(s, raise_interrupt) for s in stops}
     try:
         while queue or active:
             for run in list(active):
@@ -126,8 +130,8 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
                     run.state = RunState.DIVERGED
                     run.message = f"a loss or weight was not finite (log: " \
                                   f"{run.dir / 'train.log'})"
-                elif code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-                    # Stopped from outside with a checkpoint (train's exit on SIGINT/SIGTERM).
+                elif code in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP):
+                    # Stopped from outside with a checkpoint (train's exit on a stop signal).
                     run.state = RunState.INTERRUPTED
                     run.message = f"stopped by a signal; rerun the sweep to resume (log: " \
                                   f"{run.dir / 'train.log'})"
@@ -156,5 +160,6 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
         board.update()
         return False
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     return True

@@ -15,7 +15,8 @@ from perencode.recipe import TaskConfig
 from perencode.tasks import dual_frequency, lm, predecessor, reverse, reverse_add, sort
 from perencode.tasks.base import Batch, Shapes, SyntheticTask
 
-__all__ = ["MODULES", "TASKS", "Batch", "Shapes", "SyntheticTask", "make", "shapes"]
+__all__ = ["MODULES", "TASKS", "Batch", "Shapes", "SyntheticTask", "held_out_warning", "make",
+           "shapes"]
 
 # Imported for their registrations; TASKS is the registry they fill.
 MODULES = (reverse, sort, reverse_add, predecessor, dual_frequency, lm)
@@ -25,6 +26,12 @@ TASKS = kinds.TASKS
 def make(task_cfg: TaskConfig, seed: int, device: torch.device | str = "cpu"):
     """Build the task of a recipe's `[task]` section; held-out set fixed by `seed`."""
     return kinds.get("task", task_cfg.name).make(task_cfg, seed, device)
+
+
+def held_out_warning(task, batch_size: int) -> str | None:
+    """One line where the task's held-out set leaves little to train on (a synthetic
+    task's `held_out_warning`), else None."""
+    return task.held_out_warning(batch_size) if isinstance(task, SyntheticTask) else None
 
 
 _MEASURED: dict[str, Shapes] = {}

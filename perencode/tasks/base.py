@@ -22,6 +22,12 @@ from perencode.shapes import Shapes
 
 # Odd 64-bit multiplier of the polynomial hash (wrapping int64 arithmetic).
 _HASH_BASE = 0x100000001B3
+# Above this chance that a random row is held out, a training batch is drawn from the list
+# of the rows left (SyntheticTask.sample), and training is warned that it sees a small part
+# of the task.
+DENSE_SHARE = 0.25
+# A task of more rows than this is never listed (its held-out set would hold millions).
+LISTED_ROWS = 1 << 22
 
 
 class HeldOutConfig(TaskConfig):
@@ -103,8 +109,8 @@ class Exclusion:
     """Membership test of rows in a fixed set: hash lookup, then an exact check on hits."""
 
     def __init__(self, keys: Tensor):
-        self.keys = keys  # [N, M]
-        self.sorted_hashes = torch.sort(sequence_hash(keys)).values  # [N]
+        self.sorted_hashes, order = torch.sort(sequence_hash(keys))  # [N]
+        self.keys = keys[order]  # [N, M], in the order of their hashes
 
     def members(self, keys: Tensor) -> Tensor:
         """keys [B, M] -> the indices [n] of the rows that are in the set.
@@ -118,11 +124,15 @@ class Exclusion:
         rows = (self.sorted_hashes[idx] == h).nonzero().squeeze(1)
         if len(rows) == 0:
             return rows
-        # Exact check of the (rare) hash hits against the whole set, a chunk at a time.
-        found = torch.zeros(len(rows), dtype=torch.bool, device=keys.device)
-        for start in range(0, self.keys.shape[0], 4096):
+        # Exact check of a hash hit against the set's row of that hash: one comparison a
+        # row, whatever share of the draws the set holds.
+        found = (keys[rows] == self.keys[idx[rows]]).all(1)
+        unsure = (~found).nonzero().squeeze(1)
+        # A hit on another row of the same hash (a collision, 2^-64 a pair) is checked
+        # against the whole set, a chunk at a time.
+        for start in range(0, self.keys.shape[0] if len(unsure) else 0, 4096):
             chunk = self.keys[start:start + 4096]
-            found |= (keys[rows][:, None, :] == chunk[None]).all(-1).any(-1)
+            found[unsure] |= (keys[rows[unsure]][:, None, :] == chunk[None]).all(-1).any(-1)
         return rows[found]
 
     def contains(self, keys: Tensor) -> Tensor:
@@ -130,6 +140,12 @@ class Exclusion:
         out = torch.zeros(keys.shape[0], dtype=torch.bool, device=keys.device)
         out[self.members(keys)] = True
         return out
+
+
+def all_rows(K: int, width: int) -> Tensor:
+    """Every row of `width` tokens in [0, K) [K^width, width], in counting order."""
+    place = K ** torch.arange(width - 1, -1, -1)  # [width]
+    return torch.arange(K ** width)[:, None] // place % K
 
 
 def duplicated(rows: Tensor) -> Tensor:
@@ -204,8 +220,71 @@ class SyntheticTask:
         rows = self.draw(self.cfg.held_out, generator)
         return redraw_duplicates(rows, lambda idx: self.draw(len(idx), generator))
 
+    def space(self) -> int | None:
+        """How many distinct rows `draw` can return (each with a chance above zero); None
+        where the task's config does not count them."""
+        return self.cfg.distinct_sequences() if isinstance(self.cfg, HeldOutConfig) else None
+
+    def every_row(self) -> Tensor | None:
+        """Every row `draw` can return [space, W] on the CPU, in any fixed order; None where
+        the task cannot list them (then a dense held-out set is redrawn row by row)."""
+        return None
+
+    def chance(self, rows: Tensor) -> Tensor:
+        """float64 [N]: the chance that one `draw` returns each row (uniform by default)."""
+        space = self.space()
+        return torch.full((len(rows),), 1.0 / space if space else 0.0, dtype=torch.float64)
+
+    @functools.cached_property
+    def held_out_share(self) -> float:
+        """The chance that a row `draw` returns is a held-out row (0 where not counted)."""
+        return float(self.chance(self.held_out.cpu()).sum())
+
+    def held_out_warning(self, batch_size: int) -> str | None:
+        """One line for a held-out set that leaves little to train on, else None."""
+        space = self.space()
+        if space is None:
+            return None
+        left = space - len(self.held_out)
+        if left < batch_size:
+            return (f"only {left} distinct sequence{'s' * (left != 1)} of the task's {space} "
+                    f"{'are' if left != 1 else 'is'} not held out, fewer than a batch "
+                    f"({batch_size}): every batch repeats them")
+        if self.held_out_share > DENSE_SHARE:
+            return (f"{self.held_out_share:.0%} of random sequences are held out "
+                    f"({len(self.held_out)} of {space}): training sees the other {left}, "
+                    "drawn from their list (not as a sparse held-out set draws them)")
+        return None
+
+    @functools.cached_property
+    def _rows_left(self) -> tuple[Tensor, Tensor] | None:
+        """(the rows that are not held out [n, W], their cumulative chances [n]) where
+        most random rows are held out (held_out_share > DENSE_SHARE, a rule of the recipe,
+        so a resumed run draws as the uninterrupted one) and the task lists its rows."""
+        space = self.space()
+        if self.held_out_share <= DENSE_SHARE or space is None or space > LISTED_ROWS:
+            return None
+        rows = self.every_row()
+        if rows is None:
+            return None
+        rows = rows.to(self.device)
+        left = rows[~self._exclusion.contains(self.key(rows))]  # [n, W]
+        return left, torch.cumsum(self.chance(left.cpu()), 0).to(self.device)  # [n]
+
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
-        """A training batch on the generator's device; held-out rows are redrawn."""
+        """A training batch on the generator's device; held-out rows are redrawn.
+
+        Where most random rows are held out, redrawing them would take thousands of
+        rounds a batch: the batch is drawn from the list of the rows left instead, each
+        with its chance under `draw` (the same distribution, other random numbers), at
+        the cost of one uniform number a row whatever the held-out share.
+        """
+        if self._rows_left is not None:
+            left, cumulative = (t.to(generator.device) for t in self._rows_left)
+            u = torch.rand(batch_size, generator=generator, device=generator.device,
+                           dtype=torch.float64) * cumulative[-1]  # [B]
+            pick = torch.searchsorted(cumulative, u, right=True).clamp_max(len(left) - 1)
+            return self.build(left[pick])
         rows = self.draw(batch_size, generator)
         idx = self._exclusion.members(self.key(rows))
         while len(idx):

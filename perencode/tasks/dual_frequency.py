@@ -63,6 +63,14 @@ class DualFrequencyTask(ReverseTask):
                           device=generator.device) < self.cfg.rarity  # [n, L]
         return half_tokens(rare, self.K, generator)
 
+    def space(self) -> int:
+        return self.K ** self.L
+
+    def chance(self, rows: Tensor) -> Tensor:
+        """Each token rarity/(K/2) if RARE, (1 - rarity)/(K/2) if FREQUENT."""
+        token = torch.where(rows >= self.K // 2, self.cfg.rarity, 1.0 - self.cfg.rarity)
+        return (token.double() / (self.K // 2)).prod(1)
+
     def make_held_out(self, generator: torch.Generator) -> Tensor:
         """The structured test set (module docstring); `self.cells` says each row's cell."""
         self.cells = structured_cells(self.L, self.cfg.held_out_per_cell)  # [N, 3]
@@ -137,6 +145,13 @@ class DualFrequencyConfig(TaskConfig):
                 f"field 'held_out_per_cell': {self.held_out_per_cell} per cell needs "
                 f"{self.held_out_per_cell * self.length} distinct sequences of one half of "
                 f"the vocabulary, but only (K/2)^L = {per_half} exist")
+        held_out, distinct = 4 * self.length * self.held_out_per_cell, \
+            self.vocab_size ** self.length
+        if held_out >= distinct:
+            raise ValueError(
+                f"field 'held_out_per_cell': {self.held_out_per_cell} per cell holds out "
+                f"{held_out} sequences, all of the K^L = {distinct} there are: nothing is "
+                f"left to train on (at most {(distinct - 1) // (4 * self.length)} per cell)")
         return self
 
 

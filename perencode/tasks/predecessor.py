@@ -12,6 +12,7 @@ training is of (x, query) pairs.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -42,6 +43,12 @@ class PredecessorTask(SyntheticTask):
         query = torch.randint(1, self.L, (n, 1), generator=generator,
                               device=generator.device)  # [n, 1], 0-based index
         return torch.cat([x, query], dim=1)  # [n, L + 1]
+
+    def every_row(self) -> Tensor:
+        """Every L-permutation of [0, K) with every query 1..L-1 [K!/(K-L)! (L-1), L + 1]."""
+        x = torch.tensor(list(itertools.permutations(range(self.K), self.L)))  # [P, L]
+        query = torch.arange(1, self.L).repeat(len(x))[:, None]  # [P (L-1), 1]
+        return torch.cat([x.repeat_interleave(self.L - 1, 0), query], 1)
 
     def build(self, rows: Tensor) -> Batch:
         x, query = rows[:, :self.L], rows[:, self.L]  # [B, L], [B]

@@ -14,13 +14,16 @@ from torch import Tensor
 
 from perencode.kinds import TaskKind, register_task
 from perencode.metrics import row_scores, summarise
-from perencode.tasks.base import Batch, HeldOutConfig, SyntheticTask, redraw_duplicates
+from perencode.tasks.base import Batch, HeldOutConfig, SyntheticTask, all_rows, redraw_duplicates
 
 
 class ReverseTask(SyntheticTask):
     def draw(self, n: int, generator: torch.Generator) -> Tensor:
         return torch.randint(0, self.K, (n, self.L), generator=generator,
                              device=generator.device)  # [n, L]
+
+    def every_row(self) -> Tensor:
+        return all_rows(self.K, self.L)  # [K^L, L]
 
     def transform(self, rows: Tensor) -> Tensor:
         """What the model must emit during the command steps: the input reversed."""
@@ -58,6 +61,20 @@ class VariableLengthReverseTask(ReverseTask):
         lengths = torch.randint(self.cfg.min_length, self.L + 1, (n,), generator=generator,
                                 device=generator.device)
         return self._rows(lengths, generator)
+
+    def space(self) -> int:
+        """K^l rows of each length l."""
+        return sum(self.K ** length for length in range(self.cfg.min_length, self.L + 1))
+
+    def every_row(self) -> Tensor:
+        return torch.cat([torch.nn.functional.pad(all_rows(self.K, length),
+                                                  (0, self.L - length), value=-1)
+                          for length in range(self.cfg.min_length, self.L + 1)])  # [space, L]
+
+    def chance(self, rows: Tensor) -> Tensor:
+        """A length l uniform in min_length..L, then one of its K^l rows."""
+        lengths = (rows >= 0).sum(1).double()  # [N]
+        return self.K ** -lengths / (self.L + 1 - self.cfg.min_length)
 
     def make_held_out(self, generator: torch.Generator) -> Tensor:
         """`held_out` distinct rows per length, ordered by length

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from perencode.kinds import TaskKind, register_task
-from perencode.tasks.base import Batch, HeldOutConfig, SyntheticTask
+from perencode.tasks.base import Batch, HeldOutConfig, SyntheticTask, all_rows
 
 
 class ReverseAddTask(SyntheticTask):
@@ -21,6 +21,9 @@ class ReverseAddTask(SyntheticTask):
     def draw(self, n: int, generator: torch.Generator) -> Tensor:
         return torch.randint(0, self.K, (n, 2 * self.L), generator=generator,
                              device=generator.device)  # [n, 2L]
+
+    def every_row(self) -> Tensor:
+        return all_rows(self.K, 2 * self.L)  # [K^2L, 2L]
 
     def build(self, rows: Tensor) -> Batch:
         x, y = rows[:, :self.L], rows[:, self.L:]  # [B, L] each
