@@ -19,7 +19,7 @@ import torch
 
 from perencode import __version__
 from perencode.console import console
-from perencode.crosscheck import lm, models, schedule, stability, tasks, training
+from perencode.crosscheck import lm, loop, models, schedule, stability, tasks, training
 from perencode.crosscheck.authors import KNOWN_COMMIT, Authors, NotRun, authors_code, locate
 from perencode.crosscheck.report import DISAGREE, NOT_RUN, Check, table, write
 from perencode.device import resolve_device
@@ -34,6 +34,8 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Check]]], ...] = (
     ("forward", "forward logits", "model.rnn.RNN, model.ssm.SSM", models.check_forward),
     ("Adam trajectory", "parameters after Adam steps", "train_palindrome[_ssm].Learner",
      models.check_trajectory),
+    ("training loop", "lr, loss and parameters at every iteration of perencode's loop",
+     "utils.training_template.Learner.train", loop.check_loop),
     ("fixed-length tasks", "reverse, sort, reverse_add", "data.dataset, their tests",
      tasks.check_fixed_length),
     ("variable_length", "variable-length reverse", "data.dataset, their test",
