@@ -1,14 +1,18 @@
 """`perencode crosscheck`'s training loop, initialisation, recipe and seed checks against the
 authors' code, and faults planted on our side that each must turn to disagree."""
 
+import shutil
+
 import pytest
 import torch
+from conftest import ROOT
 from test_crosscheck import AUTHORS, needs_authors, needs_timm
 
 from perencode import train
 from perencode.crosscheck import authors as au
-from perencode.crosscheck import loop
+from perencode.crosscheck import loop, recipes
 from perencode.crosscheck.report import AGREE, DISAGREE
+from perencode.recipe import Recipe
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +91,62 @@ def test_planted_loop_fault_disagrees(authors, monkeypatch, fault):
     checks = loop.check_loop(authors)
     assert [c.verdict for c in checks] == [DISAGREE, DISAGREE], fault
     assert all(c.error["fp64"] > 1e-8 for c in checks)
+
+
+# -- defaults and recipes against replication.sh -------------------------------------------
+
+
+@needs_authors
+def test_replication_sh_is_read_as_argparse_would():
+    with au.authors_code(au.locate(AUTHORS)) as a:
+        runs = {r.script: r for r in recipes.replication(a)}
+    fig2 = runs["train_palindrome.py"]
+    assert fig2.args["learning_rate"] == 1e-3 and fig2.args["warmup_iters"] == 1000
+    assert fig2.args["num_iterations"] == 300_000 and fig2.args["num_held_out"] == 1024
+    assert fig2.args["seq_length"] == 64 and fig2.args["learnable_padding_token"] is True
+    assert fig2.args["vocab_size"] is None and "32-256 (GRU)" in fig2.blanks["vocab_size"]
+    assert '"concat"' in fig2.blanks["time_encoding"]
+    # The variables replication.sh reassigns on its way down are read in order.
+    assert runs["train_sort.py"].args["batch_size"] == 2  # its documented bug
+    assert runs["train_delayed-sum.py"].args["num_iterations"] == 600_000
+    assert runs["train_predecessor_query.py"].args["seq_length"] == 16
+    assert runs["train_predecessor_query.py"].blanks["--learnable_padding_token"] == \
+        recipes.UNKNOWN
+
+
+@needs_authors
+def test_defaults_and_paper_grids_agree_with_named_departures(authors):
+    checks = {c.name: c for c in recipes.check_recipes(authors)}
+    assert len(checks) == 1 + len(list((ROOT / "recipes" / "paper").glob("*.toml")))
+    assert all(c.verdict == AGREE for c in checks.values()), [
+        (c.name, c.reason) for c in checks.values() if c.verdict != AGREE]
+    assert "batch_size=2" in checks["recipes: fig08_gru_sort"].difference
+    assert "4 per cell" in checks["recipes: fig03_gru_dual_frequency"].difference
+    assert checks["recipes: fig02_gru_reverse"].difference == ""
+
+
+@needs_authors
+@pytest.mark.parametrize("field, value, shown", [
+    ("optim.clip_norm", 5.0, "optim.clip_norm: ours 5.0, theirs 1.0"),
+    ("optim.warmup", 2000, "optim.warmup: ours 2000, theirs 1000"),
+    ("optim.lr", 1e-4, "optim.lr: ours 0.0001, theirs 0.001"),
+    ("encoding.mode", "add", "encoding.mode: ours add, replication.sh allows"),
+])
+def test_a_changed_default_disagrees_naming_both_values(authors, monkeypatch, field, value,
+                                                        shown):
+    section, key = field.split(".")
+    changed = Recipe.model_validate({section: {key: value}})
+    monkeypatch.setattr(recipes, "Recipe", lambda: changed)
+    check = recipes.check_defaults(authors, recipes.replication(authors))
+    assert check.verdict == DISAGREE and shown in check.reason, check.reason
+
+
+@needs_authors
+def test_a_drifted_recipe_value_disagrees(authors, tmp_path):
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    base = tmp_path / "recipes" / "gru_vocab256.toml"
+    base.write_text(base.read_text().replace("eps = 1e-9", "eps = 1e-8"))
+    checks = {c.name: c for c in recipes.check_recipes(authors, tmp_path / "recipes" / "paper")}
+    assert checks["recipes: fig02_gru_reverse"].verdict == DISAGREE
+    assert "optim.eps: ours 1e-08, theirs 1e-09" in checks["recipes: fig02_gru_reverse"].reason
+    assert checks["recipes: fig02_lstm_reverse"].verdict == AGREE

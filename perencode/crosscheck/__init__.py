@@ -19,7 +19,7 @@ import torch
 
 from perencode import __version__
 from perencode.console import console
-from perencode.crosscheck import lm, loop, models, schedule, stability, tasks, training
+from perencode.crosscheck import lm, loop, models, recipes, schedule, stability, tasks, training
 from perencode.crosscheck.authors import KNOWN_COMMIT, Authors, NotRun, authors_code, locate
 from perencode.crosscheck.report import DISAGREE, NOT_RUN, Check, table, write
 from perencode.device import resolve_device
@@ -45,6 +45,8 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Check]]], ...] = (
      tasks.check_dual_frequency),
     ("stability", "gradient stability", "model.jacobian_analysis", stability.check_stability),
     ("language model", "vocabulary layout, batches, perplexity", "train_lm.py", lm.check_lm),
+    ("recipes", "defaults and paper grids against their command lines",
+     "replication.sh, their argparse defaults", recipes.check_recipes),
 )
 
 
