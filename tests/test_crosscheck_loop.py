@@ -1,17 +1,18 @@
 """`perencode crosscheck`'s training loop, initialisation, recipe and seed checks against the
 authors' code, and faults planted on our side that each must turn to disagree."""
 
+import json
 import shutil
 
 import pytest
 import torch
-from conftest import ROOT
-from test_crosscheck import AUTHORS, needs_authors, needs_timm
+from conftest import ROOT, run_cli
+from test_crosscheck import AUTHORS, fake_repository, needs_authors, needs_timm
 
-from perencode import train
+from perencode import crosscheck, train
 from perencode.crosscheck import authors as au
 from perencode.crosscheck import loop, recipes
-from perencode.crosscheck.report import AGREE, DISAGREE
+from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN
 from perencode.recipe import Recipe
 
 
@@ -150,3 +151,38 @@ def test_a_drifted_recipe_value_disagrees(authors, tmp_path):
     assert checks["recipes: fig02_gru_reverse"].verdict == DISAGREE
     assert "optim.eps: ours 1e-08, theirs 1e-09" in checks["recipes: fig02_gru_reverse"].reason
     assert checks["recipes: fig02_lstm_reverse"].verdict == AGREE
+
+
+# -- their code does not run; --out cannot be written --------------------------------------
+
+
+def test_their_syntax_error_is_not_run_and_nothing_compared_exits_2(tmp_path, monkeypatch):
+    root = fake_repository(tmp_path / "repo")
+    (root / "code" / "model" / "__init__.py").write_text("def broken(:\n")
+
+    def imports(authors):
+        authors.module("model")
+        return []
+
+    monkeypatch.setattr(crosscheck, "GROUPS", (("a", "x", "model", imports),
+                                               ("b", "y", "model", imports)))
+    code, out = run_cli("crosscheck", root, "--out", tmp_path / "out", "--no-progress")
+    assert code == 2, out
+    data = json.loads((tmp_path / "out" / "crosscheck.json").read_text())
+    where = f"{root / 'code' / 'model' / '__init__.py'}:1"
+    assert [c["verdict"] for c in data["checks"]] == [NOT_RUN, NOT_RUN]
+    assert all(c["reason"] == f"could not run the authors' code: SyntaxError at {where}"
+               for c in data["checks"])
+    assert "disagree" not in " ".join(c["reason"] for c in data["checks"])
+
+
+def test_unwritable_out_fails_before_any_work(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(crosscheck, "GROUPS", (("a", "x", "y", lambda a: ran.append(1) or []),))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out in (blocker, blocker / "sub"):
+        code, text = run_cli("crosscheck", fake_repository(tmp_path / "repo"), "--out", out)
+        assert code == 2 and len(text.strip().splitlines()) == 1, text
+        assert f"--out {out}: cannot write there" in text and ".tmp" not in text
+    assert ran == []

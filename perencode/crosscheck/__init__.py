@@ -4,13 +4,15 @@ weights (REPRODUCE.md, "Check the implementation against the authors' code").
 `run_crosscheck(repo, out)` imports the authors' modules from the user's clone
 (authors.py), runs every group of checks, prints one table and writes crosscheck.md and
 crosscheck.json. Exit codes: 0 every check agrees or could not run (with its reason), 1 a
-check disagrees; a folder that is not their repository is a UserError (exit 2).
+check disagrees, 2 nothing could be compared (their code does not run); a folder that is not
+their repository, or an --out that cannot be written, is a UserError (exit 2).
 """
 
 from __future__ import annotations
 
 import functools
 import platform
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +26,7 @@ from perencode.crosscheck.authors import KNOWN_COMMIT, Authors, NotRun, authors_
 from perencode.crosscheck.report import DISAGREE, NOT_RUN, Check, table, write
 from perencode.device import resolve_device
 from perencode.errors import UserError
+from perencode.io import WriteError
 
 __all__ = ["GROUPS", "KNOWN_COMMIT", "run_crosscheck"]
 
@@ -58,6 +61,10 @@ def _run(group: str, compared: str, theirs: str,
         return [Check(group, compared, theirs, verdict=NOT_RUN, reason=str(exc))]
     except UserError:
         raise
+    except SyntaxError as exc:  # their code does not even compile: nothing was compared
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else str(exc)
+        return [Check(group, compared, theirs, verdict=NOT_RUN,
+                      reason=f"could not run the authors' code: SyntaxError at {where}")]
     except Exception as exc:  # a crash on either side is a disagreement, never a pass
         return [Check(group, compared, theirs, verdict=DISAGREE,
                       reason=f"could not compare: {type(exc).__name__}: {exc}")]
@@ -71,6 +78,8 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
     if train_shape not in training.SHAPES:
         raise UserError(f"--train-shape {train_shape}: must be one of "
                         f"{', '.join(training.SHAPES)}")
+    out = Path(out)
+    _check_writable(out)
     if repo.note:
         console.print(repo.note, highlight=False)
     shape = training.SHAPES[train_shape]
@@ -100,14 +109,36 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
     if repo.note:
         header.append(f"- {repo.note}")
     console.print(table(checks, f"perencode crosscheck against {repo.root} ({wall:.0f} s)"))
-    out = Path(out)
-    write(out, checks, header, {"repository": str(repo.root), "commit": repo.commit,
-                                "written_against": KNOWN_COMMIT, "note": repo.note,
-                                "perencode": __version__, "torch": torch.__version__,
-                                "device": str(dev), "wall_seconds": round(wall, 2)})
+    try:
+        write(out, checks, header, {"repository": str(repo.root), "commit": repo.commit,
+                                    "written_against": KNOWN_COMMIT, "note": repo.note,
+                                    "perencode": __version__, "torch": torch.__version__,
+                                    "device": str(dev), "wall_seconds": round(wall, 2)})
+    except (OSError, WriteError) as exc:  # WriteError may name the temporary file
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc).split(": ")[-1]
+        raise UserError(f"--out {out}: cannot write crosscheck.md and crosscheck.json there "
+                        f"({reason or exc})") from None
     failed = sum(c.verdict == DISAGREE for c in checks)
     skipped = sum(c.verdict == NOT_RUN for c in checks)
     console.print(f"{len(checks) - failed - skipped} agree, {failed} disagree, {skipped} not "
                   f"run; wrote {out / 'crosscheck.md'} and {out / 'crosscheck.json'}",
                   highlight=False)
-    return 1 if failed else 0
+    if failed:
+        return 1
+    if skipped == len(checks):
+        console.print("crosscheck: nothing could be compared (every check: not run)",
+                      highlight=False)
+        return 2
+    return 0
+
+
+def _check_writable(out: Path) -> None:
+    """--out is checked before any work: a folder that cannot be written fails at once, in
+    one line naming it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write there ({exc.strerror or exc}); give a "
+                        "folder you can write") from None

@@ -400,7 +400,8 @@ def check_grid(authors: Authors, runs: list[Invocation], path: Path) -> Check:
         script = _script(cell.recipe)
         if script is None:
             return Check(f"recipes: {grid.name}", f"{len(grid.cells)} cells",
-                         "replication.sh", verdict=AGREE, difference=(
+                         "replication.sh", {"fp32": 0.0, "fp64": 0.0},
+                         {"fp32": 0.0, "fp64": 0.0}, "settings that differ", AGREE, difference=(
                              "language model training: replication.sh has no line for it; "
                              "the recipes follow the paper (§3.3), not train_lm.py's defaults"))
         inv = _invocation(runs, script)
