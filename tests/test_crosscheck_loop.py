@@ -11,7 +11,7 @@ from test_crosscheck import AUTHORS, fake_repository, needs_authors, needs_timm
 
 from perencode import crosscheck, train
 from perencode.crosscheck import authors as au
-from perencode.crosscheck import loop, recipes
+from perencode.crosscheck import init, loop, recipes
 from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN
 from perencode.recipe import Recipe
 
@@ -186,3 +186,76 @@ def test_unwritable_out_fails_before_any_work(tmp_path, monkeypatch):
         assert code == 2 and len(text.strip().splitlines()) == 1, text
         assert f"--out {out}: cannot write there" in text and ".tmp" not in text
     assert ran == []
+
+
+# -- initialisation ------------------------------------------------------------------------
+
+
+@needs_authors
+def test_initialisation_agrees_and_rnns_draw_identically(authors):
+    checks = {c.name: c for c in init.check_init(authors)}
+    assert all(c.verdict == AGREE for c in checks.values()), [
+        (c.name, c.reason) for c in checks.values() if c.verdict != AGREE]
+    assert "7 of 7 drawn identically" in checks["initialisation: lstm none"].compared
+
+
+def test_compare_tensor_known_answers():
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.rand(4000, generator=gen), torch.rand(4000, generator=gen)
+    assert init.compare_tensor(a, b) == []
+    assert init.compare_tensor(a, a.clone()) == []
+    wrong = init.compare_tensor(a, b * 2 - 1)  # U(0, 1) against U(-1, 1)
+    assert any(w.startswith("mean") for w in wrong) and any(w.startswith("KS") for w in wrong)
+    assert init.ks_statistic(torch.zeros(10), torch.ones(10)) == 1.0
+
+
+def _after_init(monkeypatch, cls, change):
+    original = cls.__init__
+
+    def patched(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        with torch.no_grad():
+            change(self)
+
+    monkeypatch.setattr(cls, "__init__", patched)
+
+
+def _forget_bias_one(model):
+    if model.arch == "lstm":
+        H = model.rnn.hidden_size
+        model.rnn.bias_ih_l0[H:2 * H] = 1.0
+
+
+def _zero_biases(model):
+    model.rnn.bias_ih_l0.zero_()
+    model.rnn.bias_hh_l0.zero_()
+
+
+@needs_authors
+@pytest.mark.parametrize("fault, change, arches", [
+    ("LSTM forget-gate bias 1", _forget_bias_one, ("lstm",)),
+    ("GRU/LSTM biases 0", _zero_biases, ("gru", "lstm")),
+])
+def test_planted_rnn_init_fault_disagrees(authors, monkeypatch, fault, change, arches):
+    from perencode.models.rnn import RecurrentModel
+    _after_init(monkeypatch, RecurrentModel, change)
+    checks = {c.name: c for c in init.check_init(authors)}
+    for arch in ("gru", "lstm"):
+        verdict = checks[f"initialisation: {arch} none"].verdict
+        assert verdict == (DISAGREE if arch in arches else AGREE), (fault, arch)
+    assert "rnn.bias_ih_l0" in checks[f"initialisation: {arches[0]} none"].reason
+    assert checks["initialisation: s4d none"].verdict == AGREE
+
+
+@needs_authors
+@pytest.mark.parametrize("fault", ["A real part -1", "dt range 1e-3..1e-2"])
+def test_planted_s4d_init_fault_disagrees(authors, monkeypatch, fault):
+    from perencode.models.s4d import S4D
+    if fault.startswith("A"):
+        _after_init(monkeypatch, S4D, lambda layer: layer.log_A_real.fill_(0.0))
+        shown = "log_A_real"
+    else:
+        monkeypatch.setattr(S4D.__init__, "__defaults__", (64, 1e-3, 1e-2))
+        shown = "log_dt"
+    check = init.check_case(authors, "s4d", "none")
+    assert check.verdict == DISAGREE and shown in check.reason, check.reason

@@ -21,7 +21,17 @@ import torch
 
 from perencode import __version__
 from perencode.console import console
-from perencode.crosscheck import lm, loop, models, recipes, schedule, stability, tasks, training
+from perencode.crosscheck import (
+    init,
+    lm,
+    loop,
+    models,
+    recipes,
+    schedule,
+    stability,
+    tasks,
+    training,
+)
 from perencode.crosscheck.authors import KNOWN_COMMIT, Authors, NotRun, authors_code, locate
 from perencode.crosscheck.report import DISAGREE, NOT_RUN, Check, table, write
 from perencode.device import resolve_device
@@ -35,6 +45,8 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Check]]], ...] = (
     ("encoding", "positional encodings", "model.time_encoding", models.check_encodings),
     ("schedule", "learning-rate schedule", "timm CosineLRScheduler", schedule.check_schedule),
     ("forward", "forward logits", "model.rnn.RNN, model.ssm.SSM", models.check_forward),
+    ("initialisation", "initial parameters of fresh models", "model.rnn.RNN, model.ssm.SSM",
+     init.check_init),
     ("Adam trajectory", "parameters after Adam steps", "train_palindrome[_ssm].Learner",
      models.check_trajectory),
     ("training loop", "lr, loss and parameters at every iteration of perencode's loop",
