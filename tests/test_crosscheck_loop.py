@@ -11,7 +11,7 @@ from test_crosscheck import AUTHORS, fake_repository, needs_authors, needs_timm
 
 from perencode import crosscheck, train
 from perencode.crosscheck import authors as au
-from perencode.crosscheck import init, loop, recipes
+from perencode.crosscheck import init, loop, recipes, seeds, tasks
 from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN
 from perencode.recipe import Recipe
 
@@ -259,3 +259,49 @@ def test_planted_s4d_init_fault_disagrees(authors, monkeypatch, fault):
         shown = "log_dt"
     check = init.check_case(authors, "s4d", "none")
     assert check.verdict == DISAGREE and shown in check.reason, check.reason
+
+
+# -- seeds and ragged scoring --------------------------------------------------------------
+
+
+@needs_authors
+def test_seeds_agree(authors):
+    (check,) = seeds.check_seeds(authors)
+    assert check.verdict == AGREE, check.reason
+
+
+@needs_authors
+def test_planted_seed_faults_disagree(authors, monkeypatch):
+    from perencode import experiment
+    from perencode.tasks import make
+    build = experiment.build
+    monkeypatch.setattr(experiment, "build", lambda recipe, device: (
+        make(recipe.task, 0, device), build(recipe, device)[1]))  # held-out from seed 0
+    (check,) = seeds.check_seeds(authors)
+    assert check.verdict == DISAGREE
+    assert "ours: seeds 111 and 222 give the same held-out set" in check.reason
+    assert "theirs" not in check.reason
+    monkeypatch.undo()
+    monkeypatch.setattr(train, "training_generator", lambda recipe, device:
+                        torch.Generator(device=device).manual_seed(1))  # the seed ignored
+    (check,) = seeds.check_seeds(authors)
+    assert check.reason == "ours: seeds 111 and 222 give a same training batch"
+
+
+@needs_authors
+def test_token_accuracy_averaged_per_sequence_is_seen(authors, monkeypatch):
+    from perencode import metrics
+    summarise = metrics.summarise
+
+    def per_sequence(rows, select=None):
+        out = summarise(rows, select)
+        part = {k: v[select] for k, v in rows.items()} if select is not None else rows
+        out["token_accuracy"] = float((part["correct"] / part["tokens"]).mean())
+        return out
+
+    monkeypatch.setattr(metrics, "summarise", per_sequence)
+    from perencode.tasks import reverse
+    monkeypatch.setattr(reverse, "summarise", per_sequence)
+    checks = {c.name: c for c in tasks.check_variable_length(authors)}
+    assert checks["variable_length: ragged scoring"].verdict == DISAGREE
+    assert checks["variable_length: scoring"].verdict == AGREE  # per length: all one length

@@ -34,6 +34,7 @@ from perencode.crosscheck import (
 )
 from perencode.crosscheck.authors import KNOWN_COMMIT, Authors, NotRun, authors_code, locate
 from perencode.crosscheck.report import DISAGREE, NOT_RUN, Check, table, write
+from perencode.crosscheck.seeds import check_seeds
 from perencode.device import resolve_device
 from perencode.errors import UserError
 from perencode.io import WriteError
@@ -55,6 +56,8 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Check]]], ...] = (
      tasks.check_fixed_length),
     ("variable_length", "variable-length reverse", "data.dataset, their test",
      tasks.check_variable_length),
+    ("seeds", "held-out sets and training streams per seed", "data.dataset, data.dataloader",
+     check_seeds),
     ("predecessor", "predecessor query", "data.dataset, their test", tasks.check_predecessor),
     ("dual_frequency", "dual-frequency reverse", "data.dataset, their test",
      tasks.check_dual_frequency),
