@@ -11,7 +11,7 @@ from test_crosscheck import AUTHORS, fake_repository, needs_authors, needs_timm
 
 from perencode import crosscheck, train
 from perencode.crosscheck import authors as au
-from perencode.crosscheck import init, loop, recipes, seeds, tasks
+from perencode.crosscheck import init, loop, recipes, seeds, tasks, training
 from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN
 from perencode.recipe import Recipe
 
@@ -305,3 +305,28 @@ def test_token_accuracy_averaged_per_sequence_is_seen(authors, monkeypatch):
     checks = {c.name: c for c in tasks.check_variable_length(authors)}
     assert checks["variable_length: ragged scoring"].verdict == DISAGREE
     assert checks["variable_length: scoring"].verdict == AGREE  # per length: all one length
+
+
+# -- --train: equivalence by TOST ----------------------------------------------------------
+
+
+def test_t_distribution_known_answers():
+    assert training.t_quantile(0.95, 4) == pytest.approx(2.131847, abs=1e-6)
+    assert training.t_quantile(0.975, 10) == pytest.approx(2.228139, abs=1e-6)
+    assert training.t_cdf(2.0, 5) == pytest.approx(0.949030, abs=1e-6)
+    assert training.t_cdf(-2.0, 5) == pytest.approx(1 - 0.949030, abs=1e-6)
+
+
+def test_tost_three_verdicts_and_seeds_needed():
+    ours, theirs = [0.4385, 0.4326, 0.4639], [0.4219, 0.4243, 0.4482]  # the runs
+    r = training.tost(ours, theirs, margin=0.05)
+    assert r.verdict == "equivalent" and r.p_tost == pytest.approx(0.02347, abs=1e-4)
+    assert (r.low, r.high) == pytest.approx((-0.013798, 0.040864), abs=1e-5)
+    assert r.p_welch == pytest.approx(0.3495, abs=1e-3)  # Welch alone: "no difference seen"
+    r = training.tost(ours, theirs, margin=0.02)
+    assert r.verdict == "undecided" and r.seeds_needed == 12
+    r = training.tost([0.5, 0.51, 0.49], [0.7, 0.71, 0.69], margin=0.05)
+    assert r.verdict == "different" and r.difference == pytest.approx(-0.2)
+    assert training.seeds_needed(0.015, 0.05) == 3
+    # Half the margin: about four times the seeds (fewer at small n, where t's tails shrink).
+    assert (training.seeds_needed(0.02, 0.02), training.seeds_needed(0.02, 0.04)) == (18, 6)

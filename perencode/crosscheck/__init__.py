@@ -33,7 +33,7 @@ from perencode.crosscheck import (
     training,
 )
 from perencode.crosscheck.authors import KNOWN_COMMIT, Authors, NotRun, authors_code, locate
-from perencode.crosscheck.report import DISAGREE, NOT_RUN, Check, table, write
+from perencode.crosscheck.report import DISAGREE, NOT_RUN, UNDECIDED, Check, table, write
 from perencode.crosscheck.seeds import check_seeds
 from perencode.device import resolve_device
 from perencode.errors import UserError
@@ -87,8 +87,10 @@ def _run(group: str, compared: str, theirs: str,
 
 def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
                    train_shape: str = "cpu", seeds: int = 3, iterations: int | None = None,
-                   device: str = "auto", progress: bool = True) -> int:
-    """Run every check (and the training comparison with `train`); returns the exit code."""
+                   device: str = "auto", progress: bool = True,
+                   margin: float | None = None) -> int:
+    """Run every check (and the training comparison with `train`, its equivalence margin
+    `margin`, None: the shape's); returns the exit code."""
     repo = locate(repo_path)
     if train_shape not in training.SHAPES:
         raise UserError(f"--train-shape {train_shape}: must be one of "
@@ -98,6 +100,8 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
     if repo.note:
         console.print(repo.note, highlight=False)
     shape = training.SHAPES[train_shape]
+    if margin is not None and not 0 < margin < 1:
+        raise UserError(f"--margin {margin}: must be between 0 and 1 (token accuracy)")
     if iterations is not None:
         shape = training.Shape(**{**shape.__dict__, "iterations": iterations,
                                   "warmup": min(shape.warmup, max(1, iterations // 10))})
@@ -112,7 +116,7 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
         if train:
             checks += _run("training", "held-out accuracy after training", "their Learner",
                            lambda: training.check_training(authors, shape, seeds, dev,
-                                                           progress))
+                                                           progress, margin))
     wall = time.perf_counter() - started
     commit = repo.commit or f"unknown (no .git; written against {KNOWN_COMMIT})"
     header = [f"- authors' repository: `{repo.root}`, commit {commit}",
@@ -120,7 +124,9 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
               f"{platform.python_version()}, device {dev}",
               f"- wall time {wall:.1f} s",
               "- verdicts: agree (within the tolerance, or the documented difference exactly), "
-              "disagree, not run (with the reason)"]
+              "disagree, not run (with the reason); --train: agree = equivalent by TOST "
+              "within the stated margin, disagree = different, undecided = more seeds "
+              "needed"]
     if repo.note:
         header.append(f"- {repo.note}")
     console.print(table(checks, f"perencode crosscheck against {repo.root} ({wall:.0f} s)"))
@@ -135,8 +141,11 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
                         f"({reason or exc})") from None
     failed = sum(c.verdict == DISAGREE for c in checks)
     skipped = sum(c.verdict == NOT_RUN for c in checks)
-    console.print(f"{len(checks) - failed - skipped} agree, {failed} disagree, {skipped} not "
-                  f"run; wrote {out / 'crosscheck.md'} and {out / 'crosscheck.json'}",
+    undecided = sum(c.verdict == UNDECIDED for c in checks)
+    console.print(f"{len(checks) - failed - skipped - undecided} agree, {failed} disagree, "
+                  f"{skipped} not run" + (f", {undecided} undecided (more seeds: see its row)"
+                                          if undecided else "")
+                  + f"; wrote {out / 'crosscheck.md'} and {out / 'crosscheck.json'}",
                   highlight=False)
     if failed:
         return 1
