@@ -29,7 +29,8 @@ def authors():
 @needs_timm
 def test_loop_agrees_and_clipping_fires(authors):
     checks = loop.check_loop(authors)
-    assert [c.name for c in checks] == ["training loop: gru", "training loop: lstm"]
+    assert [c.name for c in checks] == ["training loop: gru", "training loop: lstm",
+                                        "training loop: lstm variable_length"]
     for c in checks:
         assert c.verdict == AGREE, c.reason
         assert c.error["fp64"] < 1e-12 and c.error["fp32"] < 1e-5
@@ -90,8 +91,37 @@ def test_planted_loop_fault_disagrees(authors, monkeypatch, fault):
     name, replacement = PLANTED[fault]
     monkeypatch.setattr(train, name, replacement)
     checks = loop.check_loop(authors)
-    assert [c.verdict for c in checks] == [DISAGREE, DISAGREE], fault
+    assert [c.verdict for c in checks] == [DISAGREE] * 3, fault
     assert all(c.error["fp64"] > 1e-8 for c in checks)
+
+
+@needs_authors
+@needs_timm
+def test_padded_outputs_counted_as_class_0_disagree(authors, monkeypatch):
+    def loss_fn(model, batch, count_hits=False, chunk_logits=0):
+        logits = model.head(train.output_features(model, batch))  # [B, T_out, K]
+        target = batch.output_targets
+        if batch.output_mask is not None:
+            target = target.masked_fill(~batch.output_mask, 0)  # padding scored as class 0
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+        return loss, None
+
+    monkeypatch.setattr(train, "loss_fn", loss_fn)
+    checks = {c.name: c for c in loop.check_loop(authors)}
+    assert checks["training loop: lstm variable_length"].verdict == DISAGREE
+    assert checks["training loop: gru"].verdict == AGREE  # no padding: the same loss
+
+
+@needs_authors
+@needs_timm
+def test_a_frozen_command_token_disagrees(authors, monkeypatch):
+    from perencode.models.base import SequenceModel
+
+    def frozen(model):  # nn.Embedding's padding_idx: the command row gets no gradient
+        model.embedding.padding_idx = model.embedding.num_embeddings - 1
+
+    _after_init(monkeypatch, SequenceModel, frozen)
+    assert [c.verdict for c in loop.check_loop(authors)] == [DISAGREE] * 3
 
 
 # -- defaults and recipes against replication.sh -------------------------------------------
@@ -137,9 +167,28 @@ def test_a_changed_default_disagrees_naming_both_values(authors, monkeypatch, fi
                                                         shown):
     section, key = field.split(".")
     changed = Recipe.model_validate({section: {key: value}})
-    monkeypatch.setattr(recipes, "Recipe", lambda: changed)
+
+    def defaults():  # Recipe() with one default changed; other tasks' defaults as they are
+        return changed
+
+    defaults.model_validate = Recipe.model_validate  # type: ignore[attr-defined]
+    monkeypatch.setattr(recipes, "Recipe", defaults)
     check = recipes.check_defaults(authors, recipes.replication(authors))
     assert check.verdict == DISAGREE and shown in check.reason, check.reason
+
+
+@needs_authors
+def test_a_changed_task_default_disagrees(authors, monkeypatch):
+    from perencode.tasks.dual_frequency import DualFrequencyConfig
+    monkeypatch.setattr(DualFrequencyConfig.model_fields["rarity"], "default", 1 / 9)
+    DualFrequencyConfig.model_rebuild(force=True)
+    try:
+        check = recipes.check_defaults(authors, recipes.replication(authors))
+    finally:
+        monkeypatch.undo()
+        DualFrequencyConfig.model_rebuild(force=True)
+    assert check.verdict == DISAGREE
+    assert "task.rarity: ours 0.1111111111111111, theirs 0.125" in check.reason
 
 
 @needs_authors

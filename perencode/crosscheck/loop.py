@@ -16,6 +16,7 @@ import copy
 import tempfile
 
 import torch
+from torch import Tensor
 
 from perencode import train
 from perencode.crosscheck.authors import Authors
@@ -28,7 +29,12 @@ from perencode.models import SequenceModel
 from perencode.recipe import Recipe
 from perencode.train import loss_fn, make_optimizer, training_generator
 
-ARCHS = ("gru", "lstm")
+# (architecture, task): the variable-length reverse task has padded outputs the loss must
+# not count (their script sums the loss over the real outputs only).
+CASES = (("gru", "reverse"), ("lstm", "reverse"), ("lstm", "variable_length"))
+SCRIPTS = {"reverse": "train_palindrome.py",
+           "variable_length": "train_palindrome_variable-length.py"}
+MIN_LENGTH = 4
 # Long enough to cover the warm-up and twice as much past it; logging every LOG_EVERY
 # steps, so that a schedule set only on the logging steps is seen.
 ITERATIONS, WARMUP, LOG_EVERY = 30, 10, 7
@@ -40,10 +46,11 @@ SCALE = {"gru": 2.0, "lstm": 8.0}
 LR = 1e-2
 
 
-def recipe(arch: str) -> Recipe:
+def recipe(arch: str, task: str = "reverse") -> Recipe:
     """The run the loop check trains: the package's defaults at the check's small sizes."""
+    lengths = {"min_length": MIN_LENGTH} if task == "variable_length" else {}
     return Recipe.model_validate({
-        "task": {"name": "reverse", "vocab_size": K, "length": L, "held_out": 16},
+        "task": {"name": task, "vocab_size": K, "length": L, "held_out": 16, **lengths},
         "model": {"arch": arch, "hidden_size": H, "embed_size": E},
         # No encoding: the sinusoidal tables differ by fp32 rounding (the forward check's),
         # which would hide the loop's fp64 agreement.
@@ -67,10 +74,10 @@ def _grad_norm(model: SequenceModel, batch) -> float:
     return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
 
 
-def ours(arch: str, dtype: torch.dtype):
-    """Our run: (model, per-step trace [(lr, loss, gradient norm, rows)], the initial weights
-    under the authors' names)."""
-    rec = recipe(arch)
+def ours(arch: str, dtype: torch.dtype, task_name: str = "reverse"):
+    """Our run: (initial model, per-step trace [(lr, loss, gradient norm, rows)], parameters
+    after each step)."""
+    rec = recipe(arch, task_name)
     task, model = build(rec, torch.device("cpu"))
     model = model.to(dtype)
     _scaled(model, arch)
@@ -90,14 +97,15 @@ def ours(arch: str, dtype: torch.dtype):
     return initial, trace, states
 
 
-def theirs(authors: Authors, arch: str, dtype: torch.dtype, initial, rows: list):
+def theirs(authors: Authors, arch: str, dtype: torch.dtype, initial, rows: list,
+           task_name: str = "reverse"):
     """Their loop over the same batches from the same weights: per-step (lr, loss) and
     parameters under their names."""
-    rec = recipe(arch)
+    rec = recipe(arch, task_name)
     model = their_model(authors, arch, "none").to(dtype)
     model.load_state_dict(their_state_dict(initial, model), strict=True)
     learner, _, _ = their_learner(authors, arch, model, rec.train.iterations, rec.optim.warmup,
-                                  rec.optim.lr)
+                                  rec.optim.lr, SCRIPTS[task_name])
     learner.seed, learner.logger = rec.train.seed, Log()
     learner.checkpoint |= {"optimizer": {}, "scheduler": {}}
     trace, states = [], []
@@ -106,7 +114,8 @@ def theirs(authors: Authors, arch: str, dtype: torch.dtype, initial, rows: list)
     def recorded(batch, records, iteration):
         lr = learner.optimizer.param_groups[0]["lr"]
         out = step(batch, {}, iteration)
-        trace.append((lr, out["loss"]))
+        # Their variable-length step records the loss summed over the batch's tokens.
+        trace.append((lr, out["loss"] / out.get("total_tokens", 1)))
         states.append({n: v.detach().clone() for n, v in model.state_dict().items()})
         return records
 
@@ -117,15 +126,24 @@ def theirs(authors: Authors, arch: str, dtype: torch.dtype, initial, rows: list)
     return trace, states
 
 
-def compare(authors: Authors, arch: str) -> Check:
-    rec = recipe(arch)
+def _their_rows(rows: Tensor, task_name: str):
+    """Our batch's sequences as their loader gives them: variable-length rows as a list of
+    their tokens (ours are -1 beyond each length)."""
+    if task_name == "variable_length":
+        return [row[row >= 0] for row in rows]
+    return rows
+
+
+def compare(authors: Authors, arch: str, task_name: str = "reverse") -> Check:
+    rec = recipe(arch, task_name)
     errors: dict[str, float] = {}
     parts: dict[str, str] = {}
     fired: list[int] = []
     largest = 0.0
     for name, dtype in DTYPES.items():
-        initial, mine, my_states = ours(arch, dtype)
-        other, their_states = theirs(authors, arch, dtype, initial, [r[3] for r in mine])
+        initial, mine, my_states = ours(arch, dtype, task_name)
+        other, their_states = theirs(authors, arch, dtype, initial,
+                                     [_their_rows(r[3], task_name) for r in mine], task_name)
         target = their_model(authors, arch, "none")
         lr = max(abs(a[0] - b[0]) / rec.optim.lr for a, b in zip(mine, other))
         loss = max(abs(a[1] - b[1]) for a, b in zip(mine, other))
@@ -142,14 +160,15 @@ def compare(authors: Authors, arch: str) -> Check:
     clipping = (f"clipping fired on {len(fired)} of {rec.train.iterations} steps (gradient "
                 f"norm up to {largest:.2f} > clip {rec.optim.clip_norm})" if fired else
                 "clipping never fired: a clipping fault would not be seen")
+    label = arch if task_name == "reverse" else f"{arch} {task_name}"
     check = numeric(
-        f"training loop: {arch}",
+        f"training loop: {label}",
         f"lr, loss and parameters after each of {rec.train.iterations} iterations of "
         f"perencode.train.iteration (warm-up {rec.optim.warmup}, peak lr {rec.optim.lr}, "
-        f"batch {rec.train.batch_size}, reverse K={K} L={L}, weights x{SCALE[arch]:g}); "
+        f"batch {rec.train.batch_size}, {task_name} K={K} L={L}, weights x{SCALE[arch]:g}); "
         f"{clipping}",
-        f"{'train_palindrome_ssm' if arch == 's4d' else 'train_palindrome'}.Learner.train "
-        "(utils.training_template) over the same batches",
+        f"{SCRIPTS[task_name][:-3]}.Learner.train (utils.training_template) over the same "
+        "batches",
         # fp32: summation orders differ and 30 steps compound them; fp64 shows a
         # learning rate or a clip applied otherwise (they move parameters by > 1e-6).
         {"fp32": 1e-5, "fp64": 1e-12}, errors,
@@ -172,4 +191,4 @@ class _Holder(torch.nn.Module):
 
 
 def check_loop(authors: Authors) -> list[Check]:
-    return [compare(authors, arch) for arch in ARCHS]
+    return [compare(authors, arch, task) for arch, task in CASES]

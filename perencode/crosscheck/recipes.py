@@ -56,6 +56,10 @@ BROKEN = {("train_predecessor_query.py", "--learnable_padding_token"): "replicat
           "out (its line would fail argparse; REPRODUCE.md, bugs in replication.sh)"}
 
 
+# Task options whose defaults have a value in replication.sh, compared by check_defaults.
+TASK_DEFAULTS = {"dual_frequency": ("task.rarity", "task.held_out_per_cell")}
+
+
 @dataclass
 class Invocation:
     """One `python code/SCRIPT ...` line of replication.sh, expanded."""
@@ -284,7 +288,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def compare_recipe(recipe: Recipe, inv: Invocation, constants: dict[str, tuple[Any, Any]],
-                   axes: tuple[str, ...] = ()) -> tuple[list[str], list[str], int]:
+                   axes: tuple[str, ...] = (), only: tuple[str, ...] | None = None
+                   ) -> tuple[list[str], list[str], int]:
     """(disagreements, named differences, settings compared) of one recipe against one
     invocation, and the script's constants {our field: (ours, theirs)}. A grid axis (in
     `axes`) may take a value the option's argparse choices allow, named as a difference."""
@@ -295,7 +300,7 @@ def compare_recipe(recipe: Recipe, inv: Invocation, constants: dict[str, tuple[A
         else:
             wrong.append(f"replication.sh line {inv.line}: {inv.script} has no option {option}")
     for dest, (name, ours) in expected(recipe).items():
-        if dest not in inv.args:
+        if dest not in inv.args or (only is not None and name not in only):
             continue
         if dest in inv.blanks:
             compared += 1
@@ -373,8 +378,17 @@ def check_defaults(authors: Authors, runs: list[Invocation]) -> Check:
         return Check("recipes: defaults", "package defaults", "replication.sh",
                      verdict=DISAGREE, reason=f"replication.sh runs no {script}")
     wrong, named, n = compare_recipe(recipe, inv, script_constants(authors, script, recipe))
-    return _check("recipes: defaults", f"the package's defaults (Recipe()) against the {script}"
-                  f" line of replication.sh (line {inv.line}): {n} settings", inv, wrong, named)
+    # A task's own options: its defaults against the line that trains it.
+    for task, fields in TASK_DEFAULTS.items():
+        other = Recipe.model_validate({"task": {"name": task}})
+        line = _invocation(runs, _script(other) or "")
+        if line is not None:
+            w, d, m = compare_recipe(other, line, {}, only=fields)
+            wrong, named, n = wrong + w, named + d, n + m
+    return _check("recipes: defaults", f"the package's defaults (Recipe(), and the "
+                  f"{', '.join(TASK_DEFAULTS)} task's own) against the {script} line of "
+                  f"replication.sh (line {inv.line}) and its task's line: {n} settings", inv,
+                  wrong, named)
 
 
 def _check(name: str, compared: str, inv: Invocation, wrong: list[str], named: list[str]
