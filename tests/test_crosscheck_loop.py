@@ -379,3 +379,14 @@ def test_tost_three_verdicts_and_seeds_needed():
     assert training.seeds_needed(0.015, 0.05) == 3
     # Half the margin: about four times the seeds (fewer at small n, where t's tails shrink).
     assert (training.seeds_needed(0.02, 0.02), training.seeds_needed(0.02, 0.04)) == (18, 6)
+
+
+@needs_authors
+def test_restricted_damerau_levenshtein_is_seen(authors, monkeypatch):
+    from rapidfuzz.distance import OSA
+
+    from perencode import metrics
+    monkeypatch.setattr(metrics, "dl_distance", lambda p, t: OSA.distance(p, t))
+    checks = {c.name: c for c in tasks.check_fixed_length(authors)}
+    assert checks["reverse: Damerau-Levenshtein"].verdict == DISAGREE
+    assert checks["reverse: scoring"].verdict == AGREE

@@ -76,11 +76,16 @@ class Oracle:
 
 def corrupt(targets: Tensor, K: int, mask: Tensor | None = None) -> Tensor:
     """Our targets [N, T] with adjacent swaps and substitutions at fixed places (the swaps
-    tell Damerau-Levenshtein from plain Levenshtein)."""
+    tell Damerau-Levenshtein from plain Levenshtein), and in every fourth row the first four
+    tokens t0 t1 t2 t3 predicted as t1 t3 t0 t2 (distance 3 unrestricted, 4 for the
+    restricted "optimal string alignment" variant, when the four differ)."""
     pred = targets.clone()
     N, T = pred.shape
     for i in range(N):
         width = T if mask is None else int(mask[i].sum())
+        if i % 4 == 3 and width >= 4:
+            pred[i, :4] = targets[i, [1, 3, 0, 2]]
+            continue
         for j in range(width):
             if (i + j) % 5 == 0 and j + 1 < width:
                 pred[i, j], pred[i, j + 1] = targets[i, j + 1], targets[i, j]
