@@ -128,6 +128,7 @@ h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32
 .meta, .rule { color: #59636e; font-size: 13px; }
 .summary { font-size: 16px; margin: 12px 0; padding: 10px 14px; background: #f6f8fa;
            border: 1px solid #d0d7de; border-radius: 6px; }
+.demo { font-weight: bold; color: #9a6700; }
 .figure img { max-width: 100%; border: 1px solid #d0d7de; }
 .side h3 { font-size: 15px; margin: 12px 0 4px; }
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
@@ -260,6 +261,15 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     counts = " ".join(f"{_badge(v)} {sum(o.verdict == v for o in checked.outcomes)}"
                       for v in (PASS, FAIL, INCONCLUSIVE, NOT_RUN))
+    # Beside the badges, where a reader skimming sees it first: runs not at the paper's
+    # settings (a demo) show the effect's direction, not the paper's numbers.
+    nonpaper = [panel for panel in found if panel.differs]
+    if nonpaper:
+        counts += (f'<br><span class="demo">Demo settings: direction, not magnitude. The runs '
+                   f"of {len(nonpaper)} of {len(found)} figures are not at the paper's "
+                   "settings (each figure says how): a pass says the effect points the "
+                   "paper's way at these sizes, not that the paper's numbers are "
+                   "reproduced.</span>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<title>perencode report</title>"
             f"<style>{STYLE}</style></head><body>"
