@@ -121,3 +121,14 @@ def test_quickstart_writes_report_html_beside_verify_md(tmp_path, monkeypatch):
     summary = page.split('<div class="summary">', 1)[1].split("</div>", 1)[0]
     assert "Demo settings: direction, not magnitude" in summary
     assert "fig02_reverse_vocabulary__nonpaper" in page
+
+
+def test_a_report_on_demo_runs_with_the_paper_claims_names_the_claims_that_fit(tmp_path):
+    from perencode.report import make_report
+    runs = demo_runs("cpu", tmp_path / "runs")
+    page = make_report([runs], claims="paper", out=tmp_path / "figs").read_text()
+    summary = page.split('<div class="summary">', 1)[1].split("</div>", 1)[0]
+    assert "No claim of paper.toml concerns these runs; <b>--claims quick</b> decides 4" \
+        in summary
+    assert "--claims quick" not in make_report([runs], claims="quick",
+                                               out=tmp_path / "figs2").read_text()
