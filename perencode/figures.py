@@ -15,9 +15,9 @@ other_<task>_vocabulary. Error bars: 95% percentile-bootstrap CI of the mean ove
 What a figure shows is said on it: runs that are not cells of the paper's grids for the
 figure (recipes/paper/figNN_*.toml, seeds aside) give a file ending in `__nonpaper` with a
 subtitle naming each differing setting and the paper's value; accuracy axes span [0, 1]
-with chance (1/K) dotted (reverse ordering: 1/L dashed too, the last-token plateau); each panel states its seed count, and a point of one seed (no CI)
-is drawn open (a bar hatched); panels of one metric share their y scale; the one legend
-sits below the panels.
+with chance (1/K) dotted (reverse ordering: 1/L dashed too, the last-token plateau); each
+panel states its seed count, and a point of one seed (no CI) is drawn open (a bar
+hatched); panels of one metric share their y scale; the one legend sits below the panels.
 """
 
 from __future__ import annotations
