@@ -390,3 +390,31 @@ def test_restricted_damerau_levenshtein_is_seen(authors, monkeypatch):
     checks = {c.name: c for c in tasks.check_fixed_length(authors)}
     assert checks["reverse: Damerau-Levenshtein"].verdict == DISAGREE
     assert checks["reverse: scoring"].verdict == AGREE
+
+
+# -- the S4D's stability triplets ----------------------------------------------------------
+
+
+@needs_authors
+def test_s4d_triplets_agree_and_a_shared_prefix_or_a_full_output_is_seen(authors, monkeypatch):
+    from perencode import stability as our_stability
+    from perencode.crosscheck import stability
+    (check,) = stability.check_triplets(authors)
+    assert check.verdict == AGREE, check.reason
+    make = our_stability.make_triplets
+
+    def shared_prefix(*args, **kwargs):  # the prefix shared by all three members
+        triplets = make(*args, **kwargs)
+        triplets.tokens[:, 2, :triplets.prefix_length] = \
+            triplets.tokens[:, 0, :triplets.prefix_length]
+        return triplets
+
+    monkeypatch.setattr(stability, "make_triplets", shared_prefix)
+    (check,) = stability.check_triplets(authors)
+    assert check.verdict == DISAGREE
+    assert "prefix always shared by: ours ['01', '02', '12'], theirs ['01']" in check.reason
+    monkeypatch.undo()
+    monkeypatch.setattr(our_stability.Triplets, "inputs", lambda self, command: torch.cat(
+        [self.tokens, torch.full_like(self.tokens, command)], dim=-1))  # the prefix rebuilt
+    (check,) = stability.check_triplets(authors)
+    assert check.verdict == DISAGREE and "length: ours 24, theirs 21" in check.reason

@@ -62,6 +62,8 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Check]]], ...] = (
     ("dual_frequency", "dual-frequency reverse", "data.dataset, their test",
      tasks.check_dual_frequency),
     ("stability", "gradient stability", "model.jacobian_analysis", stability.check_stability),
+    ("stability triplets", "the S4D's triplets with a prefix", "test_jacobian_palindrome_ssm",
+     stability.check_triplets),
     ("language model", "vocabulary layout, batches, perplexity", "train_lm.py", lm.check_lm),
     ("recipes", "defaults and paper grids against their command lines",
      "replication.sh, their argparse defaults", recipes.check_recipes),
