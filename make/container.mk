@@ -43,7 +43,9 @@ apptainer-build:
 	$(APPTAINER) build --build-arg GIT_COMMIT=$(GIT_COMMIT) $(APPTAINER_IMAGE) apptainer.def
 
 # The PyPI build of torch 2.1.1 (CUDA wheels included, about 2.5 GB; it runs on CPU) with the
-# container's pins, then the whole test suite. PIP_CONSTRAINT also pins the editable build's
+# container's pins, then the whole test suite. PyPI has no CPU-only build of torch 2.1.1 for
+# Linux, and the CUDA build does not import without its nvidia-* wheels: the download is
+# the price (about 3 minutes on CI's machine). PIP_CONSTRAINT also pins the editable build's
 # setuptools.
 $(COMPAT_STAMP): pyproject.toml $(COMPAT_CONSTRAINTS)
 	@test -n "$(COMPAT_PYTHON)" || { echo "test-compat: no python3.10 or python3.11 found"; exit 1; }
@@ -51,6 +53,8 @@ $(COMPAT_STAMP): pyproject.toml $(COMPAT_CONSTRAINTS)
 	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
 	PIP_CONSTRAINT=$(abspath $(COMPAT_CONSTRAINTS)) $(COMPAT_VENV)/bin/python -m pip install \
 		--constraint $(COMPAT_CONSTRAINTS) torch==2.1.1 -e '.[dev]'
+	# timm's scheduler for crosscheck's tests, as `make install` has it (the authors' version).
+	$(COMPAT_VENV)/bin/python -m pip install -q --no-deps timm==0.9.12
 	touch $@
 
 # E9 selects syntax errors only, which with --target-version include syntax newer than 3.10

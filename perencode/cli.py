@@ -590,7 +590,12 @@ def crosscheck(
                              "crosscheck.json."),
     train: bool = typer.Option(False, "--train", help="Also train both implementations "
                                "(SEEDS seeds each) and compare their held-out accuracies by "
-                               "Welch's t-test; prints its cost first."),
+                               "an equivalence test (TOST): equivalent, different, or "
+                               "undecided with the seeds needed; the time is measured on the "
+                               "first seed."),
+    margin: float | None = typer.Option(None, help="--train's equivalence margin: the largest "
+                                        "difference of mean held-out token accuracies taken "
+                                        "as equivalent (default: the shape's, printed)."),
     train_shape: str = typer.Option("cpu", help="cpu (small, minutes on a laptop) or paper "
                                     "(E = H = 512, L = 64, batch 512, K = 256; for a GPU)."),
     seeds: int = typer.Option(3, min=2, help="Seeds per implementation for --train."),
@@ -610,7 +615,7 @@ def crosscheck(
 
     raise typer.Exit(run_crosscheck(authors_repo, out, train=train, train_shape=train_shape,
                                     seeds=seeds, iterations=iterations, device=device,
-                                    progress=progress))
+                                    progress=progress, margin=margin))
 
 
 @app.command()

@@ -15,9 +15,9 @@ other_<task>_vocabulary. Error bars: 95% percentile-bootstrap CI of the mean ove
 What a figure shows is said on it: runs that are not cells of the paper's grids for the
 figure (recipes/paper/figNN_*.toml, seeds aside) give a file ending in `__nonpaper` with a
 subtitle naming each differing setting and the paper's value; accuracy axes span [0, 1]
-with chance (1/K) dotted; each panel states its seed count, and a point of one seed (no CI)
-is drawn open (a bar hatched); panels of one metric share their y scale; the one legend
-sits below the panels.
+with chance (1/K) dotted (reverse ordering: 1/L dashed too, the last-token plateau); each
+panel states its seed count, and a point of one seed (no CI) is drawn open (a bar
+hatched); panels of one metric share their y scale; the one legend sits below the panels.
 """
 
 from __future__ import annotations
@@ -165,6 +165,16 @@ def _accuracy_axis(ax, chance: dict | None = None) -> None:
                 label="chance (1/K)")
 
 
+def _last_token_plateau(ax, df: pd.DataFrame) -> None:
+    """Reverse ordering at one length L: 1/L dashed, the token accuracy of a model that
+    returns the last token it read (the plateau a vanilla RNN stays on at large K)."""
+    names = df["task.name"].dropna().unique() if "task.name" in df else []
+    lengths = df["task.length"].dropna().unique() if "task.length" in df else []
+    if list(names) == ["reverse"] and len(lengths) == 1:
+        ax.axhline(1 / float(lengths[0]), ls="--", color="grey", lw=0.8,
+                   label="last token only (1/L)")
+
+
 def _one_k(df: pd.DataFrame) -> dict | None:
     """{None: 1/K} where the rows have one vocabulary size K (chance of a uniform guess)."""
     sizes = df["task.vocab_size"].dropna().unique() if "task.vocab_size" in df else []
@@ -231,6 +241,7 @@ def draw_vocabulary(metrics: list[str]) -> Callable[[pd.DataFrame, Path, str], l
                 ax.set_ylabel(METRICS.get(metric, metric))
                 if metric in ACCURACIES:
                     _accuracy_axis(ax, {k: 1 / k for k in s["task.vocab_size"].unique()})
+                    _last_token_plateau(ax, part)
         for i, metric in enumerate(metrics):  # once the row's shared scale holds every panel
             if metric not in ACCURACIES:
                 axes[i, 0].set_ylim(bottom=0)

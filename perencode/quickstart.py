@@ -1,8 +1,9 @@
 """`perencode quickstart` (`make quickstart`): the paper's headline effect in about 15
 minutes. On the CPU, a small GRU at a CPU-sized vocabulary; where a CUDA device is present,
 Fig. 2's GRU at the paper's own shapes on one GPU. Each demo is a grid in recipes/quick/
-and a claims file bundled in perencode/claims/; the command sweeps the grid, draws the
-figures, checks the claims and prints the wall time."""
+and a claims file bundled in perencode/claims/; the command sweeps the grid, checks the
+claims (verify.md), draws the figures beside them in report.html and prints the wall
+time."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from perencode.console import console
 from perencode.errors import UserError
-from perencode.figures import make_figures
+from perencode.report import make_report
 from perencode.sweep import run_sweep
 from perencode.verify import verify_runs
 
@@ -67,14 +68,16 @@ def run_quickstart(device: str = "auto", out: Path = Path("runs"),
     code = run_sweep(demo.grid, out=out, jobs=jobs or demo.jobs,
                      runs_per_gpu=demo.runs_per_gpu, device=demo.device, progress=progress)
     figure = figures_dir / "fig02_reverse_vocabulary.png"
+    report = figures_dir / "report.html"
     if code == 0:
-        # The demo's settings are not the paper's: the file says so in its name.
-        figure = next(p for p in make_figures([runs_dir], out=figures_dir)
-                      if p.name.startswith("fig02") and p.suffix == ".png")
         code = verify_runs([runs_dir], claims=demo.claims, out=figures_dir)
+        # The figures and the page a reviewer opens: each figure beside its claims.
+        report = make_report([runs_dir], claims=demo.claims, out=figures_dir)
+        # The demo's settings are not the paper's: the file says so in its name.
+        figure = next(p for p in sorted(figures_dir.glob("fig02*.png")))
     took = int(time.monotonic() - start)
     console.print(f"\nquick demo ({demo.name}) trained and checked in {took // 60} min "
                   f"{took % 60} s\nfigure: {figure} "
                   f"(and .pdf)\ntable:  {figures_dir / 'results.csv'}\nclaims: "
-                  f"{figures_dir / 'verify.md'}", highlight=False)
+                  f"{figures_dir / 'verify.md'}\nreport: {report}", highlight=False)
     return code

@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from perencode import runs as run_dirs
+from perencode.console import console
 from perencode.figures import (
     FIGURES,
     Figure,
@@ -36,6 +37,7 @@ from perencode.lock import hold
 from perencode.naming import format_value, short_key
 from perencode.results import Results, collect
 from perencode.verify import (
+    BUNDLED_CLAIMS,
     FAIL,
     INCONCLUSIVE,
     NOT_RUN,
@@ -135,6 +137,7 @@ h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32
 .meta, .rule { color: #59636e; font-size: 13px; }
 .summary { font-size: 16px; margin: 12px 0; padding: 10px 14px; background: #f6f8fa;
            border: 1px solid #d0d7de; border-radius: 6px; }
+.demo { font-weight: bold; color: #9a6700; }
 .figure img { max-width: 100%; border: 1px solid #d0d7de; }
 .side h3 { font-size: 15px; margin: 12px 0 4px; }
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
@@ -240,7 +243,22 @@ def placed(decided: list[Outcome], found: list[Panel]) -> dict[str, list[Outcome
     return beside
 
 
-def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path]) -> str:
+def other_claims(checked: Checked, run_paths: list[Path], results: Results
+                 ) -> list[tuple[str, int]]:
+    """(bundled claims file, claims it decides on these runs) for the bundled files other than
+    `checked`'s that decide any: what to pass as --claims when none of its claims concern
+    the runs."""
+    found = []
+    for path in sorted(BUNDLED_CLAIMS.glob("*.toml")):
+        if path.resolve() != checked.claims_path.resolve():
+            decided = len(check(run_paths, path, results=results).decided)
+            if decided:
+                found.append((path.stem, decided))
+    return found
+
+
+def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path],
+           others: list[tuple[str, int]] | None = None) -> str:
     decided = checked.decided
     beside = placed(decided, found)
     shown = {o.claim.id for claims in beside.values() for o in claims}
@@ -271,6 +289,19 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     counts = " ".join(f"{_badge(v)} {sum(o.verdict == v for o in checked.outcomes)}"
                       for v in (PASS, FAIL, INCONCLUSIVE, NOT_RUN))
+    if others:
+        counts += ("<br>No claim of " + _e(checked.claims_path.name) + " concerns these runs; "
+                   + "; ".join(f"<b>--claims {_e(name)}</b> decides {n}" for name, n in others)
+                   + ".")
+    # Beside the badges, where a reader skimming sees it first: runs not at the paper's
+    # settings (a demo) show the effect's direction, not the paper's numbers.
+    nonpaper = [panel for panel in found if panel.differs]
+    if nonpaper:
+        counts += (f'<br><span class="demo">Demo settings: direction, not magnitude. The runs '
+                   f"of {len(nonpaper)} of {len(found)} figures are not at the paper's "
+                   "settings (each figure says how): a pass says the effect points the "
+                   "paper's way at these sizes, not that the paper's numbers are "
+                   "reproduced.</span>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<title>perencode report</title>"
             f"<style>{STYLE}</style></head><body>"
@@ -290,7 +321,12 @@ def make_report(runs: list[Path], claims: str | Path = "paper",
     results = collect(run_paths, "report", accept_code_change)
     checked = check(run_paths, claims, results=results)  # a bad claims file stops it here
     written = make_figures(run_paths, out=out, accept_code_change=accept_code_change)
-    page = render(checked, panels(results, written), out, run_paths)
+    others = [] if checked.decided else other_claims(checked, run_paths, results)
+    if others:
+        console.print(f"no claim of {checked.claims_path.name} concerns these runs; "
+                      + "; ".join(f"--claims {name} decides {n}" for name, n in others),
+                      highlight=False, soft_wrap=True)
+    page = render(checked, panels(results, written), out, run_paths, others)
     with hold(out, "report"):
         remove_stale_temps(out, lambda name: name == REPORT)
         atomic_write_text(out / REPORT, page)

@@ -108,6 +108,21 @@ def train_step(model: SequenceModel, optimizer: torch.optim.Optimizer, batch: Ba
     return loss, hits, norm
 
 
+def iteration(model: SequenceModel, optimizer: torch.optim.Optimizer, task, recipe: Recipe,
+              generator: torch.Generator, k: int, count_hits: bool = False
+              ) -> tuple[float, Batch, Tensor, Tensor | None, Tensor | None]:
+    """Iteration `k` (1-based) as `train` runs it: the schedule's learning rate for it, the
+    next batch of the task's training stream, one optimizer step. `crosscheck` runs this
+    against the authors' loop. Returns (lr, batch, loss, hits, gradient norm before
+    clipping, None without clipping), not synchronised."""
+    lr = learning_rate(k - 1, recipe.optim, recipe.train.iterations)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    batch = task.sample(recipe.train.batch_size, generator)
+    loss, hits, norm = train_step(model, optimizer, batch, recipe.optim.clip_norm, count_hits)
+    return lr, batch, loss, hits, norm
+
+
 def scored_outputs(batch: Batch) -> int:
     if batch.output_mask is not None:
         return int(batch.output_mask.sum())
@@ -316,12 +331,9 @@ def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
     pending: list[tuple[int, Tensor, Tensor | None]] = []  # steps since the last health check
     with reporter, _Stop() as stop, board.resumed_at(start, tc.batch_size, recipe.to_toml()):
         for k in range(start + 1, tc.iterations + 1):
-            lr = learning_rate(k - 1, oc, tc.iterations)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            batch = task.sample(tc.batch_size, generator)
             log = k % tc.log_every == 0 or k == tc.iterations
-            loss, hits, norm = train_step(model, optimizer, batch, oc.clip_norm, count_hits=log)
+            lr, batch, loss, hits, norm = iteration(model, optimizer, task, recipe, generator,
+                                                    k, count_hits=log)
             pending.append((k, loss.detach(), norm))
             shown = {}
             if log:

@@ -32,6 +32,17 @@ TINY = [*(f"model.{key}={value}" for key, value in TINY_MODEL.items()), "model.d
         "train.batch_size=8", "task.held_out=32", "train.log_every=5"]
 
 
+# The time limit of a test marked slow (pyproject's `timeout` is the others'): end-to-end
+# runs of the CLI take minutes on a loaded 2-core machine, and a hang must still fail.
+SLOW_TIMEOUT = 1200
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
+
+
 def tiny_model(arch: str = "gru") -> dict:
     return {**TINY_MODEL, "arch": arch, **({"d_state": 8} if arch == "s4d" else {})}
 

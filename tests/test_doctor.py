@@ -220,6 +220,10 @@ def test_doctor_on_a_cpu_only_machine_passes_and_says_what_it_did_not_run(tmp_pa
     code, text = run_cli("doctor", "--runs", tmp_path)
     assert code == 0, text
     summary = text.strip().splitlines()[-1]
-    assert summary.startswith("doctor: 0 failed, 3 passed, 5 not run"), summary
+    # The torch row passes on the paper's torch (2.1.1, `make test-compat`) and is only
+    # information on another: the count of passed rows depends on the installed torch.
+    on_paper_torch = torch.__version__.split("+")[0] == doctor.PAPER_TORCH
+    passed = 4 if on_paper_torch else 3
+    assert summary.startswith(f"doctor: 0 failed, {passed} passed, 5 not run"), summary
     assert text.count("not run: no CUDA") == 5  # CUDA stack, equivalence, resume, memory, speed
     assert not (tmp_path / ".estimates.json").exists()  # speed runs on a GPU only

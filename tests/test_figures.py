@@ -134,6 +134,13 @@ def test_accuracy_axes_span_zero_to_one_with_chance_drawn(drawn):
                  if line.get_label() == "chance (1/K)"]
     assert list(chance.get_xdata()) == [32, 64]
     assert list(chance.get_ydata()) == pytest.approx([1 / 32, 1 / 64])
+    # Reverse ordering: the plateau of returning the last token, 1/L (L = 64 here).
+    (plateau,) = [line for line in accuracy[0].get_lines()
+                  if line.get_label() == "last token only (1/L)"]
+    assert list(plateau.get_ydata()) == pytest.approx([1 / 64, 1 / 64])
+    sort = [ax for ax in _saved(drawn, "fig08").axes if ax.get_ylabel() == "Token accuracy"]
+    assert sort and not [line for ax in sort for line in ax.get_lines()
+                         if line.get_label() == "last token only (1/L)"]
     for prefix, label in (("fig03", "Target accuracy"), ("fig11", "Token accuracy"),
                           ("fig13", "Token accuracy"), ("fig12", "Token accuracy")):
         panels = [ax for ax in _saved(drawn, prefix).axes if ax.get_ylabel() == label]

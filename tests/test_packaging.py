@@ -49,3 +49,14 @@ def test_claims_are_found_from_the_wheel_without_a_checkout(wheel, tmp_path):
                          capture_output=True, text=True).stdout.split()
     assert out[0] == str(site / "perencode" / "claims" / "paper.toml")
     assert out[1] == "4"
+
+
+def test_every_test_has_a_time_limit(request):
+    """pytest-timeout (the dev extra): pyproject's limit for every test, the longer one of
+    tests/conftest.py for those marked slow; a test that hangs fails instead."""
+    from conftest import SLOW_TIMEOUT
+    assert request.config.pluginmanager.hasplugin("timeout")
+    assert request.config.getini("timeout") == "300"
+    slow = [item for item in request.session.items if item.get_closest_marker("slow")]
+    for item in slow:
+        assert item.get_closest_marker("timeout").args[0] in (SLOW_TIMEOUT,), item.nodeid

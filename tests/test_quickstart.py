@@ -100,3 +100,35 @@ def test_the_cpu_demo_is_one_figure(tmp_path, capsys):
     out = " ".join((captured.out + captured.err).split())
     assert "one figure although train.iterations follows vocab_size (32: 2000; 1024: 4000)" \
         in out
+
+
+def test_quickstart_writes_report_html_beside_verify_md(tmp_path, monkeypatch):
+    """The sweep stands in (finished runs with the demo's numbers); the rest is the command's
+    own: verify.md, the figures, and report.html whose top says the settings are a demo's."""
+    from perencode import quickstart
+
+    def sweep(grid, out, **options):
+        demo_runs("cpu", Path(out) / Path(grid).stem)
+        return 0
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(quickstart, "run_sweep", sweep)
+    code = quickstart.run_quickstart("cpu", out=tmp_path / "runs", figures=tmp_path / "figs",
+                                     progress=False)
+    figs = tmp_path / "figs" / "quickstart"
+    assert code == 0 and (figs / "verify.md").is_file()
+    page = (figs / "report.html").read_text(encoding="utf-8")
+    summary = page.split('<div class="summary">', 1)[1].split("</div>", 1)[0]
+    assert "Demo settings: direction, not magnitude" in summary
+    assert "fig02_reverse_vocabulary__nonpaper" in page
+
+
+def test_a_report_on_demo_runs_with_the_paper_claims_names_the_claims_that_fit(tmp_path):
+    from perencode.report import make_report
+    runs = demo_runs("cpu", tmp_path / "runs")
+    page = make_report([runs], claims="paper", out=tmp_path / "figs").read_text()
+    summary = page.split('<div class="summary">', 1)[1].split("</div>", 1)[0]
+    assert "No claim of paper.toml concerns these runs; <b>--claims quick</b> decides 4" \
+        in summary
+    assert "--claims quick" not in make_report([runs], claims="quick",
+                                               out=tmp_path / "figs2").read_text()

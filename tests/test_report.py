@@ -37,6 +37,17 @@ def sections(page: str) -> dict[str, str]:
     return {part.split("</h2>", 1)[0]: part.split("</h2>", 1)[1] for part in parts}
 
 
+def test_runs_at_the_paper_settings_say_nothing_of_a_demo(tmp_path):
+    """Fig. 2's GRU grid as the paper ran it: no demo banner (test_quickstart.py has one)."""
+    grid = load_grid(ROOT / "recipes" / "paper" / "fig02_gru_reverse.toml")
+    for cell in grid.cells:
+        fake_run(tmp_path / "runs", cell.name, recipe=cell.recipe,
+                 metrics={"token_accuracy": 0.5, "dl_distance": 10.0, "n_sequences": 1024})
+    page = make_report([tmp_path / "runs"], claims="paper", out=tmp_path / "figs").read_text()
+    assert "fig02_reverse_vocabulary" in page and "__nonpaper" not in page
+    assert "Demo settings" not in page
+
+
 def test_every_figure_is_inline_and_nothing_is_fetched(report):
     out, page = report
     pngs = sorted(out.glob("*.png"))

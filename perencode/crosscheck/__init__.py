@@ -4,13 +4,15 @@ weights (REPRODUCE.md, "Check the implementation against the authors' code").
 `run_crosscheck(repo, out)` imports the authors' modules from the user's clone
 (authors.py), runs every group of checks, prints one table and writes crosscheck.md and
 crosscheck.json. Exit codes: 0 every check agrees or could not run (with its reason), 1 a
-check disagrees; a folder that is not their repository is a UserError (exit 2).
+check disagrees, 2 nothing could be compared (their code does not run); a folder that is not
+their repository, or an --out that cannot be written, is a UserError (exit 2).
 """
 
 from __future__ import annotations
 
 import functools
 import platform
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,11 +21,23 @@ import torch
 
 from perencode import __version__
 from perencode.console import console
-from perencode.crosscheck import lm, models, schedule, stability, tasks, training
+from perencode.crosscheck import (
+    init,
+    lm,
+    loop,
+    models,
+    recipes,
+    schedule,
+    stability,
+    tasks,
+    training,
+)
 from perencode.crosscheck.authors import KNOWN_COMMIT, Authors, NotRun, authors_code, locate
-from perencode.crosscheck.report import DISAGREE, NOT_RUN, Check, table, write
+from perencode.crosscheck.report import DISAGREE, NOT_RUN, UNDECIDED, Check, table, write
+from perencode.crosscheck.seeds import check_seeds
 from perencode.device import resolve_device
 from perencode.errors import UserError
+from perencode.io import WriteError
 
 __all__ = ["GROUPS", "KNOWN_COMMIT", "run_crosscheck"]
 
@@ -32,17 +46,27 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Check]]], ...] = (
     ("encoding", "positional encodings", "model.time_encoding", models.check_encodings),
     ("schedule", "learning-rate schedule", "timm CosineLRScheduler", schedule.check_schedule),
     ("forward", "forward logits", "model.rnn.RNN, model.ssm.SSM", models.check_forward),
+    ("initialisation", "initial parameters of fresh models", "model.rnn.RNN, model.ssm.SSM",
+     init.check_init),
     ("Adam trajectory", "parameters after Adam steps", "train_palindrome[_ssm].Learner",
      models.check_trajectory),
+    ("training loop", "lr, loss and parameters at every iteration of perencode's loop",
+     "utils.training_template.Learner.train", loop.check_loop),
     ("fixed-length tasks", "reverse, sort, reverse_add", "data.dataset, their tests",
      tasks.check_fixed_length),
     ("variable_length", "variable-length reverse", "data.dataset, their test",
      tasks.check_variable_length),
+    ("seeds", "held-out sets and training streams per seed", "data.dataset, data.dataloader",
+     check_seeds),
     ("predecessor", "predecessor query", "data.dataset, their test", tasks.check_predecessor),
     ("dual_frequency", "dual-frequency reverse", "data.dataset, their test",
      tasks.check_dual_frequency),
     ("stability", "gradient stability", "model.jacobian_analysis", stability.check_stability),
+    ("stability triplets", "the S4D's triplets with a prefix", "test_jacobian_palindrome_ssm",
+     stability.check_triplets),
     ("language model", "vocabulary layout, batches, perplexity", "train_lm.py", lm.check_lm),
+    ("recipes", "defaults and paper grids against their command lines",
+     "replication.sh, their argparse defaults", recipes.check_recipes),
 )
 
 
@@ -54,6 +78,10 @@ def _run(group: str, compared: str, theirs: str,
         return [Check(group, compared, theirs, verdict=NOT_RUN, reason=str(exc))]
     except UserError:
         raise
+    except SyntaxError as exc:  # their code does not even compile: nothing was compared
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else str(exc)
+        return [Check(group, compared, theirs, verdict=NOT_RUN,
+                      reason=f"could not run the authors' code: SyntaxError at {where}")]
     except Exception as exc:  # a crash on either side is a disagreement, never a pass
         return [Check(group, compared, theirs, verdict=DISAGREE,
                       reason=f"could not compare: {type(exc).__name__}: {exc}")]
@@ -61,15 +89,21 @@ def _run(group: str, compared: str, theirs: str,
 
 def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
                    train_shape: str = "cpu", seeds: int = 3, iterations: int | None = None,
-                   device: str = "auto", progress: bool = True) -> int:
-    """Run every check (and the training comparison with `train`); returns the exit code."""
+                   device: str = "auto", progress: bool = True,
+                   margin: float | None = None) -> int:
+    """Run every check (and the training comparison with `train`, its equivalence margin
+    `margin`, None: the shape's); returns the exit code."""
     repo = locate(repo_path)
     if train_shape not in training.SHAPES:
         raise UserError(f"--train-shape {train_shape}: must be one of "
                         f"{', '.join(training.SHAPES)}")
+    out = Path(out)
+    _check_writable(out)
     if repo.note:
         console.print(repo.note, highlight=False)
     shape = training.SHAPES[train_shape]
+    if margin is not None and not 0 < margin < 1:
+        raise UserError(f"--margin {margin}: must be between 0 and 1 (token accuracy)")
     if iterations is not None:
         shape = training.Shape(**{**shape.__dict__, "iterations": iterations,
                                   "warmup": min(shape.warmup, max(1, iterations // 10))})
@@ -84,7 +118,7 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
         if train:
             checks += _run("training", "held-out accuracy after training", "their Learner",
                            lambda: training.check_training(authors, shape, seeds, dev,
-                                                           progress))
+                                                           progress, margin))
     wall = time.perf_counter() - started
     commit = repo.commit or f"unknown (no .git; written against {KNOWN_COMMIT})"
     header = [f"- authors' repository: `{repo.root}`, commit {commit}",
@@ -92,18 +126,45 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
               f"{platform.python_version()}, device {dev}",
               f"- wall time {wall:.1f} s",
               "- verdicts: agree (within the tolerance, or the documented difference exactly), "
-              "disagree, not run (with the reason)"]
+              "disagree, not run (with the reason); --train: agree = equivalent by TOST "
+              "within the stated margin, disagree = different, undecided = more seeds "
+              "needed"]
     if repo.note:
         header.append(f"- {repo.note}")
     console.print(table(checks, f"perencode crosscheck against {repo.root} ({wall:.0f} s)"))
-    out = Path(out)
-    write(out, checks, header, {"repository": str(repo.root), "commit": repo.commit,
-                                "written_against": KNOWN_COMMIT, "note": repo.note,
-                                "perencode": __version__, "torch": torch.__version__,
-                                "device": str(dev), "wall_seconds": round(wall, 2)})
+    try:
+        write(out, checks, header, {"repository": str(repo.root), "commit": repo.commit,
+                                    "written_against": KNOWN_COMMIT, "note": repo.note,
+                                    "perencode": __version__, "torch": torch.__version__,
+                                    "device": str(dev), "wall_seconds": round(wall, 2)})
+    except (OSError, WriteError) as exc:  # WriteError may name the temporary file
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc).split(": ")[-1]
+        raise UserError(f"--out {out}: cannot write crosscheck.md and crosscheck.json there "
+                        f"({reason or exc})") from None
     failed = sum(c.verdict == DISAGREE for c in checks)
     skipped = sum(c.verdict == NOT_RUN for c in checks)
-    console.print(f"{len(checks) - failed - skipped} agree, {failed} disagree, {skipped} not "
-                  f"run; wrote {out / 'crosscheck.md'} and {out / 'crosscheck.json'}",
+    undecided = sum(c.verdict == UNDECIDED for c in checks)
+    console.print(f"{len(checks) - failed - skipped - undecided} agree, {failed} disagree, "
+                  f"{skipped} not run" + (f", {undecided} undecided (more seeds: see its row)"
+                                          if undecided else "")
+                  + f"; wrote {out / 'crosscheck.md'} and {out / 'crosscheck.json'}",
                   highlight=False)
-    return 1 if failed else 0
+    if failed:
+        return 1
+    if skipped == len(checks):
+        console.print("crosscheck: nothing could be compared (every check: not run)",
+                      highlight=False)
+        return 2
+    return 0
+
+
+def _check_writable(out: Path) -> None:
+    """--out is checked before any work: a folder that cannot be written fails at once, in
+    one line naming it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write there ({exc.strerror or exc}); give a "
+                        "folder you can write") from None

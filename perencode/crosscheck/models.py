@@ -168,11 +168,11 @@ def check_forward(authors: Authors) -> list[Check]:
 
 
 def their_learner(authors: Authors, arch: str, model: nn.Module, iterations: int,
-                  warmup: int, lr: float):
-    """Their training step's Learner (train_palindrome[_ssm].py) around `model`, with the
-    optimizer and scheduler their script configures; their __init__ (logging, folders,
-    checkpoints) is bypassed."""
-    script = "train_palindrome_ssm.py" if arch == "s4d" else "train_palindrome.py"
+                  warmup: int, lr: float, script: str | None = None):
+    """Their training step's Learner (`script`, default train_palindrome[_ssm].py) around
+    `model`, with the optimizer and scheduler their script configures; their __init__
+    (logging, folders, checkpoints) is bypassed."""
+    script = script or ("train_palindrome_ssm.py" if arch == "s4d" else "train_palindrome.py")
     module = authors.script(script)
     optim_config = script_literals(authors.repo.code / script, "optim_config") | {"lr": lr}
     scheduler_config = script_literals(authors.repo.code / script, "scheduler_config") | {

@@ -13,6 +13,8 @@ from rich.table import Table
 from perencode.io import atomic_write_json, atomic_write_text
 
 AGREE, DISAGREE, NOT_RUN = "agree", "disagree", "not run"
+# `--train` only: the equivalence test could not decide with the seeds given.
+UNDECIDED = "undecided"
 DTYPES = ("fp32", "fp64")
 
 
@@ -38,7 +40,7 @@ class Check:
 
     def settle(self) -> Check:
         """Verdict from the errors: agree when each is within its tolerance."""
-        if self.verdict == NOT_RUN:
+        if self.verdict in (NOT_RUN, UNDECIDED):
             return self
         over = [d for d in self.error
                 if not (math.isfinite(self.error[d]) and self.error[d] <= self.tolerance[d])]
@@ -79,7 +81,7 @@ def table(checks: list[Check], title: str) -> Table:
     t.add_column("tolerance fp32 / fp64", min_width=9)
     t.add_column("max error fp32 / fp64", min_width=9)
     t.add_column("verdict", min_width=12, ratio=2)
-    colour = {AGREE: "green", DISAGREE: "bold red", NOT_RUN: "yellow"}
+    colour = {AGREE: "green", DISAGREE: "bold red", NOT_RUN: "yellow", UNDECIDED: "yellow"}
     for c in checks:
         t.add_row(c.name, escape(c.compared), _fmt(c.tolerance), _fmt(c.error),
                   f"[{colour[c.verdict]}]{escape(verdict_text(c))}[/]")
