@@ -517,7 +517,9 @@ class Run:
         the newest checkpoint, all of whose weights are finite (train checks them before
         each save), is kept and named. Returns its path (None when there is none)."""
         steps = self.checkpoints()
-        last = steps[-1][1] if steps else None
+        # resume.pt (an interrupt's) is newer than every step-K.pt: the next one deletes it
+        last = self.resume_path if self.resume_path.exists() else \
+            steps[-1][1] if steps else None
         self.record_status(DIVERGED, iteration=iteration, reason=reason,
                            checkpoint=str(last.relative_to(self.dir)) if last else None)
         return last

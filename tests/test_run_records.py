@@ -303,3 +303,20 @@ def test_symlink_loops_do_not_hang_the_run_search(trained, tmp_path):
         str(lp / "grid" / "run")]
     assert runs.find_runs([lp, lp / "self"], notes=[]) == [lp / "grid" / "run"]
     assert os.path.realpath(lp / "self") == os.path.realpath(lp)
+
+
+def test_a_sweep_reports_a_diverged_cell_and_does_not_train_it_again(tmp_path):
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(GRID.replace("[train]", "[optim]\nweight_decay = 3e38\n[train]"))
+    sweep = ["sweep", grid, "--runs", tmp_path / "sw", "--device", "cpu", "--no-progress"]
+    code, text = _perencode(*sweep)
+    [cell] = runs.find_runs([tmp_path / "sw"])
+    assert code == 1 and f"diverged: {cell}: a loss or weight was not finite" in _flat(text), \
+        text
+    assert runs.Run(cell).status()["state"] == "diverged"
+    code, text = _perencode(*sweep, "--dry-run")
+    assert code == 0 and "diverged at iteration 2 (loss is nan); not trained again" in \
+        _flat(text), text
+    code, text = _perencode(*sweep)
+    assert code == 1 and "diverged at iteration 2 (loss is nan); not trained again" in \
+        _flat(text) and not (cell / "train.log").read_text().count("resuming"), text

@@ -14,7 +14,7 @@ from perencode.console import console, fit_name
 from perencode.sweep.plan import PlannedRun, RunState
 
 STYLE = {RunState.DONE: "green", RunState.FAILED: "bold red", RunState.CONFLICT: "bold red",
-         RunState.RUNNING: "cyan", RunState.REUSE: "green"}
+         RunState.RUNNING: "cyan", RunState.REUSE: "green", RunState.DIVERGED: "bold red"}
 # Left out of the live view of a big grid.
 QUIET = (RunState.DONE, RunState.REUSE, RunState.NEW, RunState.PARTIAL)
 

@@ -221,7 +221,8 @@ def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: in
             sizes[key] = checkpoint_bytes(recipe)
         linked = run.state == RunState.REUSE
         disk = 0 if linked else sizes[key] * checkpoints_on_disk(recipe)
-        todo = 0 if run.state in FINISHED or linked else run.iterations - run.step
+        stopped = run.state in (*FINISHED, RunState.DIVERGED)  # never trained on
+        todo = 0 if stopped or linked else run.iterations - run.step
         totals["to_train"] += todo > 0
         totals["disk_bytes"] += disk
         seconds, measured = cache.seconds(label, recipe)
