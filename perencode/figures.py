@@ -534,12 +534,14 @@ def paper_difference(part: pd.DataFrame, figure: Figure, columns: list[str]) -> 
     return "Not the paper's settings: " + "; ".join(shown)
 
 
-def make_figures(runs: list[Path], out: Path = Path("figures")) -> list[Path]:
-    """results.csv, the per-row tables and every figure the runs under `runs` cover.
+def make_figures(runs: list[Path], out: Path = Path("figures"),
+                 results: Results | None = None) -> list[Path]:
+    """results.csv, the per-row tables and every figure the runs under `runs` cover
+    (`results`: those runs already collected).
 
     `out` is locked meanwhile (perencode.lock), and what a killed `figures` left half
     written there (its temporary files, not those of `verify`) is removed first."""
-    results = collect([Path(p) for p in runs])
+    results = collect([Path(p) for p in runs]) if results is None else results
     out = Path(out)
     with hold(out, "figures"):
         remove_stale_temps(out, lambda name: name.startswith(

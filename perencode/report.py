@@ -24,6 +24,8 @@ from pathlib import Path
 import pandas as pd
 
 from perencode import runs as run_dirs
+from perencode.console import console
+from perencode.errors import UserError
 from perencode.figures import (
     FIGURES,
     Figure,
@@ -92,7 +94,12 @@ def provenance(part: pd.DataFrame) -> dict:
     commits: dict[str, int] = {}
     for run in part["run"]:
         path = Path(run) / "env.json"
-        env = run_dirs.read_json(path) if path.is_file() else {}
+        try:
+            env = run_dirs.read_json(path) if path.is_file() else {}
+        except UserError as exc:  # provenance only: the report goes on without it
+            console.print(f"[yellow]note:[/] {exc}; its device and commit are shown as not "
+                          "recorded", highlight=False, soft_wrap=True)
+            env = {}
         device = env.get("device")
         name = env.get("device_name")
         label = f"{device} ({name})" if device and name else (device or "not recorded")
@@ -278,7 +285,7 @@ def make_report(runs: list[Path], claims: str | Path = "paper",
     out = Path(out)
     results = collect(run_paths)
     checked = check(run_paths, claims, results=results)  # a bad claims file stops it here
-    written = make_figures(run_paths, out=out)
+    written = make_figures(run_paths, out=out, results=results)
     page = render(checked, panels(results, written), out, run_paths)
     with hold(out, "report"):
         remove_stale_temps(out, lambda name: name == REPORT)

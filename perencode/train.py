@@ -193,7 +193,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
     is never refused as "a different recipe". The run directory is locked from its claim
     to its eval.json (perencode.lock): a second `train` of it fails at once. A write the
     filesystem refuses (full disk, quota, read-only) ends it with a UserError naming the
-    last complete checkpoint.
+    file and the newest complete checkpoint (by iteration).
     """
     run = runs.Run(run_dir)
     board = TensorBoardLog(run.dir, enabled=tensorboard)
@@ -226,12 +226,9 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
 
 def _kept(run: runs.Run) -> str:
     """What a run stopped by a refused write keeps, and how to go on."""
-    saved = [p for _, p in run.checkpoints()]
-    if run.resume_path.exists():
-        saved.append(run.resume_path)
-    if not saved:
+    last = run.newest_checkpoint()
+    if last is None:
         return "no checkpoint yet: run the same command again to start over"
-    last = max(saved, key=lambda p: p.stat().st_mtime)
     return f"the last complete checkpoint is {last}: run the same command again to resume"
 
 

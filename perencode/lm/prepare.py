@@ -206,9 +206,25 @@ class Source:
 
 def _read_raw(path: Path) -> Iterator[str]:
     # Text mode with universal newlines, as the authors' open(path, 'r') read the files.
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            yield line.rstrip("\n")
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                yield line.rstrip("\n")
+    except UnicodeDecodeError:
+        raise UserError(_not_utf8(path)) from None
+
+
+def _not_utf8(path: Path) -> str:
+    """One line naming the first line of `path` that is not UTF-8 (WikiText's raw files are)."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return (f"{path}: line {number} is not UTF-8 text (byte "
+                        f"{line[exc.start]:#04x} at column {exc.start + 1}); WikiText's raw "
+                        f"files are UTF-8: convert it, e.g. iconv -f latin1 -t utf-8")
+    return f"{path}: not UTF-8 text"
 
 
 def _file_source(folder: Path) -> Source:
