@@ -394,7 +394,7 @@ class Run:
         for number, line in enumerate(data.split(b"\n"), 1):
             if not line.strip():
                 continue
-            row = _metrics_row(line)
+            row = metrics_row(line)
             if isinstance(row, str):
                 damaged.append(f"{number} ({row})")
             else:
@@ -479,10 +479,10 @@ def restore_generator(generator: torch.Generator, saved: torch.Tensor, iteration
                   "the run's seed and that iteration", highlight=False, soft_wrap=True)
 
 
-def _metrics_row(line: bytes) -> dict[str, Any] | str:
+def metrics_row(line: bytes | str) -> dict[str, Any] | str:
     """A metrics.jsonl line's row, or what is wrong with it."""
     try:
-        row = json.loads(line.decode("utf-8"))
+        row = json.loads(line.decode("utf-8") if isinstance(line, bytes) else line)
     except UnicodeDecodeError:
         return "not UTF-8 text"
     except ValueError:

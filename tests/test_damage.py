@@ -405,3 +405,13 @@ def test_what_a_plugin_prints_when_imported_still_shows(tmp_path, capsys):
     assert said.out == "chatty plugin loaded\n" and said.err == "to stderr\n"
     with pytest.raises(UserError, match="no such file"):
         plugins.load(str(tmp_path / "missing.py"))
+
+
+def test_a_sweeps_progress_reads_past_damaged_rows(tmp_path):
+    from perencode.sweep.plan import last_rows
+
+    rows = [{"step": 5, "loss": 2.0, "seconds": 1.0}, {"step": 10, "loss": 1.5, "seconds": 2.0}]
+    (tmp_path / "metrics.jsonl").write_bytes(
+        b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+        + b'[1]\n{"step": 15, "loss": 1.0}\n\xff\xfe\n')
+    assert last_rows(tmp_path) == rows
