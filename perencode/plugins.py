@@ -301,6 +301,9 @@ def record(run_dir: str | Path, recipe) -> Path | None:
     return path
 
 
+_DAMAGED: set[tuple[str, str]] = set()  # the damaged plugins.json files noted so far
+
+
 def require(run_dir: str | Path, data: dict) -> None:
     """Before a run's recipe is validated: a kind it names that no registration holds, and
     that RUN_DIR/plugins.json says came from a plugin, is a UserError naming the plugin and
@@ -314,8 +317,11 @@ def require(run_dir: str | Path, data: dict) -> None:
         # Unreadable: validation names a kind nothing registers.
         why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else \
             "not JSON" if isinstance(exc, ValueError) else "not a JSON object"
-        console.print(f"[yellow]note:[/] {path}: damaged ({why}); ignored", highlight=False,
-                      soft_wrap=True)
+        seen = (os.path.realpath(path), why)
+        if seen not in _DAMAGED:  # once: a command reads a run's recipe more than once
+            _DAMAGED.add(seen)
+            console.print(f"[yellow]note:[/] {path}: damaged ({why}); ignored",
+                          highlight=False, soft_wrap=True)
         return
     for section, tag in TAGS.items():
         table = data.get(section)
