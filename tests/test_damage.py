@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -399,10 +400,14 @@ def test_what_a_plugin_prints_when_imported_still_shows(tmp_path, capsys):
     plugin = tmp_path / "chatty_plugin.py"
     plugin.write_text("import sys\nprint('chatty plugin loaded')\n"
                       "print('to stderr', file=sys.stderr)\n")
-    loaded = plugins.load(str(plugin))
-    assert loaded.file == str(plugin.resolve())
-    said = capsys.readouterr()
-    assert said.out == "chatty plugin loaded\n" and said.err == "to stderr\n"
+    try:
+        loaded = plugins.load(str(plugin))
+        assert loaded.file == str(plugin.resolve())
+        said = capsys.readouterr()
+        assert said.out == "chatty plugin loaded\n" and said.err == "to stderr\n"
+    finally:  # leave this process's plugins as they were
+        plugins._LOADED.pop(str(plugin.resolve()), None)
+        sys.modules.pop("chatty_plugin", None)
     with pytest.raises(UserError, match="no such file"):
         plugins.load(str(tmp_path / "missing.py"))
 
