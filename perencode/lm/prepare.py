@@ -30,6 +30,8 @@ perencode's words with the option to change, its log kept as OUT.sentencepiece.l
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import fcntl
 import hashlib
@@ -44,6 +46,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -338,9 +341,6 @@ def _die_with(parent: int) -> None:
     """End this process when `parent` dies, however it dies (Linux; elsewhere the next
     lm-prepare ends it, `_end_trainer`)."""
     if sys.platform.startswith("linux"):
-        import ctypes
-        import ctypes.util
-
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before prctl took effect
@@ -795,8 +795,6 @@ class Stopped(KeyboardInterrupt):
 def _stopped_by_signals():
     """SIGTERM and SIGHUP (a `kill`, a closed terminal) raise Stopped in the main thread, so
     that the build is cleaned up as on Ctrl-C instead of the process dying mid-build."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
