@@ -426,9 +426,9 @@ def lm_prepare(
         manifest = prepare(source=source, out=out, vocab_size=vocab_size,
                            max_tokens=max_tokens, threads=threads, progress=progress,
                            force=force, sample_sentences=sample_sentences)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (prepare.Stopped)
         console.print(f"interrupted; the unfinished build was removed ({out} is as it was)")
-        raise typer.Exit(130) from None
+        raise typer.Exit(128 + getattr(exc, "signum", 2)) from None
     console.print(f"prepared {out} ({manifest.get('status', 'done')})")
 
 

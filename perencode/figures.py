@@ -553,12 +553,15 @@ def paper_difference(part: pd.DataFrame, figure: Figure, columns: list[str]) -> 
 
 
 def make_figures(runs: list[Path], out: Path = Path("figures"),
-                 accept_code_change: bool = False) -> list[Path]:
-    """results.csv, the per-row tables and every figure the runs under `runs` cover.
+                 accept_code_change: bool = False,
+                 results: Results | None = None) -> list[Path]:
+    """results.csv, the per-row tables and every figure the runs under `runs` cover
+    (`results`: those runs already collected).
 
     `out` is locked meanwhile (perencode.lock), and what a killed `figures` left half
     written there (its temporary files, not those of `verify`) is removed first."""
-    results = collect([Path(p) for p in runs], "figures", accept_code_change)
+    results = collect([Path(p) for p in runs], "figures", accept_code_change) \
+        if results is None else results
     out = Path(out)
     with hold(out, "figures"):
         remove_stale_temps(out, lambda name: name.startswith(

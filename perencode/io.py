@@ -92,20 +92,35 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 
 def append_line(path: str | Path, line: str) -> None:
-    """Append one line durably; a refused write leaves the file as it was (no half line)."""
+    """Append one line durably: it is whole or absent. A write the filesystem refuses, even
+    half done, is cut back to where the file ended. A last line left without its newline
+    (a writer killed mid-line) is ended first, so the new line never runs into it (readers
+    skip the cut one with a note)."""
     path = Path(path)
-    with open(path, "a", encoding="utf-8") as f:
-        size = f.tell()
+    data = (line + "\n").encode("utf-8")
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
+    try:
+        size = os.lseek(fd, 0, os.SEEK_END)
+        if size:
+            os.lseek(fd, size - 1, os.SEEK_SET)
+            if os.read(fd, 1) != b"\n":
+                data = b"\n" + data
         try:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+            view = memoryview(data)
+            while view:  # os.write may write part of it (a nearly full disk)
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
         except OSError as exc:
             error = disk_error(exc, path, f"{path.name} keeps its earlier lines")
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass  # cannot be cut back: the readers skip a cut line with a note
             if error is None:
                 raise
-            f.truncate(size)
             raise error from None
+    finally:
+        os.close(fd)
 
 
 def remove_stale_temps(folder: str | Path,

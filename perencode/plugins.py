@@ -22,9 +22,11 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import io
 import json
 import os
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -32,6 +34,7 @@ from types import ModuleType
 from typing import Any
 
 from perencode import kinds
+from perencode.console import console
 from perencode.errors import UserError
 from perencode.io import atomic_write_json
 
@@ -107,17 +110,45 @@ def origin(registry: str, name: str) -> Plugin | None:
     return Plugin(module, str(Path(file).resolve()) if file else None, package, version)
 
 
+class _EndedAtImport(Exception):
+    """A plugin's import tried to end the process (sys.exit, argparse reading perencode's
+    command line)."""
+
+
 def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, _EndedAtImport):
+        return str(exc)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[-1] if text else ''}".rstrip(": ")
 
 
 def _importing(plugin: Plugin, run) -> Any:
+    """Run a plugin's import (or its entry point's function). What it prints is held back
+    and shown once it has succeeded; a sys.exit() in it, or an argument parser reading
+    perencode's command line, becomes _EndedAtImport, so that the command stops with one
+    line naming the plugin instead of ending quietly (exit 0) or blaming perencode's usage."""
     kinds.LOADING.append(plugin)
+    out, err = io.StringIO(), io.StringIO()
     try:
-        return run()
+        with redirect_stdout(out), redirect_stderr(err):
+            result = run()
+    except SystemExit as exc:
+        said = [line.strip() for line in (err.getvalue() + out.getvalue()).splitlines()
+                if line.strip()]
+        if any(line.startswith("usage:") for line in said):
+            complaint = said[-1].partition("error: ")[2] or said[-1]
+            if len(complaint) > 80:
+                complaint = complaint[:77] + "..."
+            raise _EndedAtImport(f"it parses the command line when imported (argparse: "
+                                 f"{complaint}); a plugin only defines and registers "
+                                 "kinds") from None
+        raise _EndedAtImport(f"it called sys.exit({exc.code!r}) when imported; a plugin only "
+                             "defines and registers kinds") from None
     finally:
         kinds.LOADING.pop()
+    sys.stdout.write(out.getvalue())
+    sys.stderr.write(err.getvalue())
+    return result
 
 
 def _replace(old: Plugin, new: Plugin) -> None:
@@ -270,6 +301,9 @@ def record(run_dir: str | Path, recipe) -> Path | None:
     return path
 
 
+_DAMAGED: set[tuple[str, str]] = set()  # the damaged plugins.json files noted so far
+
+
 def require(run_dir: str | Path, data: dict) -> None:
     """Before a run's recipe is validated: a kind it names that no registration holds, and
     that RUN_DIR/plugins.json says came from a plugin, is a UserError naming the plugin and
@@ -279,8 +313,16 @@ def require(run_dir: str | Path, data: dict) -> None:
         return
     try:
         recorded = json.loads(path.read_text(encoding="utf-8")).get("plugins", [])
-    except (OSError, ValueError, AttributeError):
-        return  # unreadable: validation names the unknown kind
+    except (OSError, ValueError, AttributeError) as exc:
+        # Unreadable: validation names a kind nothing registers.
+        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else \
+            "not JSON" if isinstance(exc, ValueError) else "not a JSON object"
+        seen = (os.path.realpath(path), why)
+        if seen not in _DAMAGED:  # once: a command reads a run's recipe more than once
+            _DAMAGED.add(seen)
+            console.print(f"[yellow]note:[/] {path}: damaged ({why}); ignored",
+                          highlight=False, soft_wrap=True)
+        return
     for section, tag in TAGS.items():
         table = data.get(section)
         name = table.get(tag) if isinstance(table, dict) else None

@@ -361,11 +361,14 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: recipe file not found")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        # utf-8-sig: an editor's byte-order mark (Windows Notepad) is not TOML's to see.
+        return tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML: {exc}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a UTF-8 text file") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise UserError(f"{path}: not a UTF-8 text file (byte {exc.object[exc.start]:#04x} "
+                        f"on line {line}); save it as UTF-8") from None
 
 
 # Top-level keys of a grid file (perencode.grid), never of a recipe.

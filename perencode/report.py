@@ -25,6 +25,7 @@ import pandas as pd
 
 from perencode import runs as run_dirs
 from perencode.console import console
+from perencode.errors import UserError
 from perencode.figures import (
     FIGURES,
     Figure,
@@ -97,7 +98,12 @@ def provenance(part: pd.DataFrame) -> dict:
     commits: dict[str, int] = {}
     for run in part["run"]:
         path = Path(run) / "env.json"
-        env = run_dirs.read_json(path) if path.is_file() else {}
+        try:
+            env = run_dirs.read_json(path) if path.is_file() else {}
+        except UserError as exc:  # provenance only: the report goes on without it
+            console.print(f"[yellow]note:[/] {exc}; its device and commit are shown as not "
+                          "recorded", highlight=False, soft_wrap=True)
+            env = {}
         device = env.get("device")
         name = env.get("device_name")
         label = f"{device} ({name})" if device and name else (device or "not recorded")
@@ -320,7 +326,7 @@ def make_report(runs: list[Path], claims: str | Path = "paper",
     out = Path(out)
     results = collect(run_paths, "report", accept_code_change)
     checked = check(run_paths, claims, results=results)  # a bad claims file stops it here
-    written = make_figures(run_paths, out=out, accept_code_change=accept_code_change)
+    written = make_figures(run_paths, out=out, results=results)
     others = [] if checked.decided else other_claims(checked, run_paths, results)
     if others:
         console.print(f"no claim of {checked.claims_path.name} concerns these runs; "

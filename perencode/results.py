@@ -77,14 +77,27 @@ def _training_summary(rows: list[dict]) -> dict:
 
 
 def _read_eval(run_dir: Path) -> tuple[dict, dict[str, list[dict]]]:
-    """eval.json split into scalars and its lists of rows (by_band, by_length, ...)."""
+    """eval.json split into scalars and its lists of rows (by_band, by_length, ...); one
+    line naming the file when it is damaged (an object with a whole-number iteration and
+    numbers for its metrics, as `perencode eval` writes it)."""
     path = run_dir / "eval.json"
     if not path.exists():
         return {}, {}
-    data = runs.read_json(path)
+    again = f"`perencode eval {run_dir}` writes it again from the final checkpoint"
+    try:
+        data = runs.read_json(path)
+    except UserError as exc:
+        raise UserError(f"{exc}; {again}") from None
+    iteration = data.get("iteration")
+    if not isinstance(iteration, int) or isinstance(iteration, bool):
+        raise UserError(f"{path}: no whole-number 'iteration' (damaged); {again}")
     # eval.json's identity fields repeat recipe fields: the recipe's are kept.
     scalars = {k: v for k, v in data.items() if isinstance(v, (int, float, str, bool))
                and k not in runs.EVAL_IDENTITY}
+    for key, value in scalars.items():
+        if isinstance(value, str):
+            raise UserError(f"{path}: '{key}' is {value!r}, not a number (damaged); "
+                            f"{again}")
     nested = {k: v for k, v in data.items()
               if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)}
     return scalars, nested

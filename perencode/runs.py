@@ -478,24 +478,45 @@ class Run:
         append_line(self.dir / "metrics.jsonl", json.dumps(row))
 
     def metrics(self) -> list[dict[str, Any]]:
-        """The metrics.jsonl rows, up to a line cut by a kill (everything after it is
-        untrusted)."""
+        """The metrics.jsonl rows. A damaged line (bytes that are not UTF-8, not JSON, not a
+        row with a whole-number step, a loss and seconds: a power loss, a writer killed
+        mid-line, a hand edit) is skipped with one note naming the file and its lines; every
+        valid row around it is kept."""
         path = self.dir / "metrics.jsonl"
-        if not path.exists():
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
             return []
-        rows = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
+        rows, damaged = [], []
+        for number, line in enumerate(data.split(b"\n"), 1):
+            if not line.strip():
+                continue
+            row = metrics_row(line)
+            if isinstance(row, str):
+                damaged.append(f"{number} ({row})")
+            else:
+                rows.append(row)
+        if damaged:
+            console.print(f"[yellow]note:[/] {path}: skipped damaged line"
+                          f"{'s' if len(damaged) > 1 else ''} {', '.join(damaged)}; "
+                          f"kept the {len(rows)} valid rows", highlight=False, soft_wrap=True)
         return rows
 
     def truncate_metrics(self, last_step: int) -> None:
-        """Drop rows written after the checkpoint a run resumes from (they will be redone)."""
-        rows = [r for r in self.metrics() if r.get("step", 0) <= last_step]
+        """Drop rows written after the checkpoint a run resumes from (they will be redone),
+        and any damaged line (`metrics` names it)."""
+        rows = [r for r in self.metrics() if r["step"] <= last_step]
         atomic_write_text(self.dir / "metrics.jsonl",
                           "".join(json.dumps(r) + "\n" for r in rows))
+
+    def newest_checkpoint(self) -> Path | None:
+        """The checkpoint of the highest iteration on disk (resume.pt, when present, is newer
+        than every step-K.pt: writing a step-K.pt removes it); None when there is none. By
+        iteration, never by file time (a copy or a `touch` changes that)."""
+        if self.resume_path.exists():
+            return self.resume_path
+        steps = self.checkpoints()
+        return steps[-1][1] if steps else None
 
     def write_eval(self, result: dict, name: str = "eval.json") -> Path:
         path = self.dir / name
@@ -564,10 +585,44 @@ def restore_generator(generator: torch.Generator, saved: torch.Tensor, iteration
                   "the run's seed and that iteration", highlight=False, soft_wrap=True)
 
 
-def read_json(path: str | Path) -> dict[str, Any]:
+def metrics_row(line: bytes | str) -> dict[str, Any] | str:
+    """A metrics.jsonl line's row, or what is wrong with it."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        row = json.loads(line.decode("utf-8") if isinstance(line, bytes) else line)
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    except ValueError:
+        return "not JSON"
+    if not isinstance(row, dict):
+        return "not a row"
+    for key in ("step", "loss", "seconds"):
+        value = row.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return f"no number '{key}'" if key in row else f"no '{key}'"
+    if not isinstance(row["step"], int):
+        return "a step that is not a whole number"
+    return row
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    """A JSON object from a file; UserError naming the file when it is missing, not UTF-8,
+    not JSON, or JSON of another shape (a list, a string, null)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+                        f"offset {exc.start}); damaged") from None
+    except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: not a JSON object (holds {_shape(data)}); damaged or "
+                        "not written by perencode")
+    return data
+
+
+def _shape(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")

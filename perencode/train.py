@@ -256,7 +256,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
     run's recipe.toml, data and code must be those it was made with (perencode.identity;
     `accept_code_change` accepts other code, and records it). A write the
     filesystem refuses (full disk, quota, read-only) ends it with a UserError naming the
-    last complete checkpoint.
+    file and the newest complete checkpoint (by iteration).
     """
     run = runs.Run(run_dir)
     board = TensorBoardLog(run.dir, enabled=tensorboard)
@@ -301,12 +301,9 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
 
 def _kept(run: runs.Run) -> str:
     """What a run stopped by a refused write keeps, and how to go on."""
-    saved = [p for _, p in run.checkpoints()]
-    if run.resume_path.exists():
-        saved.append(run.resume_path)
-    if not saved:
+    last = run.newest_checkpoint()
+    if last is None:
         return "no checkpoint yet: run the same command again to start over"
-    last = max(saved, key=lambda p: p.stat().st_mtime)
     return f"the last complete checkpoint is {last}: run the same command again to resume"
 
 

@@ -36,7 +36,8 @@ def fake_run(root: Path, name: str, *, task: str = "reverse", arch: str = "gru",
                  "seconds": 10.0 * (i + 1)})
     if finished:
         run.checkpoint_path(recipe.train.iterations).write_bytes(b"")
-        run.write_eval({**eval_identity(recipe), **(metrics or {})})
+        run.write_eval({**eval_identity(recipe), **(metrics or {}),
+                        "iteration": recipe.train.iterations})
     if stability is not None:
         stability.to_csv(run.dir / "stability.csv", index=False)
     return run.dir

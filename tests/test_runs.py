@@ -59,7 +59,7 @@ def test_save_then_resume_restores_everything_and_cuts_later_metrics(tmp_path):
     run.claim(_recipe(keep="all"))
     model, optimizer, generator = _state()
     for step in (5, 10, 15):
-        run.log({"step": step, "loss": 1.0 / step})
+        run.log({"step": step, "loss": 1.0 / step, "seconds": 0.1 * step})
     assert run.save(10, model, optimizer, generator) == run.dir / "checkpoints" / "step-10.pt"
     expected_next = torch.rand(4, generator=torch.Generator().manual_seed(0))
     cpu_next = torch.rand(3)
@@ -80,7 +80,7 @@ def test_save_then_resume_restores_everything_and_cuts_later_metrics(tmp_path):
 def test_resume_without_a_checkpoint_starts_over(tmp_path):
     run = Run(tmp_path / "run")
     run.claim(_recipe())
-    run.log({"step": 5, "loss": 1.0})
+    run.log({"step": 5, "loss": 1.0, "seconds": 0.5})
     assert run.resume(*_state()) == 0
     assert run.metrics() == []
 
@@ -176,11 +176,12 @@ def test_log_start_finish_and_completeness(tmp_path):
     run.claim(recipe)
     run.start(torch.device("cpu"))
     run.start(torch.device("cpu"))
-    run.log({"step": 5, "loss": 2.5})
+    run.log({"step": 5, "loss": 2.5, "seconds": 0.5})
     with open(run.dir / "metrics.jsonl", "a") as f:
         f.write('{"step": 10, "lo')  # a line cut by a kill, and what follows it
-        f.write('\n{"step": 15, "loss": 1.0}\n')
-    assert run.metrics() == [{"step": 5, "loss": 2.5}]
+        f.write('\n{"step": 15, "loss": 1.0, "seconds": 1.5}\n')
+    assert run.metrics() == [{"step": 5, "loss": 2.5, "seconds": 0.5},
+                             {"step": 15, "loss": 1.0, "seconds": 1.5}]
     model, optimizer, generator = _state()
     run.save(30, model, optimizer, generator)
     assert not run.is_complete()

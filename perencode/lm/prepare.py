@@ -12,8 +12,10 @@ A paragraph of fewer than 2 pieces has nothing to predict and is left out (count
 
 The folder is built beside `out` and renamed into place once complete, so `out` is always
 either the previous complete build or the new one. Re-running with the same inputs and
-options finds the manifest's fingerprint unchanged and does nothing. A build folder left by
-a killed run is removed by the next one.
+options finds the manifest's fingerprint unchanged and does nothing (even where the folder
+above `out` is read-only). A build folder left by a killed run is removed by the next one,
+which first ends the trainer still running in it, if any. Runs on one `out` take turns
+through `.OUT.lock` beside it, removed when its holder ends.
 
 SentencePiece holds every training sentence in memory (as the authors' torchtext call did):
 about SPM_MEMORY_PER_BYTE bytes per byte of training text at its peak. Before training, that
@@ -21,11 +23,16 @@ estimate is checked against the memory this process may use (its cgroup's limit,
 allocation, the free RAM); a build that cannot fit is refused with the way out (`--force`,
 or `--sample N`, a departure from the authors' full-corpus vocabulary). The
 trainer runs in a child process, so that its progress is shown while it trains and Ctrl-C
-ends it within a second.
+ends it within a second; SIGTERM and SIGHUP are handled as Ctrl-C is, and the child dies
+with this process however it dies (PR_SET_PDEATHSIG). A failed training is said in
+perencode's words with the option to change, its log kept as OUT.sentencepiece.log.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import fcntl
 import hashlib
 import io
@@ -39,6 +46,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from perencode.console import console
-from perencode.errors import UserError
+from perencode.errors import DISK_ERRORS, UserError
 from perencode.io import disk_errors, fsync_dir, tail_lines
 from perencode.lm.data import (
     FORMAT,
@@ -206,9 +214,25 @@ class Source:
 
 def _read_raw(path: Path) -> Iterator[str]:
     # Text mode with universal newlines, as the authors' open(path, 'r') read the files.
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            yield line.rstrip("\n")
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                yield line.rstrip("\n")
+    except UnicodeDecodeError:
+        raise UserError(_not_utf8(path)) from None
+
+
+def _not_utf8(path: Path) -> str:
+    """One line naming the first line of `path` that is not UTF-8 (WikiText's raw files are)."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return (f"{path}: line {number} is not UTF-8 text (byte "
+                        f"{line[exc.start]:#04x} at column {exc.start + 1}); WikiText's raw "
+                        f"files are UTF-8: convert it, e.g. iconv -f latin1 -t utf-8")
+    return f"{path}: not UTF-8 text"
 
 
 def _file_source(folder: Path) -> Source:
@@ -305,13 +329,37 @@ def _paragraphs(path: Path) -> Iterator[str]:
             yield line.rstrip("\n")
 
 
-def _train_child(train_text: str, folder: str, options: dict) -> None:
+# linux/prctl.h: the kernel sends the child this signal when its parent dies.
+PR_SET_PDEATHSIG = 1
+# In the build folder while the trainer runs: its pid, locked by it (perencode.lm.prepare
+# ends a trainer whose lm-prepare was killed before removing the folder).
+TRAINER_PID = "trainer.pid"
+FAILED = "perencode: SentencePiece training failed: "
+
+
+def _die_with(parent: int) -> None:
+    """End this process when `parent` dies, however it dies (Linux; elsewhere the next
+    lm-prepare ends it, `_end_trainer`)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _train_child(train_text: str, folder: str, options: dict, parent: int) -> None:
     """The child process that trains the tokenizer: SentencePiece logs to its own file
     descriptor 2, pointed at sentencepiece.log, and the model goes to sentencepiece.model.
+    It dies with `parent` (its lm-prepare), and holds TRAINER_PID locked while it lives.
     Ctrl-C is the parent's to act on: it ends this process."""
+    _die_with(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    mine = open(Path(folder) / TRAINER_PID, "w")  # noqa: SIM115 - held until the process ends
+    fcntl.flock(mine, fcntl.LOCK_EX)
+    mine.write(f"{os.getpid()}\n")
+    mine.flush()
     import sentencepiece as spm
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if options.get("input_sentence_size"):
         spm.set_random_generator_seed(0)  # the same sample on every run
     with open(Path(folder) / "sentencepiece.log", "w", encoding="utf-8") as log:
@@ -321,10 +369,45 @@ def _train_child(train_text: str, folder: str, options: dict) -> None:
             spm.SentencePieceTrainer.train(sentence_iterator=_paragraphs(Path(train_text)),
                                            model_writer=model, **options)
         except RuntimeError as exc:
-            print(f"perencode: SentencePiece training failed: {str(exc).splitlines()[0]}",
-                  file=log, flush=True)
+            print(FAILED + " ".join(str(exc).split()), file=log, flush=True)
             raise SystemExit(1) from None
     (Path(folder) / "sentencepiece.model").write_bytes(model.getvalue())
+
+
+def _end_trainer(build: Path) -> int | None:
+    """End the trainer still running in a killed lm-prepare's build folder (one that
+    predates PR_SET_PDEATHSIG, or off Linux) and wait until it has gone; its pid, or None
+    when none was running. Called holding the output's lock: no live lm-prepare owns it."""
+    path = build / TRAINER_PID
+    try:
+        f = open(path, "r+")  # noqa: SIM115 - closed below
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return None  # nobody holds it: its trainer has ended
+        except BlockingIOError:
+            pass
+        text = f.read().strip()
+        if not text.isdigit():
+            return None
+        pid = int(text)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.1)
+        else:
+            raise UserError(f"{build}: its SentencePiece trainer (pid {pid}) does not end; "
+                            f"end it (kill -9 {pid}) and run lm-prepare again")
+    return pid
 
 
 def _stage(log: Path) -> str:
@@ -338,6 +421,58 @@ def _stage(log: Path) -> str:
     return re.sub(r"^.*?\.cc(?::\d+\]|\(\d+\))\s*(?:LOG\(\w+\)\s*)?", "", last).strip()[:100]
 
 
+class _TrainerFailed(Exception):
+    """The trainer ended with `exitcode` (its message, or None)."""
+
+    def __init__(self, exitcode: int | None, message: str | None):
+        super().__init__(message)
+        self.exitcode, self.message = exitcode, message
+
+
+def _failure_message(log: Path) -> str | None:
+    """SentencePiece's whole message, as the child wrote it at the end of its log."""
+    try:
+        lines = tail_lines(log, 8192)
+    except OSError:
+        return None
+    found = [line[len(FAILED):] for line in lines if line.startswith(FAILED)]
+    return found[-1] if found else None
+
+
+def _failure(failed: _TrainerFailed, options: dict, train_text: Path, log: str) -> str:
+    """A failed trainer in perencode's words: what is wrong and the option to change."""
+    message = failed.message or ""
+    where = f"SentencePiece's message is in {log}"
+    too_many = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value "
+                         r"<= (\d+)", message)
+    if too_many:
+        return (f"--vocab-size {too_many.group(1)} is too large for this corpus: SentencePiece "
+                f"can make at most {too_many.group(2)} pieces from it; pass --vocab-size "
+                f"{too_many.group(2)} or less, or a larger corpus ({where})")
+    few = re.search(r"input_sentence_size\(\) > (\d+)\]", message)
+    if few:
+        return (f"--sample {options.get('input_sentence_size')} is too small: SentencePiece "
+                f"samples at least {int(few.group(1)) + 1} paragraphs; pass --sample "
+                f"{int(few.group(1)) + 1} or more, or leave --sample out to train on every "
+                f"paragraph ({where})")
+    if "!sentences_.empty()" in message:
+        limit = options["max_sentence_length"]
+        longest, count = 0, 0
+        with open(train_text, "rb") as f:
+            for line in f:
+                longest, count = max(longest, len(line) - 1), count + 1
+        if count and longest > limit:
+            return (f"no training paragraph is short enough for SentencePiece: the longest has "
+                    f"{longest:,} bytes and it skips those over {limit:,}; WikiText has one "
+                    f"paragraph a line, and this corpus has {count:,} line"
+                    f"{'s' if count > 1 else ''} (a file without its line breaks?) ({where})")
+    if failed.exitcode is not None and failed.exitcode < 0:
+        return (f"SentencePiece training was killed by signal {-failed.exitcode} (out of "
+                f"memory? `--sample N` needs less) ({where})")
+    return (f"SentencePiece training failed (exit code {failed.exitcode}): "
+            f"{message or 'no message'} ({where})")
+
+
 def _elapsed(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 60}m{seconds % 60:02d}s"
@@ -346,12 +481,15 @@ def _elapsed(seconds: float) -> str:
 def _train_tokenizer(train_text: Path, folder: Path, options: dict, progress: bool):
     """Train the unigram model on the training paragraphs in a child process, saying how
     long it has been at it and what it is doing; write .model, .vocab and the log. Ctrl-C
-    (KeyboardInterrupt) ends the child within a second and propagates."""
+    or SIGTERM (KeyboardInterrupt, Stopped) ends the child within a second and
+    propagates; SIGKILL ends it too (PR_SET_PDEATHSIG). A failure is a UserError in
+    perencode's words (`_failure`)."""
     import sentencepiece as spm
 
     log = folder / "sentencepiece.log"
     child = multiprocessing.get_context("spawn").Process(
-        target=_train_child, args=(str(train_text), str(folder), options), daemon=True)
+        target=_train_child, args=(str(train_text), str(folder), options, os.getpid()),
+        daemon=True)
     t0 = time.monotonic()
     child.start()
     status = console.status("") if progress and console.is_terminal else None
@@ -378,9 +516,9 @@ def _train_tokenizer(train_text: Path, folder: Path, options: dict, progress: bo
             if child.is_alive():
                 child.kill()
                 child.join()
+    (folder / TRAINER_PID).unlink(missing_ok=True)
     if child.exitcode != 0:
-        raise UserError(f"SentencePiece training failed (exit code {child.exitcode}): "
-                        f"{_stage(log) or 'no message'}")
+        raise _TrainerFailed(child.exitcode, _failure_message(log))
     # The largest child this process has waited for: the trainer (Linux: KiB; macOS: bytes).
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     peak_mb = peak / 2**20 if sys.platform == "darwin" else peak / 2**10
@@ -450,6 +588,10 @@ def _build(src: Source, folder: Path, vocab_size: int, max_tokens: int, threads:
     splits = {split: _clean(src.read(split), folder / f"{split}.txt") for split in SPLITS}
     seconds["clean"] = time.perf_counter() - t0
     train_bytes = (folder / "train.txt").stat().st_size
+    if not splits["train"]["paragraphs"]:
+        raise UserError(f"{src.location}: the training split has no paragraph (its "
+                        f"{splits['train']['lines']:,} lines are blank or headings): nothing "
+                        "to train the vocabulary on; pass --source a WikiText-shaped corpus")
     if not force:
         check_memory(train_bytes, splits["train"]["paragraphs"], sample_sentences)
 
@@ -463,7 +605,16 @@ def _build(src: Source, folder: Path, vocab_size: int, max_tokens: int, threads:
                       f"{folder / 'sentencepiece.log'} (kept as {out / 'sentencepiece.log'})",
                       highlight=False, soft_wrap=True)
     t0 = time.perf_counter()
-    sp, peak_mb = _train_tokenizer(folder / "train.txt", folder, trainer, progress)
+    try:
+        sp, peak_mb = _train_tokenizer(folder / "train.txt", folder, trainer, progress)
+    except _TrainerFailed as failed:
+        kept = failed_log(out)
+        try:
+            shutil.copyfile(folder / "sentencepiece.log", kept)
+            where = str(kept)
+        except OSError as exc:
+            where = f"its log, which could not be kept as {kept} ({exc.strerror})"
+        raise UserError(_failure(failed, trainer, folder / "train.txt", where)) from None
     seconds["tokenizer"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -501,12 +652,45 @@ def _build(src: Source, folder: Path, vocab_size: int, max_tokens: int, threads:
 
 # -- the folder swap -------------------------------------------------------------------
 
+def failed_log(out: Path) -> Path:
+    """Where a failed tokenizer training's log is kept (removed by the next build)."""
+    return out.parent / f"{out.name}.sentencepiece.log"
+
+
 @contextmanager
 def _locked(out: Path):
-    """One lm-prepare per output folder at a time (so leftovers can be removed safely)."""
-    with open(out.parent / f".{out.name}.lock", "w") as f:
+    """One lm-prepare per output folder at a time (so leftovers can be removed safely): a
+    second waits for the first. The lock file `.OUT.lock` beside `out` lives only while its
+    holder runs: the holder removes it before letting go, and a waiter that then gets the
+    lock of a removed file tries again on the path's new one."""
+    path = out.parent / f".{out.name}.lock"
+    while True:
+        f = open(path, "a")  # noqa: SIM115 - closed below
         fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            same = os.path.samestat(os.stat(path), os.fstat(f.fileno()))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()
+    try:
         yield
+    finally:
+        path.unlink(missing_ok=True)
+        f.close()
+
+
+def _up_to_date(out: Path, fingerprint: str) -> dict | None:
+    """The manifest of `out` when it is a complete build of `fingerprint`, else None."""
+    previous = _previous_manifest(out)
+    if previous is None or previous.get("fingerprint") != fingerprint:
+        return None
+    try:
+        check_files(out, previous)
+    except UserError:
+        return None  # an output file changed: build again
+    return previous
 
 
 def _previous_manifest(out: Path) -> dict | None:
@@ -553,19 +737,27 @@ def prepare(source: str | None = None, out: str | Path = "data/wikitext103",
     fingerprint = hashlib.sha256(json.dumps({"source": src.identity, "options": options},
                                             sort_keys=True).encode()).hexdigest()
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(out):
+    if not os.access(out.parent, os.W_OK):  # read-only: it can still be found up to date
+        current = _up_to_date(out, fingerprint)
+        if current is not None:
+            return current | {"status": "up to date"}
+        read_only = hasattr(os, "statvfs") and os.statvfs(out.parent).f_flag & os.ST_RDONLY
+        why = DISK_ERRORS[errno.EROFS if read_only else errno.EACCES]
+        raise UserError(f"{out.parent}: cannot write: {why}; {out} is not an up-to-date "
+                        "build of these inputs and options: choose an --out in a writable "
+                        "folder")
+    with _locked(out), _stopped_by_signals():
         for leftover in out.parent.iterdir():  # a crashed build's folders: never trusted
             if leftover.name.startswith((f".{out.name}.build-", f".{out.name}.old-")):
+                pid = _end_trainer(leftover)
                 shutil.rmtree(leftover, ignore_errors=True)
-                console.print(f"[yellow]note:[/] removed {leftover}, left by an lm-prepare "
-                              "that was killed", highlight=False, soft_wrap=True)
+                ended = f" and ended its SentencePiece trainer (pid {pid})" if pid else ""
+                console.print(f"[yellow]note:[/] removed {leftover}{ended}, left by an "
+                              "lm-prepare that was killed", highlight=False, soft_wrap=True)
         previous = _previous_manifest(out)
-        if previous is not None and previous.get("fingerprint") == fingerprint:
-            try:
-                check_files(out, previous)
-                return previous | {"status": "up to date"}
-            except UserError:
-                pass  # an output file changed: build again
+        current = _up_to_date(out, fingerprint)
+        if current is not None:
+            return current | {"status": "up to date"}
         build = Path(tempfile.mkdtemp(prefix=f".{out.name}.build-", dir=out.parent))
         umask = os.umask(0)
         os.umask(umask)
@@ -584,7 +776,37 @@ def prepare(source: str | None = None, out: str | Path = "data/wikitext103",
                 else:
                     os.rename(build, out)
                 fsync_dir(out.parent)
+                failed_log(out).unlink(missing_ok=True)
         finally:
             shutil.rmtree(build, ignore_errors=True)
     return manifest | {"status": "built" if previous is None else "rebuilt"}
 
+
+class Stopped(KeyboardInterrupt):
+    """lm-prepare stopped by SIGTERM or SIGHUP: handled as Ctrl-C is (the trainer ended, the
+    unfinished build removed), `signum` for the exit status."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _stopped_by_signals():
+    """SIGTERM and SIGHUP (a `kill`, a closed terminal) raise Stopped in the main thread, so
+    that the build is cleaned up as on Ctrl-C instead of the process dying mid-build."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        for name in (signal.SIGTERM, signal.SIGHUP):  # once: the clean-up is not cut short
+            signal.signal(name, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    previous = {name: signal.signal(name, stop) for name in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for name, handler in previous.items():
+            signal.signal(name, handler)

@@ -6,7 +6,6 @@ is perencode.runs.Run."""
 from __future__ import annotations
 
 import enum
-import json
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -103,13 +102,10 @@ def last_rows(run_dir: Path, n: int = 2) -> list[dict]:
         lines = tail_lines(path, 4096)
     except FileNotFoundError:
         return []
-    rows = []
-    for line in lines[-n - 1:]:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # the first line of the tail is usually cut
-    return rows[-n:]
+    # The first line of the tail is usually cut; a damaged one is skipped (Run.metrics
+    # names it).
+    rows = [runs.metrics_row(line) for line in lines]
+    return [row for row in rows if isinstance(row, dict)][-n:]
 
 
 def refresh(run: PlannedRun) -> None:
