@@ -114,9 +114,10 @@ def provenance(part: pd.DataFrame) -> dict:
             commit += " (edited checkout)"
         commits[commit] = commits.get(commit, 0) + 1
     seconds = part["train_seconds"].fillna(0).sum() if "train_seconds" in part else 0.0
-    fingerprints: dict[str, int] = {}
-    for found in part["fingerprint"] if "fingerprint" in part else []:
-        fingerprints[found] = fingerprints.get(found, 0) + 1
+    # A run read with other code than made it (--accept-code) is marked beside its own.
+    accepted = part.get("code_changes_accepted", pd.Series([None] * len(part)))
+    fingerprints = sorted({f"{found} (other code accepted)" if isinstance(other, str) else found
+                           for found, other in zip(part.get("fingerprint", []), accepted)})
     shown = {short_key(c): _distinct(part[c]) for c in SETTINGS if c in part}
     return {"runs": len(part), "seeds": sorted(int(s) for s in part["train.seed"].unique()),
             "settings": {k: v for k, v in shown.items() if v}, "devices": devices,
@@ -184,7 +185,7 @@ def _runs_box(part: pd.DataFrame, diverged: int = 0) -> str:
             + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in p["settings"].items())
             + f'<dt>devices</dt><dd>{_counted(p["devices"])}</dd>'
             f'<dt>commits</dt><dd>{_counted(p["commits"])}</dd>'
-            f'<dt>fingerprints</dt><dd>{_e(", ".join(sorted(p["fingerprints"])))}</dd>'
+            f'<dt>fingerprints</dt><dd>{_e(", ".join(p["fingerprints"]))}</dd>'
             f'<dt>device-hours</dt><dd>{p["device_hours"]:.3g}</dd></dl>')
 
 

@@ -136,6 +136,13 @@ def test_an_edited_loose_plugin_is_refused_until_accepted(tmp_path):
     assert "changed since the run was made" in result["code_changes_accepted"][0]
     accepted = json.loads((run_dir / "identity.json").read_text())["accepted"]
     assert [a["command"] for a in accepted] == ["eval"]
+    # figures, verify and report go on when asked to, and say so.
+    out = tmp_path / "report"
+    code, text = perencode("--plugin", plugin, "report", run_dir, "--claims", "quick",
+                           "--out", out, "--accept-code")
+    assert code == 0, text
+    assert "code_changes_accepted" in (out / "results.csv").read_text().splitlines()[0]
+    assert "(other code accepted)" in (out / "report.html").read_text()
 
 
 def _installed(site: Path, version: str, top: float) -> None:
