@@ -20,7 +20,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from perencode import __version__
+from perencode import __version__, kinds
 from perencode.console import console
 from perencode.errors import UserError, refused_write
 
@@ -131,12 +131,13 @@ def main(
         [], "--plugin", metavar="FILE_OR_MODULE", help="Load a plugin's tasks, models or "
         "encodings: a Python file or an importable module (docs/extending.md). Repeatable; "
         "also PERENCODE_PLUGINS (a path-separated list). Installed plugins (entry points "
-        "perencode.kinds) load by themselves. A sweep hands them to its workers and jobs."),
+        "perencode.kinds) load by themselves, unless PERENCODE_DISABLE_PLUGIN_AUTOLOAD=1. "
+        "A sweep hands them to its workers and jobs."),
 ) -> None:
     """Options of `perencode` itself (the commands have their own)."""
     # Without a plugin nothing is imported: commands that need no kinds start without torch.
-    if plugin or environ.get("PERENCODE_PLUGINS") or metadata.entry_points(
-            group="perencode.kinds"):
+    installed = kinds.autoload() and metadata.entry_points(group="perencode.kinds")
+    if plugin or environ.get("PERENCODE_PLUGINS") or installed:
         from perencode.plugins import activate
 
         try:

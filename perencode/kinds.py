@@ -17,6 +17,7 @@ importing them back.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -111,6 +112,9 @@ LOADING: list[Any] = []
 # Loads the installed plugins and those PERENCODE_PLUGINS names on first use, by name as
 # the package's own modules are (it imports this module).
 PLUGIN_LOADER = "perencode.plugins"
+# Set (to anything but "" or "0"), installed plugins' entry points are not loaded, as
+# pytest's PYTEST_DISABLE_PLUGIN_AUTOLOAD; --plugin and PERENCODE_PLUGINS still load.
+AUTOLOAD_OFF = "PERENCODE_DISABLE_PLUGIN_AUTOLOAD"
 # Where an unknown name sends the user (perencode.plugins).
 PLUGIN_HINT = ("a plugin's kinds load with `perencode --plugin FILE_OR_MODULE`, "
                "PERENCODE_PLUGINS or an installed package's perencode.kinds entry point "
@@ -150,9 +154,16 @@ def register_encoding(kind: EncodingKind) -> EncodingKind:
     return _register(ENCODINGS, kind)
 
 
+def autoload() -> bool:
+    """Whether installed plugins (`perencode.kinds` entry points) load by themselves: yes,
+    unless PERENCODE_DISABLE_PLUGIN_AUTOLOAD is set (a test suite, a clean comparison)."""
+    return os.environ.get(AUTOLOAD_OFF, "").strip() in ("", "0")
+
+
 def registry(kind: str) -> dict:
     """The registry of `kind` ("task", "model" or "encoding"), the package's own kinds
-    loaded, then the installed plugins' (entry points) and those PERENCODE_PLUGINS names
+    loaded, then the installed plugins' (entry points, unless `autoload()` is off) and
+    those PERENCODE_PLUGINS names
     (perencode.plugins; a plugin that fails to import is a UserError)."""
     if not _loaded:
         _loaded.append(True)  # before the imports: their own look-ups must not recurse
