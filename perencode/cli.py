@@ -410,6 +410,9 @@ def sweep(
     runs_per_gpu: int = typer.Option(1, min=1, help="Runs sharing one GPU (local)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (runs, states), "
                                  "disk and device-hours at once; run nothing."),
+    explain: bool = typer.Option(False, "--explain", help="A dry run that also shows where "
+                                 "each value of the cells comes from: a file (the grid or a "
+                                 "base), a file's \\[grid] axis, --set, or the default."),
     estimate: bool = typer.Option(False, "--estimate", help="Time 3 iterations of each "
                                   "shape not yet measured on this device (cached in "
                                   ".estimates.json under the runs' root), then print the "
@@ -446,7 +449,7 @@ def sweep(
     code = run_sweep(grid, out=runs, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
                      dry_run=dry_run, only=only, overrides=overrides, device=device,
                      slurm=slurm, progress=progress, wait=wait, estimate=estimate,
-                     tensorboard=tensorboard)
+                     tensorboard=tensorboard, explain=explain)
     raise typer.Exit(code)
 
 
