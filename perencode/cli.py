@@ -272,6 +272,25 @@ def recipe_schema(
         print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
 
 
+@app.command("claims-schema")
+def claims_schema(
+    as_json: bool = typer.Option(False, "--json", help="The JSON Schema of a claims file (for "
+                                 "editors and validators) instead of the Markdown table."),
+) -> None:
+    """Print every field of a claims file's claim tables as a Markdown table
+    (docs/claims.md)."""
+    from perencode.schema import model_rows
+    from perencode.verify import Claim
+    from perencode.verify import claims_schema as schema
+
+    if as_json:
+        print(json.dumps(schema(), indent=2))
+        return
+    print("| key | type | default | description |\n|---|---|---|---|")
+    for row in model_rows(Claim):
+        print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+
+
 @app.command()
 @user_errors
 def env(

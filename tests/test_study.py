@@ -3,15 +3,20 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import PYTHON, ROOT, subprocess_env
+from fake_runs import fake_run
 from test_plugins import autoloading, error_line
 from test_sweep import TINY
 
 from perencode import kinds, plugins
 from perencode.grid import load_grid
+from perencode.recipe import read_toml, validate
+from perencode.verify import Claim
 
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
 
@@ -127,3 +132,70 @@ def test_the_dry_run_explains_where_each_value_came_from(tmp_path, cli, monkeypa
     assert rows["optim.lr"] == ["0.003", "--set"]
     assert rows["task.length"] == ["4", "base.toml"]
     assert rows["optim.clip_norm"] == ["1.0", "default"]
+
+
+# -- claims of one's own: the format, its schema, the example's claims -------------------------
+
+MINGRU_CLAIMS = ROOT / "examples" / "perencode-minrnn" / "claims" / "reverse_vocabulary.toml"
+
+
+def test_the_claims_schema_is_the_claim_and_the_docs_table_is_the_commands(cli):
+    code, text = cli("claims-schema", "--json")
+    schema = json.loads(text)
+    item = schema["properties"]["claim"]["items"]
+    assert code == 0 and schema["required"] == ["claim"]
+    assert list(item["properties"]) == list(Claim.model_fields)
+    assert set(item["required"]) == {"id", "statement", "metric", "test"}
+    assert item["additionalProperties"] is False
+    # Every bundled and example claim uses only fields of the schema.
+    for path in [*(ROOT / "perencode" / "claims").glob("*.toml"), MINGRU_CLAIMS]:
+        for claim in read_toml(path)["claim"]:
+            assert set(claim) <= set(item["properties"]) and set(item["required"]) <= set(claim)
+    code, table = cli("claims-schema")
+    assert code == 0 and table.strip() in (ROOT / "docs" / "claims.md").read_text()
+
+
+def mingru_runs(root: Path) -> Path:
+    """Fake minGRU runs (the kind need not be registered to read results): vanilla 1.0 at
+    K = 32 and about 0.3 at K = 256, PE 1.0 and about 0.9, three seeds."""
+    accuracy = {(32, "none"): 1.0, (32, "sinusoidal"): 1.0, (256, "none"): 0.3,
+                (256, "sinusoidal"): 0.9}
+    for (vocab, kind), acc in accuracy.items():
+        for i, seed in enumerate((111, 222, 333)):
+            recipe = validate({"task": {"name": "reverse", "vocab_size": vocab, "length": 8},
+                               "model": {"arch": "mingru", "hidden_size": 32},
+                               "encoding": {"kind": kind},
+                               "train": {"iterations": 200, "seed": seed}}, "fake",
+                              any_kind=True)
+            value = acc - 0.01 * i
+            fake_run(root, f"K{vocab}-{kind}-{seed}", recipe=recipe, metrics={
+                "token_accuracy": value, "dl_distance": 8 * (1 - value)})
+    return root
+
+
+def test_the_example_claims_ask_pe_vs_vanilla_at_the_largest_vocabulary(tmp_path, cli):
+    runs = mingru_runs(tmp_path / "runs")
+    code, text = cli("verify", runs, "--claims", MINGRU_CLAIMS, "--out", tmp_path / "v",
+                     "--json")
+    assert code == 0, text
+    got = {r["id"]: r for r in json.loads((tmp_path / "v" / "verify.json").read_text())[
+        "results"]}
+    assert {k: r["verdict"] for k, r in got.items()} == {
+        "mingru-pe-better-at-largest-k": "pass", "mingru-pe-lower-dl-at-largest-k": "pass",
+        "mingru-vanilla-degrades": "pass"}
+    assert got["mingru-pe-better-at-largest-k"]["value"] == pytest.approx(0.6)
+    assert got["mingru-pe-better-at-largest-k"]["reproduced"].endswith("(vocab_size=256)")
+    assert got["mingru-vanilla-degrades"]["value"] == pytest.approx(-0.7)
+
+
+def test_a_claims_mistake_is_one_line_naming_the_file_and_a_close_column(tmp_path, cli):
+    runs = mingru_runs(tmp_path / "runs")
+    claims = tmp_path / "mine.toml"
+    for body, message in [
+            ('metric = "token_acc"\ntest = "threshold"\n', "metric 'token_acc' is not a "
+             "column of table 'runs' (did you mean 'token_accuracy'?)"),
+            ('metric = "token_accuracy"\nwhere = { "model.ach" = "gru" }\ntest = "threshold"\n',
+             "no column 'model.ach' to filter on (did you mean 'model.arch'?)")]:
+        claims.write_text(f'[[claim]]\nid = "x"\nstatement = "s"\n{body}')
+        code, text = cli("verify", runs, "--claims", claims, "--out", tmp_path / "v")
+        assert code == 2 and " ".join(text.split()) == f"error: {claims}: claim x: {message}"
