@@ -421,7 +421,14 @@ def lm_prepare(
 @user_errors
 def sweep(
     grid: Path = typer.Argument(..., help="Grid file, e.g. "
-                                "recipes/paper/fig02_gru_reverse.toml."),
+                                "recipes/paper/fig02_gru_reverse.toml, or a recipe with --axis."),
+    axes: list[str] = typer.Option([], "--axis", metavar="FIELD=V1,V2", help="Sweep FIELD "
+                                   "over these values without a grid file (a recipe becomes a "
+                                   "grid); over a grid file, adds the axis or replaces its "
+                                   "values. Repeatable; tied: a.b+c.d=[1,2],[3,4]."),
+    tag: str | None = typer.Option(None, "--tag", help="Name this sweep: its runs go to "
+                                   "RUNS/<grid>@TAG (a second variant of the same grid) and "
+                                   "record the tag, which figures and report show."),
     runs: Path | None = typer.Option(None, "--runs", help=RUNS_HELP, show_default="runs"),
     old_out: Path | None = typer.Option(None, "--out", hidden=True),
     executor: str = typer.Option("local", help="local (subprocesses) or slurm (submitit)."),
@@ -468,7 +475,7 @@ def sweep(
     code = run_sweep(grid, out=runs, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
                      dry_run=dry_run, only=only, overrides=overrides, device=device,
                      slurm=slurm, progress=progress, wait=wait, estimate=estimate,
-                     tensorboard=tensorboard, explain=explain)
+                     tensorboard=tensorboard, explain=explain, axes=axes, tag=tag)
     raise typer.Exit(code)
 
 

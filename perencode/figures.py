@@ -626,6 +626,12 @@ def figure_parts(figure: Figure, results: Results) -> list[Part]:
     return found
 
 
+def tags(runs: pd.DataFrame) -> str:
+    """'Sweep tag: lr-low, lr-high' for runs made by tagged sweeps (`sweep --tag`), or ''."""
+    found = sorted(set(runs["tag"].dropna())) if "tag" in runs.columns else []
+    return f"Sweep tag: {', '.join(found)}" if found else ""
+
+
 def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
     """Draw one figure from its runs, one file per part (figure_parts), subtitled with how
     its runs differ from the paper's; adds the runs drawn to `drawn`."""
@@ -641,6 +647,7 @@ def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
             _warn(f"{part.stem}: drawn without {len(lacking)} missing run(s): {shown}")
         if part.differs:
             console.print(f"{part.stem}: {part.differs}", highlight=False, soft_wrap=True)
-        written += figure.draw(part.rows, out / part.stem, part.differs)
+        written += figure.draw(part.rows, out / part.stem,
+                               "; ".join(filter(None, [part.differs, tags(part.runs)])))
         drawn.update(part.rows["run"])
     return written

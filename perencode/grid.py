@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ from perencode.recipe import (
     foreign_options,
     parse_value,
     read_toml,
+    tomllib,
     validate,
 )
 from perencode.validation import validate_table
@@ -130,12 +132,14 @@ class Cell:
     name: str                 # the run directory below OUT/<grid>: "vocab_size=32/seed=111"
     coords: dict[str, Any]    # axis (dotted key) -> value
     recipe: Recipe
+    # What its run remembers of the sweep (RUN_DIR/sweep.json): grid, name, tag, cell, axes
+    record: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Grid:
     path: Path
-    name: str
+    name: str                 # its runs' folder under OUT: the file's stem, @tag with a tag
     description: str
     cells: list[Cell]
     slurm: SlurmConfig
@@ -144,6 +148,30 @@ class Grid:
     # absent: the recipe's default)
     origins: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # one line each: an inherited axis fixed
+    tag: str | None = None    # `sweep --tag`: a second variant of the same grid, named
+
+
+TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def axis_options(items: list[str]) -> dict[str, list]:
+    """`--axis FIELD=V1,V2` options as [grid] axes: the values read as a TOML array (a bare
+    word is a string), a tied axis as `a.b+c.d=[1,2],[3,4]`."""
+    axes: dict[str, list] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not text.strip():
+            raise UserError(f"--axis '{item}': expected FIELD=V1,V2 (e.g. "
+                            "--axis task.vocab_size=32,64)")
+        try:
+            values = tomllib.loads(f"v = [{text}]")["v"]
+        except tomllib.TOMLDecodeError:
+            values = [parse_value(v.strip()) for v in text.split(",")]
+        if key in axes:
+            raise UserError(f"--axis '{item}': {key} is given twice")
+        axes[key] = values
+    return axes
 
 
 def _merge(base: dict, top: dict) -> dict:
@@ -198,7 +226,7 @@ def _fix_inherited_axes(base: dict, top: dict, source: str, base_source: str) ->
                       for k in taken if k not in own_axes]
         varied = [k for k in taken if k in own_axes]
         parts = ([f"sets {' and '.join(values_set)}"] if values_set else []) + \
-            ([f"varies {' and '.join(varied)} in its own [grid]"] if varied else [])
+            ([f"varies {' and '.join(varied)} itself"] if varied else [])
         kept = [i for i, k in enumerate(keys) if k not in taken]
         if any(k not in own_axes for k in taken) or kept:
             rest = "+".join(keys[i] for i in kept)
@@ -303,15 +331,27 @@ def _select(cells: list[Cell], axes: dict[str, list], only: list[str], source: s
 
 
 def load_grid(path: str | Path, overrides: list[str] | None = None,
-              only: list[str] | None = None) -> Grid:
-    """Read, expand and validate a grid file; UserError (one line) on any mistake."""
+              only: list[str] | None = None, extra_axes: list[str] | None = None,
+              tag: str | None = None) -> Grid:
+    """Read, expand and validate a grid file; UserError (one line) on any mistake.
+    `extra_axes` (`--axis FIELD=V1,V2`) lie over the file as a grid inheriting it would (a
+    recipe becomes a grid); `tag` names a variant: its runs go to OUT/<stem>@<tag>."""
     path = Path(path)
     source = str(path)
+    if tag is not None and not TAG.fullmatch(tag):
+        raise UserError(f"--tag '{tag}': letters, digits, '_', '.' and '-' only (it names "
+                        "the runs' folder)")
     data, origins, notes = _read_layers(path)
+    if extra_axes:
+        extra = {"grid": axis_options(extra_axes)}
+        notes += _fix_inherited_axes(data, extra, "--axis", source)
+        data = _merge(data, extra)
+        origins.update({key: "--axis" for key in _layer_keys(extra)[1]})
     axes = data.pop("grid", None)
     if not isinstance(axes, dict) or not axes:
         raise UserError(f"{source}: no [grid] table of axes (dotted keys -> lists); a single "
-                        "recipe runs with `perencode train`")
+                        "recipe runs with `perencode train`, or sweeps with --axis "
+                        "FIELD=V1,V2")
     slurm = validate_table(SlurmConfig, data.pop("slurm", {}), source, "slurm")
     sweep = validate_table(SweepConfig, data.pop("sweep", {}), source, "sweep")
     description = data.pop("description", "")
@@ -353,8 +393,12 @@ def load_grid(path: str | Path, overrides: list[str] | None = None,
         if key not in applied:
             raise UserError(f"--set {item}: no cell of {source} has this option (it belongs "
                             f"to another task, model or encoding than the grid's)")
-    return Grid(path, path.stem, description, _select(cells, values, only or [], source), slurm,
-                sweep, origins, notes)
+    name = f"{path.stem}@{tag}" if tag else path.stem
+    for cell in cells:
+        cell.record = {"grid": str(path), "name": name, "tag": tag, "cell": cell.name,
+                       "axes": {key: format_value(v) for key, v in cell.coords.items()}}
+    return Grid(path, name, description, _select(cells, values, only or [], source), slurm,
+                sweep, origins, notes, tag)
 
 
 def explain(grid: Grid) -> list[tuple[str, str, str]]:

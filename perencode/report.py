@@ -106,7 +106,8 @@ def provenance(part: pd.DataFrame) -> dict:
     shown = {short_key(c): _distinct(part[c]) for c in SETTINGS if c in part}
     return {"runs": len(part), "seeds": sorted(int(s) for s in part["train.seed"].unique()),
             "settings": {k: v for k, v in shown.items() if v}, "devices": devices,
-            "commits": commits, "device_hours": float(seconds) / 3600}
+            "commits": commits, "device_hours": float(seconds) / 3600,
+            "tags": sorted(set(part["tag"].dropna())) if "tag" in part else []}
 
 
 def _distinct(column: pd.Series) -> str:
@@ -163,6 +164,7 @@ def _runs_box(part: pd.DataFrame) -> str:
     return ('<dl class="runs">'
             f'<dt>runs</dt><dd>{p["runs"]}</dd>'
             f'<dt>seeds</dt><dd>{_e(", ".join(map(str, p["seeds"])))}</dd>'
+            + (f'<dt>sweep tag</dt><dd>{_e(", ".join(p["tags"]))}</dd>' if p["tags"] else "")
             + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in p["settings"].items())
             + f'<dt>devices</dt><dd>{_counted(p["devices"])}</dd>'
             f'<dt>commits</dt><dd>{_counted(p["commits"])}</dd>'

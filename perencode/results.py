@@ -114,6 +114,9 @@ def collect(paths: list[Path]) -> Results:
         metrics = runs.Run(run_dir).metrics()
         row = {"run": run, **flatten(recipe), **scalars, **_training_summary(metrics),
                "complete": runs.Run(run_dir).is_complete()}
+        tag = runs.sweep_record(run_dir).get("tag")
+        if tag:  # `sweep --tag`: a column only where a run has one
+            row["tag"] = str(tag)
         own = {name: pd.DataFrame(items) for name, items in nested.items()}
         stability = _read_stability(run_dir)
         if stability is not None:

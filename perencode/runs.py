@@ -47,6 +47,9 @@ from perencode.io import (
 from perencode.lock import LOCK_NAME
 from perencode.recipe import Recipe, migrate_stored, read_toml, validate
 
+# What a run made by a sweep remembers of it (perencode.grid.Cell.record): the grid, the
+# sweep's name and tag, the cell and its axes.
+SWEEP_RECORD = "sweep.json"
 CHECKPOINT_FORMAT = "perencode-checkpoint"
 CHECKPOINT_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d+)\.pt$")
@@ -456,6 +459,15 @@ def restore_generator(generator: torch.Generator, saved: torch.Tensor, iteration
     console.print(f"[yellow]note:[/] {path}: written on another device type; the training "
                   f"batches after iteration {iteration} come from a new stream seeded from "
                   "the run's seed and that iteration", highlight=False, soft_wrap=True)
+
+
+def sweep_record(run_dir: str | Path) -> dict[str, Any]:
+    """RUN_DIR/sweep.json, or {} (a run trained by hand; an unreadable file names nothing)."""
+    try:
+        found = json.loads((Path(run_dir) / SWEEP_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def read_json(path: str | Path) -> dict[str, Any]:

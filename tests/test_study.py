@@ -7,6 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from conftest import PYTHON, ROOT, subprocess_env
 from fake_runs import fake_run
@@ -14,7 +15,8 @@ from test_plugins import autoloading, error_line
 from test_sweep import TINY
 
 from perencode import kinds, plugins
-from perencode.grid import load_grid
+from perencode.errors import UserError
+from perencode.grid import axis_options, load_grid
 from perencode.recipe import read_toml, validate
 from perencode.verify import Claim
 
@@ -111,7 +113,7 @@ def test_a_tied_axis_keeps_the_keys_the_file_does_not_set(tmp_path):
     grid = load_grid(grid_pair(tmp_path, '[grid]\n"task.vocab_size" = [16]\n'))
     assert {(c.recipe.task.vocab_size, c.recipe.train.iterations) for c in grid.cells} == \
         {(16, 20), (16, 10)}
-    assert "varies task.vocab_size in its own [grid]" in grid.notes[0]
+    assert "child.toml varies task.vocab_size itself, which its base" in grid.notes[0]
     grid = load_grid(grid_pair(tmp_path, '[grid]\n"encoding.kind" = ["none"]\n'))
     assert grid.notes == [] and [c.name for c in grid.cells] == [
         "vocab_size=64/encoding=none", "vocab_size=8/encoding=none"]
@@ -199,3 +201,75 @@ def test_a_claims_mistake_is_one_line_naming_the_file_and_a_close_column(tmp_pat
         claims.write_text(f'[[claim]]\nid = "x"\nstatement = "s"\n{body}')
         code, text = cli("verify", runs, "--claims", claims, "--out", tmp_path / "v")
         assert code == 2 and " ".join(text.split()) == f"error: {claims}: claim x: {message}"
+
+
+# -- ad-hoc multirun: --axis without a grid file, --tag -----------------------------------------
+
+
+def test_axis_options_read_values_as_toml_and_refuse_mistakes():
+    assert axis_options(["task.vocab_size=32,64", "encoding.kind=none,sinusoidal",
+                         "task.vocab_size+train.iterations=[32,2000],[1024,4000]"]) == {
+        "task.vocab_size": [32, 64], "encoding.kind": ["none", "sinusoidal"],
+        "task.vocab_size+train.iterations": [[32, 2000], [1024, 4000]]}
+    for item, message in [("task.vocab_size", "expected FIELD=V1,V2"),
+                          ("task.vocab_size=", "expected FIELD=V1,V2")]:
+        with pytest.raises(UserError, match=message):
+            axis_options([item])
+
+
+def test_an_axis_over_a_recipe_or_a_grid_plans_as_a_grid_file_does(tmp_path):
+    recipe = tmp_path / "tiny.toml"
+    recipe.write_text(TINY)
+    grid = load_grid(recipe, extra_axes=["encoding.kind=none,sinusoidal", "train.seed=1,2"],
+                     tag="t1")
+    assert grid.name == "tiny@t1" and [c.name for c in grid.cells] == [
+        "encoding=none/seed=1", "encoding=none/seed=2", "encoding=sinusoidal/seed=1",
+        "encoding=sinusoidal/seed=2"]
+    assert grid.cells[3].record == {"grid": str(recipe), "name": "tiny@t1", "tag": "t1",
+                                    "cell": "encoding=sinusoidal/seed=2",
+                                    "axes": {"encoding.kind": "sinusoidal", "train.seed": "2"}}
+    assert grid.origins["train.seed"] == "--axis"
+    # Over a grid file: an axis of its own is replaced (a tied one keeps its other keys).
+    grid = load_grid(grid_pair(tmp_path, ""), extra_axes=["task.vocab_size=16"])
+    assert {(c.recipe.task.vocab_size, c.recipe.train.iterations) for c in grid.cells} == \
+        {(16, 20), (16, 10)} and grid.notes[0].startswith("--axis varies task.vocab_size")
+    with pytest.raises(UserError, match=r"--tag 'a/b': letters, digits"):
+        load_grid(recipe, extra_axes=["train.seed=1,2"], tag="a/b")
+    with pytest.raises(UserError, match=r"sweeps with --axis FIELD=V1,V2"):
+        load_grid(recipe)
+
+
+@pytest.mark.slow
+def test_an_ad_hoc_tagged_sweep_trains_and_figures_and_report_show_its_tag(tmp_path, cli):
+    recipe = tmp_path / "tiny.toml"
+    recipe.write_text(TINY.replace("[task]\n", "[task]\nvocab_size = 8\n"))
+    runs = tmp_path / "runs"
+    code, text = cli("sweep", recipe, "--axis", "encoding.kind=none,sinusoidal", "--axis",
+                     "train.seed=1,2", "--tag", "mine", "--runs", runs, "--jobs", "2",
+                     "--device", "cpu", "--no-progress")
+    assert code == 0, text
+    done = sorted(str(p.parent.relative_to(runs)) for p in runs.rglob("eval.json"))
+    assert done == ["tiny@mine/encoding=none/seed=1", "tiny@mine/encoding=none/seed=2",
+                    "tiny@mine/encoding=sinusoidal/seed=1",
+                    "tiny@mine/encoding=sinusoidal/seed=2"]
+    record = json.loads((runs / "tiny@mine/encoding=none/seed=2/sweep.json").read_text())
+    assert record["tag"] == "mine" and record["axes"] == {"encoding.kind": "none",
+                                                          "train.seed": "2"}
+    code, text = cli("eval", runs / "tiny@mine/encoding=none/seed=2", "--device", "cpu")
+    assert code == 0, text
+    claims = tmp_path / "claims.toml"
+    claims.write_text('[[claim]]\nid = "pe"\nstatement = "PE vs vanilla"\n'
+                      'where = { "task.name" = "reverse" }\nmetric = "token_accuracy"\n'
+                      'test = "difference"\na = { "encoding.kind" = "sinusoidal" }\n'
+                      'b = { "encoding.kind" = "none" }\n')
+    code, text = cli("report", runs, "--claims", claims, "--out", tmp_path / "report")
+    assert code == 0, text
+    table = pd.read_csv(tmp_path / "report" / "results.csv")
+    assert list(table["tag"]) == ["mine"] * 4
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "<dt>sweep tag</dt><dd>mine</dd>" in page
+    code, text = cli("verify", runs, "--claims", claims, "--out", tmp_path / "v",
+                     "--report-only")
+    assert code == 0, text
+    verdict = json.loads((tmp_path / "v" / "verify.json").read_text())["results"][0]
+    assert verdict["verdict"] in ("pass", "fail", "inconclusive") and len(verdict["runs"]) == 4

@@ -50,13 +50,15 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
               runs_per_gpu: int = 1, dry_run: bool = False, only: list[str] | None = None,
               overrides: list[str] | None = None, device: str = "auto",
               slurm: dict | None = None, progress: bool = True, wait: bool = True,
-              estimate: bool = False, tensorboard: bool = False, explain: bool = False) -> int:
+              estimate: bool = False, tensorboard: bool = False, explain: bool = False,
+              axes: list[str] | None = None, tag: str | None = None) -> int:
     """Run every cell of a grid; 0 when all runs finished (or, with wait=False, were
     submitted), 1 if one failed, 130 if stopped. `explain`: a dry run that also shows where
-    each value of the cells came from."""
+    each value of the cells came from; `axes` (FIELD=V1,V2) lie over the file (a recipe
+    becomes a grid); `tag` names the sweep: its runs go to OUT/<stem>@<tag>."""
     if executor not in ("local", "slurm"):
         raise UserError(f"--executor '{executor}': expected local or slurm")
-    g = load_grid(grid, overrides, only)
+    g = load_grid(grid, overrides, only, axes, tag)
     for note in g.notes:
         console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
     out = Path(out)
