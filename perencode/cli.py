@@ -53,7 +53,22 @@ class _PlainHelp:
 
 
 class _PlainCommand(_PlainHelp, typer.core.TyperCommand):
-    pass
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        """An option of `perencode` itself given after the command (`eval RUN --plugin X`)
+        says where it goes."""
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as exc:  # click's NoSuchOption (typer vendors its own click)
+            name = getattr(exc, "option_name", None)
+            group = ctx.parent.command if ctx.parent else None
+            own = {opt: param for param in getattr(group, "params", []) for opt in param.opts}
+            if type(exc).__name__ != "NoSuchOption" or name not in own:
+                raise
+            value = f" {own[name].metavar}" if own[name].metavar else ""
+            message = (f"No such option: {name}: it is an option of perencode itself, "
+                       f"given before the command: perencode {name}{value} {ctx.info_name} ...")
+            exc.message = message  # type: ignore[attr-defined]
+            raise
 
 
 class _PlainGroup(_PlainHelp, typer.core.TyperGroup):
@@ -585,12 +600,15 @@ def report(
                                "quick, quick_gpu)."),
     out: Path = typer.Option(Path("figures"), help="Output folder: the figures and "
                              "report.html."),
+    title: str | None = typer.Option(None, "--title", help="The page's heading, for a "
+                                     "study of one's own.",
+                                     show_default="the paper's reproduction report"),
 ) -> None:
     """Draw the figures and write report.html: each figure with its claims' verdicts and
     the runs behind it, and why the other claims were not run (one offline page)."""
     from perencode.report import make_report
 
-    console.print(f"wrote {make_report(runs, claims=claims, out=out)}")
+    console.print(f"wrote {make_report(runs, claims=claims, out=out, title=title)}")
 
 
 rehearsal_app = _App(no_args_is_help=True, help="The reviewer's path at CPU size "

@@ -40,6 +40,7 @@ from perencode.grid import load_grid
 from perencode.io import atomic_write_bytes, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.naming import format_value, ordered, short_key, short_names
+from perencode.recipe import KIND_SECTIONS, kind_base
 from perencode.results import BOOKKEEPING, Results, collect, flatten, results_table
 from perencode.stats import bootstrap_ci
 
@@ -506,6 +507,24 @@ def _spelt(value) -> str:
     return format_value(value)
 
 
+def _in_order(column: str, values) -> list:
+    """A kind's names in registration order (gru, lstm, s4d), other values as `ordered`."""
+    kind = kinds.of_field(column)
+    return kinds.order(kind, values) if kind else ordered(values)
+
+
+def _options_of_other_kinds(column: str, cells: pd.DataFrame) -> bool:
+    """An option only kinds the paper's cells do not use have (minGRU's model.log_space):
+    the kind's own difference (arch mingru) already says it."""
+    section, _, option = column.partition(".")
+    if section not in KIND_SECTIONS:
+        return False
+    base = kind_base(section)
+    owners = base.options().get(option, [])
+    tag = f"{section}.{base.TAG}"
+    return bool(owners) and tag in cells.columns and not set(owners) & set(cells[tag])
+
+
 def paper_difference(part: pd.DataFrame, figure: Figure, columns: list[str]) -> str:
     """How the runs of one figure file differ from the paper's grids for that figure: 'not
     the paper's settings: hidden_size 32 (paper: 512); iterations 400 (paper: 300000)', or
@@ -515,21 +534,23 @@ def paper_difference(part: pd.DataFrame, figure: Figure, columns: list[str]) -> 
     cells = paper_cells(figure.paper)
     if cells.empty:
         return ""
-    compared = [c for c in columns if c in cells.columns and c not in NOT_SETTINGS]
-    found: dict[str, tuple[set, set]] = {}
+    compared = [c for c in columns if c in cells.columns and c not in NOT_SETTINGS
+                and not _options_of_other_kinds(c, cells)]
+    # values in dicts (ordered sets): the subtitle reads the same in every call
+    found: dict[str, tuple[dict, dict]] = {}
     for _, run in part.drop_duplicates(compared).iterrows():
         same = cells[cells["model.arch"] == run["model.arch"]]
         for column in compared:
             paper = same[column] if len(same) else cells[column]
             if _spelt(run[column]) not in set(map(_spelt, paper)):
-                ours, theirs = found.setdefault(column, (set(), set()))
-                ours.add(run[column])
-                theirs.update(paper)
+                ours, theirs = found.setdefault(column, ({}, {}))
+                ours[run[column]] = None
+                theirs.update(dict.fromkeys(paper))
     if not found:
         return ""
     names = short_names(found)
-    shown = [f"{names[c]} {', '.join(map(_spelt, ordered(ours)))} (paper: "
-             f"{', '.join(dict.fromkeys(map(_spelt, ordered(theirs))))})"
+    shown = [f"{names[c]} {', '.join(map(_spelt, _in_order(c, ours)))} (paper: "
+             f"{', '.join(dict.fromkeys(map(_spelt, _in_order(c, theirs))))})"
              for c, (ours, theirs) in found.items()]
     return "Not the paper's settings: " + "; ".join(shown)
 

@@ -16,6 +16,7 @@ importing them back.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -182,12 +183,18 @@ def choices(kind: str) -> str:
     return " or ".join(", ".join(repr(n) for n in names(kind)).rsplit(", ", 1))
 
 
+def guess(kind: str, name: Any) -> str:
+    """"; did you mean 'sinusoidal'?" for a misspelt name of a registered kind, or ""."""
+    close = difflib.get_close_matches(name, names(kind), n=1) if isinstance(name, str) else []
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def get(kind: str, name: str):
     """The registered kind, or a ValueError naming the allowed values."""
     found = registry(kind).get(name)
     if found is None:
         raise ValueError(f"{FIELDS[kind]} = {name!r} is not registered: expected "
-                         f"{choices(kind)}; {PLUGIN_HINT}")
+                         f"{choices(kind)}{guess(kind, name)}; {PLUGIN_HINT}")
     return found
 
 

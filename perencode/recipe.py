@@ -10,6 +10,7 @@ values are one option away (e.g. `optim.betas = [0.9, 0.999]`, `optim.schedule =
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 from pathlib import Path
@@ -310,8 +311,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "-
             out["description"] = parse_value(value.strip())
             continue
         if len(parts) != 2 or parts[0] not in SECTIONS:
+            close = difflib.get_close_matches(parts[0], SECTIONS, n=1)
             raise UserError(f"{source} '{item}': key must be section.key with section one of "
-                            f"{', '.join(SECTIONS)}")
+                            f"{', '.join(SECTIONS)}"
+                            + (f"; did you mean '{close[0]}.{'.'.join(parts[1:])}'?"
+                               if close and len(parts) == 2 else ""))
         section = out.setdefault(parts[0], {})
         if not isinstance(section, dict):
             raise UserError(f"{source} '{item}': [{parts[0]}] is not a table")
@@ -368,6 +372,11 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
                         f"run its cells with `perencode sweep {path}`")
     if overrides:
         data = apply_overrides(data, overrides)
+        changed = [item for item in overrides if item.partition("=")[0].strip() != "description"]
+        if changed and data.get("description") and isinstance(data["description"], str):
+            # The file's text describes the file: say what --set changed after it.
+            data["description"] = (f"{data['description'].rstrip()} Changed by --set: "
+                                   f"{', '.join(item.strip() for item in changed)}.")
     plugins.require(Path(path).parent, data)  # a run's recipe.toml: the plugin it needs
     source = f"{path}" + (" (with --set)" if overrides else "")
     recipe = validate(data, source)

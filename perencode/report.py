@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from perencode import plugins
 from perencode import runs as run_dirs
+from perencode.errors import UserError
 from perencode.figures import (
     FIGURES,
     Figure,
@@ -90,7 +92,10 @@ def provenance(part: pd.DataFrame) -> dict:
     commits from each run's env.json, device-hours from its logged training time)."""
     devices: dict[str, int] = {}
     commits: dict[str, int] = {}
+    used: dict[str, int] = {}
     for run in part["run"]:
+        for plugin in _plugins_of(Path(run)):
+            used[plugin] = used.get(plugin, 0) + 1
         path = Path(run) / "env.json"
         env = run_dirs.read_json(path) if path.is_file() else {}
         device = env.get("device")
@@ -106,8 +111,21 @@ def provenance(part: pd.DataFrame) -> dict:
     shown = {short_key(c): _distinct(part[c]) for c in SETTINGS if c in part}
     return {"runs": len(part), "seeds": sorted(int(s) for s in part["train.seed"].unique()),
             "settings": {k: v for k, v in shown.items() if v}, "devices": devices,
-            "commits": commits, "device_hours": float(seconds) / 3600,
+            "commits": commits, "plugins": used, "device_hours": float(seconds) / 3600,
             "tags": sorted(set(part["tag"].dropna())) if "tag" in part else []}
+
+
+def _plugins_of(run: Path) -> list[str]:
+    """The plugins a run's kinds came from (RUN_DIR/plugins.json), as 'perencode_minrnn.plugin
+    (perencode-minrnn 0.1.0)'; only read."""
+    path = run / plugins.RECORD
+    try:
+        entries = run_dirs.read_json(path).get("plugins", []) if path.is_file() else []
+    except UserError:
+        return ["unreadable plugins.json"]
+    fields = plugins.Plugin.__dataclass_fields__
+    found = [{k: e.get(k) for k in fields} for e in entries if isinstance(e, dict)]
+    return [plugins.Plugin(**f).describe() for f in found if f["module"]]  # type: ignore[arg-type]
 
 
 def _distinct(column: pd.Series) -> str:
@@ -168,7 +186,8 @@ def _runs_box(part: pd.DataFrame) -> str:
             + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in p["settings"].items())
             + f'<dt>devices</dt><dd>{_counted(p["devices"])}</dd>'
             f'<dt>commits</dt><dd>{_counted(p["commits"])}</dd>'
-            f'<dt>device-hours</dt><dd>{p["device_hours"]:.3g}</dd></dl>')
+            + (f'<dt>plugins</dt><dd>{_counted(p["plugins"])}</dd>' if p["plugins"] else "")
+            + f'<dt>device-hours</dt><dd>{p["device_hours"]:.3g}</dd></dl>')
 
 
 def _claims_table(outcomes: list[Outcome]) -> str:
@@ -232,7 +251,11 @@ def placed(decided: list[Outcome], found: list[Panel]) -> dict[str, list[Outcome
     return beside
 
 
-def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path]) -> str:
+TITLE = "Positional Encoding Helps RNNs Handle a Large Vocabulary: reproduction report"
+
+
+def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path],
+           title: str = TITLE) -> str:
     decided = checked.decided
     beside = placed(decided, found)
     shown = {o.claim.id for claims in beside.values() for o in claims}
@@ -263,10 +286,9 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
     counts = " ".join(f"{_badge(v)} {sum(o.verdict == v for o in checked.outcomes)}"
                       for v in (PASS, FAIL, INCONCLUSIVE, NOT_RUN))
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<title>perencode report</title>"
+            f"<title>{_e(title if title != TITLE else 'perencode report')}</title>"
             f"<style>{STYLE}</style></head><body>"
-            "<h1>Positional Encoding Helps RNNs Handle a Large Vocabulary: reproduction "
-            "report</h1>"
+            f"<h1>{_e(title)}</h1>"
             f'<p class="meta">Runs: {_e(", ".join(map(str, run_paths)))} &middot; claims: '
             f"{_e(checked.claims_path.name)} &middot; written {when} by perencode</p>"
             f'<div class="summary">{_e(checked.summary())}<br>{counts}</div>'
@@ -274,14 +296,15 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
 
 
 def make_report(runs: list[Path], claims: str | Path = "paper",
-                out: Path = Path("figures")) -> Path:
-    """Draw the figures into `out`, check the claims and write `out`/report.html; its path."""
+                out: Path = Path("figures"), title: str | None = None) -> Path:
+    """Draw the figures into `out`, check the claims and write `out`/report.html (headed
+    `title`, else the paper's reproduction); its path."""
     run_paths = [Path(p) for p in runs]
     out = Path(out)
     results = collect(run_paths)
     checked = check(run_paths, claims, results=results)  # a bad claims file stops it here
     written = make_figures(run_paths, out=out)
-    page = render(checked, panels(results, written), out, run_paths)
+    page = render(checked, panels(results, written), out, run_paths, title or TITLE)
     with hold(out, "report"):
         remove_stale_temps(out, lambda name: name == REPORT)
         atomic_write_text(out / REPORT, page)

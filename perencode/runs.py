@@ -215,7 +215,9 @@ class Run:
             raise UserError(f"{run_dir}: exists and is not a directory; choose another --run-dir")
         path = run_dir / "recipe.toml"
         if path.exists():
-            existing = read_recipe(run_dir)
+            # Read as results are (a kind of a plugin not loaded keeps its name): a different
+            # recipe is named as such, not as the plugin that recipe needed.
+            existing = read_recipe(run_dir, any_kind=True)
             diff = _differences(existing.identity(), recipe.identity())
             if diff:
                 raise UserError(f"{run_dir}: holds a run of a different recipe ({diff[0]}"

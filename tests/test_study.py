@@ -17,7 +17,7 @@ from test_sweep import TINY
 from perencode import kinds, plugins
 from perencode.errors import UserError
 from perencode.grid import axis_options, load_grid
-from perencode.recipe import read_toml, validate
+from perencode.recipe import read_toml, tomllib, validate
 from perencode.verify import Claim
 
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
@@ -273,3 +273,100 @@ def test_an_ad_hoc_tagged_sweep_trains_and_figures_and_report_show_its_tag(tmp_p
     assert code == 0, text
     verdict = json.loads((tmp_path / "v" / "verify.json").read_text())["results"][0]
     assert verdict["verdict"] in ("pass", "fail", "inconclusive") and len(verdict["runs"]) == 4
+
+
+# -- the smaller items ---------------------------------------------------------------------------
+
+
+def flat(text: str) -> str:
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_a_global_option_after_the_command_says_where_it_goes(cli):
+    code, text = cli("eval", "runs/x", "--plugin", "my_pe.py")
+    assert code == 2 and "No such option: --plugin: it is an option of perencode itself, " \
+        "given before the command: perencode --plugin FILE_OR_MODULE eval ..." in flat(text)
+    code, text = cli("eval", "runs/x", "--plugn", "my_pe.py")  # any other: click's own line
+    assert code == 2 and "No such option: --plugn" in flat(text) and "itself" not in text
+
+
+def plugin_run(root: Path, name: str = "run", **recipe) -> Path:
+    """A finished fake minGRU run recording the example's plugin as an installed one."""
+    data = {"task": {"name": "reverse", "vocab_size": 8, "length": 4},
+            "model": {"arch": "mingru", "hidden_size": 16, "embed_size": 16},
+            "train": {"iterations": 10}}
+    for key, value in recipe.items():
+        section, _, field_name = key.partition("__")
+        data.setdefault(section, {})[field_name] = value
+    run = fake_run(root, name, recipe=validate(data, "fake", any_kind=True),
+                   metrics={"token_accuracy": 0.5, "sequence_accuracy": 0.1,
+                            "dl_distance": 2.0})
+    (run / "plugins.json").write_text(json.dumps({"plugins": [{
+        "module": "perencode_minrnn.plugin", "file": None, "package": "perencode-minrnn",
+        "version": "0.1.0", "entry_point": "minrnn", "provides": ["model.arch = 'mingru'"]}]}))
+    return run
+
+
+def test_another_recipe_in_a_plugins_run_directory_is_named_as_such(tmp_path, cli):
+    run = plugin_run(tmp_path)
+    code, text = cli("train", ROOT / "recipes" / "gru_vocab256.toml", "--run-dir", run,
+                     "--device", "cpu")
+    assert code == 2 and flat(text).startswith(f"error: {run}: holds a run of a different "
+                                               "recipe (model.arch: "), text
+
+
+def test_show_says_what_set_changed_after_the_files_description(cli):
+    code, text = cli("show", ROOT / "recipes" / "gru_vocab256.toml", "--set",
+                     "encoding.kind=none", "--set", "task.vocab_size=32")
+    description = tomllib.loads(text)["description"]
+    assert code == 0 and description.startswith("Fig. 2 (GRU)") and description.endswith(
+        "Changed by --set: encoding.kind=none, task.vocab_size=32.")
+
+
+def test_a_misspelt_section_or_kind_gets_a_did_you_mean(cli):
+    recipe = ROOT / "recipes" / "gru_vocab256.toml"
+    code, text = cli("show", recipe, "--set", "trian.iterations=5")
+    assert code == 2 and flat(text).endswith("did you mean 'train.iterations'?")
+    code, text = cli("show", recipe, "--set", "encoding.kind=sinusoid")
+    assert code == 2 and "(got 'sinusoid'; did you mean 'sinusoidal'?)" in flat(text)
+
+
+@pytest.fixture
+def mingru(monkeypatch):
+    """The example's minGRU registered in this process for one test (its registration
+    copied: importing its `plugin` module would register it for good)."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "perencode-minrnn"))
+    from perencode_minrnn.mingru import MinGRUConfig, build
+
+    kinds.registry("model")
+    monkeypatch.setitem(kinds.MODELS, "mingru", kinds.ModelKind(
+        "mingru", build, label="minGRU", config=MinGRUConfig))
+
+
+def test_the_nonpaper_subtitle_names_the_model_not_its_options_in_a_stable_order(mingru):
+    from perencode.figures import FIGURES, paper_difference
+    from perencode.results import flatten
+
+    recipe = validate({"task": {"name": "reverse", "vocab_size": 256, "length": 64},
+                       "model": {"arch": "mingru", "hidden_size": 512, "embed_size": 512,
+                                 "log_space": True}}, "fake")
+    part = pd.DataFrame([flatten(recipe)])
+    figure = next(f for f in FIGURES if f.paper == "fig02")
+    text = paper_difference(part, figure, list(part.columns))
+    assert text.startswith("Not the paper's settings: arch mingru (paper: gru, lstm, s4d)")
+    assert "log_space" not in text
+
+
+def test_the_report_takes_a_title_and_lists_the_plugins_under_its_runs(tmp_path, cli):
+    runs = tmp_path / "runs"
+    for seed in (1, 2):
+        plugin_run(runs, f"s{seed}", train__seed=seed)
+    claims = tmp_path / "claims.toml"
+    claims.write_text('[[claim]]\nid = "x"\nstatement = "s"\nmetric = "token_accuracy"\n'
+                      'test = "threshold"\n')
+    code, text = cli("report", runs, "--claims", claims, "--out", tmp_path / "r", "--title",
+                     "minGRU & PE")
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert code == 0 and "<h1>minGRU &amp; PE</h1>" in page and \
+        "<title>minGRU &amp; PE</title>" in page
+    assert "<dt>plugins</dt><dd>perencode_minrnn.plugin (perencode-minrnn 0.1.0)</dd>" in page
