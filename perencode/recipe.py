@@ -182,6 +182,11 @@ class TrainConfig(Section):
                       "set and batches (0 to 4294967295).")
     log_every: int = Field(100, ge=1, description="Write a metrics.jsonl row every N steps.")
     eval_batch_size: int = Field(1024, ge=1, description="Batch size when scoring held-out.")
+    eval_every: int | None = Field(
+        None, ge=1, description="Also score the held-out set every N iterations (a multiple "
+        "of log_every): held_out_* columns in metrics.jsonl, held_out/ curves in TensorBoard. "
+        "Training is the same with or without it (scoring the fixed held-out set draws no "
+        "random number). Unset: only at the end. Not part of the run's identity.")
     keep_checkpoints: int | Literal["all"] | None = Field(
         None, description="Periodic checkpoints kept on disk: \"all\" or the newest N >= 1 "
         "(older ones are deleted once a newer one is written). Unset: all for dual_frequency "
@@ -194,6 +199,15 @@ class TrainConfig(Section):
         if isinstance(value, int) and value < 1:
             raise ValueError("\"all\" or an integer >= 1")
         return value
+
+    @model_validator(mode="after")
+    def _scored_on_log_steps(self) -> TrainConfig:
+        # The held-out scores ride on the metrics.jsonl row of their step.
+        if self.eval_every is not None and self.eval_every % self.log_every:
+            raise ValueError(f"field 'eval_every': {self.eval_every} is not a multiple of "
+                             f"log_every ({self.log_every}); the held-out scores are written "
+                             "on the log steps")
+        return self
 
 
 class Recipe(Section):
@@ -244,13 +258,18 @@ class Recipe(Section):
 
 def identity(data: dict[str, Any]) -> dict[str, Any]:
     """What makes two runs the same run: the resolved recipe dict without its free-text
-    description and its checkpoint retention, so editing those never turns a finished run
-    into "a different recipe". The one definition used by run directories, checkpoints,
-    sweeps and results."""
+    description, its checkpoint retention and its periodic held-out scoring, so editing
+    those never turns a finished run into "a different recipe". The one definition used by
+    run directories, checkpoints, sweeps and results."""
     out = {k: v for k, v in data.items() if k != "description"}
-    if "keep_checkpoints" in out.get("train", {}):
-        out["train"] = {k: v for k, v in out["train"].items() if k != "keep_checkpoints"}
+    if set(NOT_IDENTITY) & set(out.get("train", {})):
+        out["train"] = {k: v for k, v in out["train"].items() if k not in NOT_IDENTITY}
     return out
+
+
+# Training fields that change nothing a run computes: its checkpoint retention and its
+# periodic held-out scores (training is bit-identical with or without them).
+NOT_IDENTITY = ("keep_checkpoints", "eval_every")
 
 
 def run_key(recipe: Recipe) -> str:

@@ -15,9 +15,11 @@ from test_plugins import autoloading, error_line
 from test_sweep import TINY
 
 from perencode import kinds, plugins
+from perencode import runs as runs_module
 from perencode.errors import UserError
 from perencode.grid import axis_options, load_grid
 from perencode.recipe import read_toml, tomllib, validate
+from perencode.sweep.cost import held_out_iterations
 from perencode.verify import Claim
 
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
@@ -370,3 +372,63 @@ def test_the_report_takes_a_title_and_lists_the_plugins_under_its_runs(tmp_path,
     assert code == 0 and "<h1>minGRU &amp; PE</h1>" in page and \
         "<title>minGRU &amp; PE</title>" in page
     assert "<dt>plugins</dt><dd>perencode_minrnn.plugin (perencode-minrnn 0.1.0)</dd>" in page
+
+
+# -- held-out scoring during training (train.eval_every) -----------------------------------------
+
+
+def tiny_training(run_dir: Path, *extra: str, tensorboard: bool = False):
+    from perencode.recipe import load_recipe
+    from perencode.train import train
+
+    recipe = load_recipe(ROOT / "recipes" / "gru_vocab256.toml", [
+        "task.vocab_size=8", "task.length=6", "task.held_out=32", "model.hidden_size=16",
+        "model.embed_size=16", "train.iterations=30", "train.batch_size=8",
+        "train.log_every=5", "train.checkpoint_every=15", "optim.warmup=2", *extra])
+    return train(recipe, run_dir, device="cpu", progress=False, tensorboard=tensorboard)
+
+
+def test_held_out_scoring_leaves_training_bit_identical(tmp_path):
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    plain = tiny_training(tmp_path / "plain")
+    scored = tiny_training(tmp_path / "scored", "train.eval_every=10", tensorboard=True)
+    rows = {name: runs_module.Run(tmp_path / name).metrics() for name in ("plain", "scored")}
+    assert [(r["step"], r["loss"], r["accuracy"]) for r in rows["plain"]] == \
+        [(r["step"], r["loss"], r["accuracy"]) for r in rows["scored"]]
+    assert {k: v for k, v in plain.items() if k != "seconds"} == \
+        {k: v for k, v in scored.items() if k != "seconds"}
+    a = torch.load(tmp_path / "plain" / "checkpoints" / "step-30.pt", weights_only=True)
+    b = torch.load(tmp_path / "scored" / "checkpoints" / "step-30.pt", weights_only=True)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    # Held-out columns on every tenth step; the last are eval.json's numbers.
+    held = [r for r in rows["scored"] if "held_out_token_accuracy" in r]
+    assert [r["step"] for r in held] == [10, 20, 30]
+    assert held[-1]["held_out_token_accuracy"] == scored["token_accuracy"]
+    assert held[-1]["held_out_dl_distance"] == scored["dl_distance"]
+    assert not any("held_out_token_accuracy" in r for r in rows["plain"])
+    board = EventAccumulator(str(tmp_path / "scored" / "tensorboard"))
+    board.Reload()
+    assert [(e.step, e.value) for e in board.Scalars("held_out/token_accuracy")] == \
+        [(r["step"], pytest.approx(r["held_out_token_accuracy"])) for r in held]
+    # Not part of the run's identity: turning it on for a finished run is the same run.
+    assert runs_module.read_recipe(tmp_path / "scored").identity() == \
+        runs_module.read_recipe(tmp_path / "plain").identity()
+
+
+def test_eval_every_rides_on_log_steps_and_its_cost_is_in_the_dry_run(tmp_path, cli):
+    code, text = cli("show", ROOT / "recipes" / "gru_vocab256.toml", "--set",
+                     "train.eval_every=150")
+    assert code == 2 and "train.eval_every: 150 is not a multiple of log_every (100)" in \
+        flat(text)
+    code, text = cli("sweep", ROOT / "recipes" / "quick" / "quickstart.toml", "--dry-run",
+                     "--runs", tmp_path / "runs", "--device", "cpu", "--set",
+                     "train.eval_every=500")
+    # 6 runs of 4,000 iterations (7 scorings before the last) and 6 of 2,000 (3), each a
+    # forward pass over 1,024 held-out sequences: 16 batches of 64, a third of an iteration.
+    assert code == 0 and "held-out scoring every 500 iterations (train.eval_every) in 12 " \
+        "run(s): " in flat(text)
+    assert held_out_iterations(load_grid(ROOT / "recipes" / "quick" / "quickstart.toml",
+                                         ["train.eval_every=500"]).cells[0].recipe) == \
+        pytest.approx(7 * 1024 / 64 / 3)
