@@ -84,20 +84,26 @@ class EncodingKind:
     # The [encoding] table's class: a subclass of perencode.recipe.EncodingConfig with the
     # encoding's own options (None: the base).
     config: type | None = None
-    # One vector per position: (positions, dim) -> [positions, dim]; None: no table.
-    table: Callable[[int, int], Any] | None = None
+    # One vector per position: (positions, dim) -> [positions, dim]; a parameter named
+    # `cfg` receives the validated [encoding] table (its `config` class); None: no table.
+    table: Callable[..., Any] | None = None
     trained: bool = False           # the table is a parameter
     stored: bool = True             # a fixed table is saved in checkpoints (False: recomputed)
     # What an encoding without a table joins to the embedding: (x [B, T, E]) -> [B, T, E]
-    # (the duplicate kind's: x itself); None: the table's rows, or nothing without a table.
-    vectors: Callable[[Any], Any] | None = None
+    # (the duplicate kind's: x itself; `cfg` as a table's); None: the table's rows, or nothing.
+    vectors: Callable[..., Any] | None = None
+    # An encoding with parameters of its own: (cfg, dim E, positions T) -> an nn.Module
+    # called as module(x [B, T, E], offset) -> vectors [T, E] (or [B, T, E]) joined to x as
+    # `encoding.mode` says. Its parameters train with the model and are saved in its
+    # checkpoints (docs/extending.md, a learned-frequency sinusoid).
+    module: Callable[[Any, int, int], Any] | None = None
     # The joins (`encoding.mode`, perencode.encoding.JOINS) it allows.
     modes: tuple[str, ...] = ("concat", "add")
 
     @property
     def adds_input(self) -> bool:
         """Whether it changes the cell input at all (False for vanilla)."""
-        return self.table is not None or self.vectors is not None
+        return self.table is not None or self.vectors is not None or self.module is not None
 
 
 TASKS: dict[str, TaskKind] = {}

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import PYTHON, ROOT, subprocess_env
+from conftest import PYTHON, ROOT, subprocess_env, tiny_overrides
 from fake_runs import fake_run
 from test_plugins import autoloading, error_line
 from test_sweep import TINY
@@ -432,3 +433,78 @@ def test_eval_every_rides_on_log_steps_and_its_cost_is_in_the_dry_run(tmp_path, 
     assert held_out_iterations(load_grid(ROOT / "recipes" / "quick" / "quickstart.toml",
                                          ["train.eval_every=500"]).cells[0].recipe) == \
         pytest.approx(7 * 1024 / 64 / 3)
+
+
+# -- an encoding with options and parameters of its own (docs/extending.md) ----------------------
+
+
+def learned_sin_docs() -> tuple[str, list[str]]:
+    """docs/extending.md's learned-frequency sinusoid: its file and its shell commands."""
+    text = (ROOT / "docs" / "extending.md").read_text()
+    part = text[text.index("A learned-frequency sinusoid"):text.index("## A model")]
+    blocks = part.split("```")[1::2]
+    code = next(b.split("\n", 1)[1] for b in blocks if b.startswith("python\n"))
+    sh = next(b.split("\n", 1)[1] for b in blocks if b.startswith("sh\n"))
+    return code, sh.replace("\\\n", " ").splitlines()
+
+
+def test_a_learned_frequency_sinusoid_starts_as_the_sinusoidal_table(tmp_path):
+    import torch
+
+    from perencode.encoding import sinusoidal
+
+    namespace: dict = {"__name__": "learned_sin_doc"}
+    code = learned_sin_docs()[0].replace("register_encoding(EncodingKind(", "(EncodingKind(")
+    exec(compile(code, "learned_sin.py", "exec"), namespace)  # the file, not registered
+    cfg = namespace["LearnedSinConfig"].model_validate({"kind": "learned_sin", "base": 10_000},
+                                                      context={"any_kind": True})
+    module = namespace["LearnedSin"](cfg, 16, 12)
+    vectors = module(torch.zeros(2, 5, 16), offset=3)  # steps 3..7
+    assert torch.allclose(vectors, sinusoidal(12, 16)[3:8], atol=1e-5)
+    assert [n for n, p in module.named_parameters() if p.requires_grad] == ["log_freq"]
+
+
+@pytest.mark.slow
+def test_the_learned_frequency_sinusoid_trains_resumes_evaluates_and_sweeps(tmp_path):
+    import shutil
+
+    import torch
+    from test_plugins import perencode
+
+    code, commands = learned_sin_docs()
+    (tmp_path / "learned_sin.py").write_text(code)
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    recipe = ["recipes/gru_vocab256.toml", "--set", "encoding.kind=learned_sin", "--set",
+              "encoding.base=1000", *tiny_overrides("task.vocab_size=8", "task.length=6",
+                                                    "train.iterations=20",
+                                                    "train.checkpoint_every=10",
+                                                    "train.keep_checkpoints=all",
+                                                    "optim.warmup=2")]
+    plugin = ["--plugin", "learned_sin.py"]
+    code_, text = perencode(*plugin, "train", *recipe, "--run-dir", "a", "--device", "cpu",
+                            "--no-progress", cwd=tmp_path)
+    assert code_ == 0, text
+    # Resume: the same run stopped after its checkpoint at 10 ends bit-identical.
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    for name in ("checkpoints/step-20.pt", "eval.json"):
+        (tmp_path / "b" / name).unlink()
+    code_, text = perencode(*plugin, "train", *recipe, "--run-dir", "b", "--device", "cpu",
+                            "--no-progress", cwd=tmp_path)
+    assert code_ == 0 and "resuming from iteration 10" in text, text
+    a, b, start = (torch.load(tmp_path / run / "checkpoints" / f"step-{k}.pt",
+                              weights_only=True)["model"]
+                   for run, k in (("a", 20), ("b", 20), ("a", 10)))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["encoding.own.log_freq"], start["encoding.own.log_freq"])
+    assert a["encoding.own.log_freq"][1] != pytest.approx(-math.log(1000) * 2 / 16)  # trained
+    code_, text = perencode(*plugin, "eval", "b", "--device", "cpu", cwd=tmp_path)
+    assert code_ == 0, text
+    scores = [json.loads((tmp_path / run / "eval.json").read_text()) for run in ("a", "b")]
+    assert scores[0]["token_accuracy"] == scores[1]["token_accuracy"]
+    # The docs' sweep and figures, as written.
+    for command in commands:
+        code_, text = perencode(*command.split()[1:], cwd=tmp_path, timeout=600)
+        assert code_ == 0, (command, text)
+    table = pd.read_csv(tmp_path / "figures" / "results.csv")
+    assert sorted(table["encoding"]) == ["learned_sin", "none", "sinusoidal"]
+    assert table.loc[table["encoding"] == "learned_sin", "base"].item() == 1000
