@@ -184,6 +184,11 @@ def names(kind: str) -> list[str]:
     return list(registry(kind))
 
 
+def is_builtin(kind: str, name: Any) -> bool:
+    """Whether `name` is one of the package's own kinds (not a plugin's, not unknown)."""
+    return name in registry(kind) and (kind, name) not in ORIGINS
+
+
 def choices(kind: str) -> str:
     """"'gru', 'lstm' or 's4d'": the registered names, for messages."""
     return " or ".join(", ".join(repr(n) for n in names(kind)).rsplit(", ", 1))

@@ -508,3 +508,39 @@ def test_the_learned_frequency_sinusoid_trains_resumes_evaluates_and_sweeps(tmp_
     table = pd.read_csv(tmp_path / "figures" / "results.csv")
     assert sorted(table["encoding"]) == ["learned_sin", "none", "sinusoidal"]
     assert table.loc[table["encoding"] == "learned_sin", "base"].item() == 1000
+
+
+# -- new kinds in the figures: beside the baselines, one colour per kind --------------------------
+
+
+def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour(
+        tmp_path, monkeypatch):
+    from matplotlib.colors import to_hex
+
+    from perencode import figures
+
+    root = tmp_path / "runs"
+    for kind in ("none", "sinusoidal", "my_pe"):  # my_pe: a plugin's, not loaded here
+        for seed in (1, 2):
+            recipe = validate({"task": {"name": "reverse", "vocab_size": 16, "length": 8},
+                               "encoding": {"kind": kind}, "train": {"seed": seed}}, "fake",
+                              any_kind=True)
+            fake_run(root, f"{kind}-{seed}", recipe=recipe, metrics={
+                "token_accuracy": 0.5, "sequence_accuracy": 0.1, "dl_distance": 2.0})
+    drawn: dict[str, dict[str, str]] = {}
+    save = figures._save
+
+    def colours_then_save(fig, stem, note=""):
+        handles, labels = fig.axes[0].get_legend_handles_labels()
+        drawn[Path(stem).name] = {label: to_hex(h[0].get_color()) for h, label in
+                                  zip(handles, labels) if hasattr(h, "__getitem__")}
+        return save(fig, stem, note)
+
+    monkeypatch.setattr(figures, "_save", colours_then_save)
+    figures.make_figures([root], tmp_path / "fig")
+    assert list(drawn) == ["fig02_reverse_vocabulary__nonpaper"]  # no other_ figure
+    assert drawn["fig02_reverse_vocabulary__nonpaper"] == {
+        "Vanilla": to_hex("tab:blue"), "Position-Encoded": to_hex("tab:orange"),
+        "my_pe": to_hex(figures._colour("encoding.kind", "my_pe"))}
+    builtin = {figures._colour("encoding.kind", n) for n in kinds.names("encoding")}
+    assert figures._colour("encoding.kind", "my_pe") not in builtin
