@@ -10,8 +10,9 @@ in every cell of the figure's axes (the quick demo's iterations, set per vocabul
 those runs stay one figure and a note names the setting. An encoding of a study's own is
 drawn beside vanilla and the sinusoidal PE in the figure of its task; finished runs that
 no figure of the paper draws (a task of a study's own) get one of their own,
-other_<task>_vocabulary. Each kind has one colour in every figure (`_colour`). Error bars: 95% percentile-bootstrap CI of the mean over seeds,
-10,000 resamples (perencode.stats).
+other_<task>_vocabulary. Each kind has one colour in every figure (`_colour`). Error
+bars: 95% percentile-bootstrap CI of the mean over seeds, 10,000 resamples
+(perencode.stats).
 
 What a figure shows is said on it: runs that are not cells of the paper's grids for the
 figure (recipes/paper/figNN_*.toml, seeds aside) give a file ending in `__nonpaper` with a
