@@ -27,7 +27,7 @@ from perencode.models import SequenceModel
 from perencode.progress import Reporter
 from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import Batch
-from perencode.tracking import TensorBoardLog
+from perencode.tracking import HELD_OUT, TensorBoardLog
 
 
 def learning_rate(step: int, optim: OptimConfig, iterations: int) -> float:
@@ -111,9 +111,6 @@ def scored_outputs(batch: Batch) -> int:
     if batch.output_mask is not None:
         return int(batch.output_mask.sum())
     return batch.output_targets.numel()
-
-
-HELD_OUT = "held_out_"  # metrics.jsonl keys of the periodic held-out scores
 
 
 def held_out_row(scores: dict) -> dict:
