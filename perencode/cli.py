@@ -20,7 +20,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from perencode import __version__
+from perencode import __version__, kinds
 from perencode.console import console, guard_output
 from perencode.errors import UserError, refused_write
 
@@ -53,7 +53,22 @@ class _PlainHelp:
 
 
 class _PlainCommand(_PlainHelp, typer.core.TyperCommand):
-    pass
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        """An option of `perencode` itself given after the command (`eval RUN --plugin X`)
+        says where it goes."""
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as exc:  # click's NoSuchOption (typer vendors its own click)
+            name = getattr(exc, "option_name", None)
+            group = ctx.parent.command if ctx.parent else None
+            own = {opt: param for param in getattr(group, "params", []) for opt in param.opts}
+            if type(exc).__name__ != "NoSuchOption" or name not in own:
+                raise
+            value = f" {own[name].metavar}" if own[name].metavar else ""
+            message = (f"No such option: {name}: it is an option of perencode itself, "
+                       f"given before the command: perencode {name}{value} {ctx.info_name} ...")
+            exc.message = message  # type: ignore[attr-defined]
+            raise
 
 
 class _PlainGroup(_PlainHelp, typer.core.TyperGroup):
@@ -131,12 +146,13 @@ def main(
         [], "--plugin", metavar="FILE_OR_MODULE", help="Load a plugin's tasks, models or "
         "encodings: a Python file or an importable module (docs/extending.md). Repeatable; "
         "also PERENCODE_PLUGINS (a path-separated list). Installed plugins (entry points "
-        "perencode.kinds) load by themselves. A sweep hands them to its workers and jobs."),
+        "perencode.kinds) load by themselves, unless PERENCODE_DISABLE_PLUGIN_AUTOLOAD=1. "
+        "A sweep hands them to its workers and jobs."),
 ) -> None:
     """Options of `perencode` itself (the commands have their own)."""
     # Without a plugin nothing is imported: commands that need no kinds start without torch.
-    if plugin or environ.get("PERENCODE_PLUGINS") or metadata.entry_points(
-            group="perencode.kinds"):
+    installed = kinds.autoload() and metadata.entry_points(group="perencode.kinds")
+    if plugin or environ.get("PERENCODE_PLUGINS") or installed:
         from perencode.plugins import activate
 
         try:
@@ -305,6 +321,25 @@ def recipe_schema(
         print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
 
 
+@app.command("claims-schema")
+def claims_schema(
+    as_json: bool = typer.Option(False, "--json", help="The JSON Schema of a claims file (for "
+                                 "editors and validators) instead of the Markdown table."),
+) -> None:
+    """Print every field of a claims file's claim tables as a Markdown table
+    (docs/claims.md)."""
+    from perencode.schema import model_rows
+    from perencode.verify import Claim
+    from perencode.verify import claims_schema as schema
+
+    if as_json:
+        print(json.dumps(schema(), indent=2))
+        return
+    print("| key | type | default | description |\n|---|---|---|---|")
+    for row in model_rows(Claim):
+        print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+
+
 @app.command()
 @user_errors
 def env(
@@ -436,7 +471,14 @@ def lm_prepare(
 @user_errors
 def sweep(
     grid: Path = typer.Argument(..., help="Grid file, e.g. "
-                                "recipes/paper/fig02_gru_reverse.toml."),
+                                "recipes/paper/fig02_gru_reverse.toml, or a recipe with --axis."),
+    axes: list[str] = typer.Option([], "--axis", metavar="FIELD=V1,V2", help="Sweep FIELD "
+                                   "over these values without a grid file (a recipe becomes a "
+                                   "grid); over a grid file, adds the axis or replaces its "
+                                   "values. Repeatable; tied: a.b+c.d=[1,2],[3,4]."),
+    tag: str | None = typer.Option(None, "--tag", help="Name this sweep: its runs go to "
+                                   "RUNS/<grid>@TAG (a second variant of the same grid) and "
+                                   "record the tag, which figures and report show."),
     runs: Path | None = typer.Option(None, "--runs", help=RUNS_HELP, show_default="runs"),
     old_out: Path | None = typer.Option(None, "--out", hidden=True),
     executor: str = typer.Option("local", help="local (subprocesses) or slurm (submitit)."),
@@ -444,6 +486,9 @@ def sweep(
     runs_per_gpu: int = typer.Option(1, min=1, help="Runs sharing one GPU (local)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (runs, states), "
                                  "disk and device-hours at once; run nothing."),
+    explain: bool = typer.Option(False, "--explain", help="A dry run that also shows where "
+                                 "each value of the cells comes from: a file (the grid or a "
+                                 "base), a file's \\[grid] axis, --set, or the default."),
     estimate: bool = typer.Option(False, "--estimate", help="Time 3 iterations of each "
                                   "shape not yet measured on this device (cached in "
                                   ".estimates.json under the runs' root), then print the "
@@ -481,7 +526,7 @@ def sweep(
     code = run_sweep(grid, out=runs, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
                      dry_run=dry_run, only=only, overrides=overrides, device=device,
                      slurm=slurm, progress=progress, wait=wait, estimate=estimate,
-                     tensorboard=tensorboard)
+                     tensorboard=tensorboard, explain=explain, axes=axes, tag=tag)
     raise typer.Exit(code)
 
 
@@ -627,12 +672,16 @@ def report(
     out: Path = typer.Option(Path("figures"), help="Output folder: the figures and "
                              "report.html."),
     accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
+    title: str | None = typer.Option(None, "--title", help="The page's heading, for a "
+                                     "study of one's own.",
+                                     show_default="the paper's reproduction report"),
 ) -> None:
     """Draw the figures and write report.html: each figure with its claims' verdicts and
     the runs behind it, and why the other claims were not run (one offline page)."""
     from perencode.report import make_report
 
-    page = make_report(runs, claims=claims, out=out, accept_code_change=accept_code_change)
+    page = make_report(runs, claims=claims, out=out, accept_code_change=accept_code_change,
+                       title=title)
     console.print(f"wrote {page}")
 
 

@@ -7,6 +7,8 @@ it maps embeddings [B, T, E] to cell inputs [B, T, out_features].
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +78,17 @@ def input_width(cfg: EncodingConfig, embed_size: int) -> int:
     return JOINS[cfg.mode].width * embed_size
 
 
+def _takes_config(hook: Callable | None) -> bool:
+    """Whether a kind's table or vectors function takes the validated [encoding] table: it
+    has a parameter named `cfg`."""
+    if hook is None:
+        return False
+    try:
+        return "cfg" in inspect.signature(hook).parameters
+    except (TypeError, ValueError):  # a builtin (torch.randn): no config
+        return False
+
+
 class PositionalEncoding(nn.Module):
     """Embedding -> cell input, as the registered `encoding.kind` says (perencode.kinds):
     vanilla passes through; a per-position table, or the vectors the kind makes of the
@@ -85,22 +98,30 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         kind = kinds.get("encoding", cfg.kind)
         self.kind, self.mode, self.dim = cfg.kind, cfg.mode, dim
-        self.vectors = kind.vectors
+        self.vectors = functools.partial(kind.vectors, cfg=cfg) if _takes_config(
+            kind.vectors) else kind.vectors
         self.join = JOINS[cfg.mode] if kind.adds_input else None
+        # The kind's own module (its parameters train with the model, in its state_dict).
+        self.own = kind.module(cfg, dim, steps) if kind.module is not None else None
         self.table: Tensor | None
         if kind.table is None:
             self.table = None
-        elif kind.trained:
-            self.table = nn.Parameter(kind.table(steps, dim))
         else:
-            # A table recomputed at construction is not stored in checkpoints.
-            self.register_buffer("table", kind.table(steps, dim), persistent=kind.stored)
+            table = kind.table(steps, dim, cfg=cfg) if _takes_config(kind.table) else \
+                kind.table(steps, dim)
+            if kind.trained:
+                self.table = nn.Parameter(table)
+            else:
+                # A table recomputed at construction is not stored in checkpoints.
+                self.register_buffer("table", table, persistent=kind.stored)
         self.out_features = input_width(cfg, dim)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x: [B, T, E] embeddings of time steps offset..offset+T-1 -> [B, T, out_features]."""
         if self.join is None:
             return x
+        if self.own is not None:
+            return self.join.apply(x, self.own(x, offset).to(x.dtype))  # [T, E] or [B, T, E]
         if self.vectors is not None:
             return self.join.apply(x, self.vectors(x))
         assert self.table is not None  # adds_input: a table or vectors

@@ -7,10 +7,12 @@ the grid that made them, so a run shared by several figures is drawn in each. Ru
 settings differ beyond a figure's own axes (a quick demo next to the paper's grids) go to
 separate files, suffixed with the differing settings, except a setting that takes one value
 in every cell of the figure's axes (the quick demo's iterations, set per vocabulary size):
-those runs stay one figure and a note names the setting. Finished runs that no figure of
-the paper draws (a task or an encoding of a study's own) get one of their own,
-other_<task>_vocabulary. Error bars: 95% percentile-bootstrap CI of the mean over seeds,
-10,000 resamples (perencode.stats).
+those runs stay one figure and a note names the setting. An encoding of a study's own is
+drawn beside vanilla and the sinusoidal PE in the figure of its task; finished runs that
+no figure of the paper draws (a task of a study's own) get one of their own,
+other_<task>_vocabulary. Each kind has one colour in every figure (`_colour`). Error
+bars: 95% percentile-bootstrap CI of the mean over seeds, 10,000 resamples
+(perencode.stats).
 
 What a figure shows is said on it: runs that are not cells of the paper's grids for the
 figure (recipes/paper/figNN_*.toml, seeds aside) give a file ending in `__nonpaper` with a
@@ -25,6 +27,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import product
@@ -40,6 +43,7 @@ from perencode.grid import load_grid
 from perencode.io import atomic_write_bytes, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.naming import format_value, ordered, short_key, short_names
+from perencode.recipe import KIND_SECTIONS, kind_base
 from perencode.results import (
     BOOKKEEPING,
     Results,
@@ -74,6 +78,27 @@ def group_ci(df: pd.DataFrame, by: list[str], metric: str) -> pd.DataFrame:
 def _label(column: str, value) -> str:
     kind = kinds.of_field(column)
     return kinds.label(kind, value) if kind is not None else str(value)
+
+
+# One colour per kind in every figure: a kind's index in its registry (the package's own
+# first: vanilla blue, sinusoidal orange, ...), a kind no registration knows after them by a
+# hash of its name, in matplotlib's ten-colour cycle.
+PALETTE = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
+           "tab:pink", "tab:gray", "tab:olive", "tab:cyan"]
+
+
+def _colour(column: str, value) -> str | None:
+    """The colour of a kind's name in every figure; None (matplotlib's cycle) for a value
+    that is not a kind's."""
+    kind = kinds.of_field(column)
+    if kind is None:
+        return None
+    registered = kinds.names(kind)
+    if value in registered:
+        return PALETTE[registered.index(value) % len(PALETTE)]
+    spare = max(len(PALETTE) - len(registered), 1)  # the colours no registered kind has
+    index = len(registered) + zlib.crc32(str(value).encode()) % spare
+    return PALETTE[index % len(PALETTE)]
 
 
 def _order(column: str, values) -> list:
@@ -188,7 +213,8 @@ def _lines(ax, s: pd.DataFrame, x: str, hue: str, log2: bool = False) -> None:
         part = s[s[hue] == value].sort_values(x)
         line = ax.errorbar(part[x], part["mean"], yerr=[part["mean"] - part["low"],
                                                         part["high"] - part["mean"]],
-                           marker="o", capsize=3, label=_label(hue, value), clip_on=False)
+                           marker="o", capsize=3, label=_label(hue, value), clip_on=False,
+                           color=_colour(hue, value))
         single = part[part["n"] < 2]
         if len(single):
             ax.plot(single[x], single["mean"], "o", color=line[0].get_color(), zorder=3,
@@ -210,7 +236,7 @@ def _bars(ax, s: pd.DataFrame, x: str, hue: str, x_order: list) -> None:
         pos = np.arange(len(x_order)) + (i - (len(hues) - 1) / 2) * width
         bars = ax.bar(pos, part["mean"], width, yerr=[part["mean"] - part["low"],
                                                       part["high"] - part["mean"]],
-                      capsize=3, label=_label(hue, value))
+                      capsize=3, label=_label(hue, value), color=_colour(hue, value))
         for bar, n in zip(bars, part["n"]):
             if n == 1:
                 bar.set_hatch("//")
@@ -333,9 +359,8 @@ def draw_lm_training(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]
     """Fig. 15: training perplexity (exp of the logged loss), one line per seed."""
     fig, axes = _subplots(1, 1, width=6.0, height=4.0)
     ax = axes[0, 0]
-    colours = {"none": "tab:blue", "sinusoidal": "tab:orange"}
     for (encoding, seed), part in df.groupby(["encoding.kind", "train.seed"]):
-        ax.plot(part["step"], part["train_perplexity"], color=colours.get(encoding),
+        ax.plot(part["step"], part["train_perplexity"], color=_colour("encoding.kind", encoding),
                 alpha=0.8, lw=1, label=f"{_label('encoding.kind', encoding)} (seed {seed})")
     seeds = df.groupby("encoding.kind")["train.seed"].nunique()
     ax.set_title("(" + ", ".join(f"{_label('encoding.kind', e)}: {n} seed{'s' if n > 1 else ''}"
@@ -390,10 +415,18 @@ class Figure:
 
 
 PE_PAIR = ("none", "sinusoidal")
+
+
+def _pe_pair_or_new(df: pd.DataFrame) -> pd.Series:
+    """Vanilla, sinusoidal, and the encodings of a study's own (a plugin's, or one no
+    registration knows): a new encoding is drawn beside the baselines it is compared to; the
+    package's other variants have figures of their own (Fig. 12-14)."""
+    return df["encoding.kind"].map(lambda name: name in PE_PAIR or not kinds.is_builtin(
+        "encoding", name)).astype(bool)
 VOCAB_AXES = ["model.arch", "task.vocab_size", "encoding.kind"]
 FIGURES = [
     Figure("fig02_reverse_vocabulary", "runs",
-           lambda d: _is("task.name", "reverse")(d) & _is("encoding.kind", *PE_PAIR)(d),
+           lambda d: _is("task.name", "reverse")(d) & _pe_pair_or_new(d),
            VOCAB_AXES,
            draw_vocabulary(["token_accuracy", "dl_distance"]), paper="fig02"),
     Figure("fig03_dual_frequency", "by_band",
@@ -403,13 +436,12 @@ FIGURES = [
     Figure("fig07_reverse_add", "runs", _is("task.name", "reverse_add"), VOCAB_AXES,
            draw_vocabulary(["token_accuracy"]), paper="fig07"),
     Figure("fig08_sort", "runs",
-           lambda d: _is("task.name", "sort")(d) & _is("encoding.kind", *PE_PAIR)(d),
+           lambda d: _is("task.name", "sort")(d) & _pe_pair_or_new(d),
            VOCAB_AXES, draw_vocabulary(["token_accuracy", "dl_distance"]), paper="fig08"),
     Figure("fig10_predecessor", "runs", _is("task.name", "predecessor"), VOCAB_AXES,
            draw_vocabulary(["accuracy"]), paper="fig10"),
     Figure("fig11_variable_length", "by_length",
-           lambda d: _is("task.name", "variable_length")(d)
-           & _is("encoding.kind", *PE_PAIR)(d),
+           lambda d: _is("task.name", "variable_length")(d) & _pe_pair_or_new(d),
            ["encoding.kind"], draw_by_length, paper="fig11"),
     Figure("fig12_double_vanilla", "runs",
            lambda d: _is("task.name", "reverse", "sort")(d)
@@ -462,7 +494,8 @@ def tied_note(df: pd.DataFrame, tied: list[str], axes: list[str]) -> str:
     the figure's axes that vary among these runs, '' when none does."""
     varying = [a for a in axes if a in df.columns and df[a].nunique(dropna=False) > 1]
     notes = []
-    for column in (c for c in tied if df[c].nunique(dropna=False) > 1):
+    for column in (c for c in tied if df[c].nunique(dropna=False) > 1
+                   and not _option_of_an_axis_kind(c, axes)):
         alone = [a for a in varying if df.groupby(a, dropna=False)[column]
                  .nunique(dropna=False).max() <= 1]
         along = alone[:1] or varying  # the one axis that decides it, where there is one
@@ -471,6 +504,16 @@ def tied_note(df: pd.DataFrame, tied: list[str], axes: list[str]) -> str:
                           + _spelt(row[-1]) for row in pairs.itertuples(index=False))
         notes.append(f"{column} follows {', '.join(short_key(a) for a in along)} ({shown})")
     return "; ".join(notes)
+
+
+def _option_of_an_axis_kind(column: str, axes: list[str]) -> bool:
+    """An option of a kind the figure plots (a learned sinusoid's `encoding.base` along the
+    encoding axis): it follows its kind, as nothing else can."""
+    section, _, option = column.partition(".")
+    if section not in KIND_SECTIONS:
+        return False
+    base = kind_base(section)
+    return f"{section}.{base.TAG}" in axes and option not in base.model_fields
 
 
 def missing_runs(df: pd.DataFrame, axes: list[str]) -> list[str]:
@@ -524,6 +567,24 @@ def _spelt(value) -> str:
     return format_value(value)
 
 
+def _in_order(column: str, values) -> list:
+    """A kind's names in registration order (gru, lstm, s4d), other values as `ordered`."""
+    kind = kinds.of_field(column)
+    return kinds.order(kind, values) if kind else ordered(values)
+
+
+def _options_of_other_kinds(column: str, cells: pd.DataFrame) -> bool:
+    """An option only kinds the paper's cells do not use have (minGRU's model.log_space):
+    the kind's own difference (arch mingru) already says it."""
+    section, _, option = column.partition(".")
+    if section not in KIND_SECTIONS:
+        return False
+    base = kind_base(section)
+    owners = base.options().get(option, [])
+    tag = f"{section}.{base.TAG}"
+    return bool(owners) and tag in cells.columns and not set(owners) & set(cells[tag])
+
+
 def paper_difference(part: pd.DataFrame, figure: Figure, columns: list[str]) -> str:
     """How the runs of one figure file differ from the paper's grids for that figure: 'not
     the paper's settings: hidden_size 32 (paper: 512); iterations 400 (paper: 300000)', or
@@ -533,21 +594,23 @@ def paper_difference(part: pd.DataFrame, figure: Figure, columns: list[str]) -> 
     cells = paper_cells(figure.paper)
     if cells.empty:
         return ""
-    compared = [c for c in columns if c in cells.columns and c not in NOT_SETTINGS]
-    found: dict[str, tuple[set, set]] = {}
+    compared = [c for c in columns if c in cells.columns and c not in NOT_SETTINGS
+                and not _options_of_other_kinds(c, cells)]
+    # values in dicts (ordered sets): the subtitle reads the same in every call
+    found: dict[str, tuple[dict, dict]] = {}
     for _, run in part.drop_duplicates(compared).iterrows():
         same = cells[cells["model.arch"] == run["model.arch"]]
         for column in compared:
             paper = same[column] if len(same) else cells[column]
             if _spelt(run[column]) not in set(map(_spelt, paper)):
-                ours, theirs = found.setdefault(column, (set(), set()))
-                ours.add(run[column])
-                theirs.update(paper)
+                ours, theirs = found.setdefault(column, ({}, {}))
+                ours[run[column]] = None
+                theirs.update(dict.fromkeys(paper))
     if not found:
         return ""
     names = short_names(found)
-    shown = [f"{names[c]} {', '.join(map(_spelt, ordered(ours)))} (paper: "
-             f"{', '.join(dict.fromkeys(map(_spelt, ordered(theirs))))})"
+    shown = [f"{names[c]} {', '.join(map(_spelt, _in_order(c, ours)))} (paper: "
+             f"{', '.join(dict.fromkeys(map(_spelt, _in_order(c, theirs))))})"
              for c, (ours, theirs) in found.items()]
     return "Not the paper's settings: " + "; ".join(shown)
 
@@ -672,6 +735,11 @@ def _in_setting(runs: pd.DataFrame, part: pd.DataFrame, columns: list[str],
             mask &= runs[column].map(_spelt).isin(set(part[column].map(_spelt)))
     return mask
 
+def tags(runs: pd.DataFrame) -> str:
+    """'Sweep tag: lr-low, lr-high' for runs made by tagged sweeps (`sweep --tag`), or ''."""
+    found = sorted(set(runs["tag"].dropna())) if "tag" in runs.columns else []
+    return f"Sweep tag: {', '.join(found)}" if found else ""
+
 
 def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
     """Draw one figure from its runs, one file per part (figure_parts), subtitled with how
@@ -697,6 +765,7 @@ def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
                   + (f"; and {len(cells) - 8} more" if len(cells) > 8 else ""))
         if part.differs:
             console.print(f"{part.stem}: {part.differs}", highlight=False, soft_wrap=True)
-        written += figure.draw(part.rows, out / part.stem, part.differs)
+        written += figure.draw(part.rows, out / part.stem,
+                               "; ".join(filter(None, [part.differs, tags(part.runs)])))
         drawn.update(part.rows["run"])
     return written

@@ -18,6 +18,11 @@ A grid file (`recipes/paper/*.toml`) is a recipe plus axes:
     [slurm]                            # optional: SlurmConfig (partition, time_min, ...)
     [sweep]                            # optional: after = ["stability"]
 
+Inheritance: each file overrides its base key by key, and a value set in a file holds over
+its base's axis of that key (a tied axis loses that key, its other keys still vary; a note
+says so), as an axis of the file holds over its own template; `sweep --dry-run --explain`
+shows where each value of the cells came from (`Grid.origins`).
+
 Every cell is validated as a Recipe and runs in `OUT/<grid file stem>/<axis>=<value>/...`,
 axes in file order with short keys (`vocab_size=256/encoding=none/seed=111`), so the same
 grid always maps to the same directories: finished runs are skipped, interrupted ones
@@ -29,8 +34,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +51,7 @@ from perencode.recipe import (
     foreign_options,
     parse_value,
     read_toml,
+    tomllib,
     validate,
 )
 from perencode.validation import validate_table
@@ -125,16 +132,46 @@ class Cell:
     name: str                 # the run directory below OUT/<grid>: "vocab_size=32/seed=111"
     coords: dict[str, Any]    # axis (dotted key) -> value
     recipe: Recipe
+    # What its run remembers of the sweep (RUN_DIR/sweep.json): grid, name, tag, cell, axes
+    record: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Grid:
     path: Path
-    name: str
+    name: str                 # its runs' folder under OUT: the file's stem, @tag with a tag
     description: str
     cells: list[Cell]
     slurm: SlurmConfig
     sweep: SweepConfig
+    # dotted key -> where its value comes from: "FILE", "FILE [grid]" or "--set" (a key
+    # absent: the recipe's default)
+    origins: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # one line each: an inherited axis fixed
+    tag: str | None = None    # `sweep --tag`: a second variant of the same grid, named
+
+
+TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def axis_options(items: list[str]) -> dict[str, list]:
+    """`--axis FIELD=V1,V2` options as [grid] axes: the values read as a TOML array (a bare
+    word is a string), a tied axis as `a.b+c.d=[1,2],[3,4]`."""
+    axes: dict[str, list] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not text.strip():
+            raise UserError(f"--axis '{item}': expected FIELD=V1,V2 (e.g. "
+                            "--axis task.vocab_size=32,64)")
+        try:
+            values = tomllib.loads(f"v = [{text}]")["v"]
+        except tomllib.TOMLDecodeError:
+            values = [parse_value(v.strip()) for v in text.split(",")]
+        if key in axes:
+            raise UserError(f"--axis '{item}': {key} is given twice")
+        axes[key] = values
+    return axes
 
 
 def _merge(base: dict, top: dict) -> dict:
@@ -147,18 +184,84 @@ def _merge(base: dict, top: dict) -> dict:
     return out
 
 
-def _read_layers(path: Path, chain: tuple[Path, ...] = ()) -> dict:
-    """The file's TOML merged over its `base` chain."""
+def _shown(path: Path) -> str:
+    """A file as a user names it: relative to the working directory where it lies below."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _layer_keys(data: dict) -> tuple[set[str], set[str]]:
+    """(template keys, axis keys) a file's own tables set, as dotted keys."""
+    template = {f"{section}.{key}" for section in SECTIONS
+                if isinstance(data.get(section), dict) for key in data[section]}
+    axes = data.get("grid")
+    keys = {k.strip() for axis in axes for k in axis.split("+")} \
+        if isinstance(axes, dict) else set()
+    return template, keys
+
+
+def _fix_inherited_axes(base: dict, top: dict, source: str, base_source: str) -> list[str]:
+    """Drop from `base`'s [grid] the keys that `top` (a file over it) sets itself: a value
+    of its template holds over the base's axis (a note says so), an axis of its own replaces
+    the base's (an axis spelt the same is replaced in place by the merge). A tied axis keeps
+    its other keys. Returns the notes."""
+    axes = base.get("grid")
+    if not isinstance(axes, dict):
+        return []
+    template, own_axes = _layer_keys(top)
+    top_grid = top.get("grid")
+    top_grid = top_grid if isinstance(top_grid, dict) else {}
+    notes, out = [], {}
+    for axis, values in axes.items():
+        keys = [k.strip() for k in axis.split("+")]
+        taken = [k for k in keys if k in template or k in own_axes]
+        well_formed = isinstance(values, list) and (len(keys) == 1 or all(
+            isinstance(v, list) and len(v) == len(keys) for v in values))
+        if axis in top_grid or not taken or not well_formed:
+            out[axis] = values  # the merge replaces it, or _axis_groups names the mistake
+            continue
+        values_set = [f"{k} = {format_value(top[k.split('.')[0]][k.split('.')[1]])}"
+                      for k in taken if k not in own_axes]
+        varied = [k for k in taken if k in own_axes]
+        parts = ([f"sets {' and '.join(values_set)}"] if values_set else []) + \
+            ([f"varies {' and '.join(varied)} itself"] if varied else [])
+        kept = [i for i, k in enumerate(keys) if k not in taken]
+        if any(k not in own_axes for k in taken) or kept:
+            rest = "+".join(keys[i] for i in kept)
+            notes.append(f"{source} {' and '.join(parts)}, which its base {base_source} "
+                         f"varies in the axis '{axis}': {source}'s values hold in every cell"
+                         + (f" ({rest} still varies)" if kept else ""))
+        if not kept:
+            continue
+        rows = [tuple(v[i] for i in kept) for v in values]
+        unique = list({repr(r): r for r in rows}.values())  # rows left equal: one cell
+        out[rest] = [list(r) if len(kept) > 1 else r[0] for r in unique]
+    base["grid"] = out
+    return notes
+
+
+def _read_layers(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict, dict[str, str],
+                                                                    list[str]]:
+    """The file's TOML merged over its `base` chain, where each key's value came from
+    (dotted key -> "FILE" or "FILE [grid]"), and the notes of inherited axes fixed."""
     path = path.resolve()
     if path in chain:
         raise UserError(f"{chain[-1]}: `base` leads back to {path} (a loop)")
     data = read_toml(path)
     base = data.pop("base", None)
+    source = _shown(path)
+    template, axis_keys = _layer_keys(data)
+    own = {**{key: source for key in template}, **{key: f"{source} [grid]" for key in axis_keys}}
     if base is None:
-        return data
+        return data, own, []
     if not isinstance(base, str):
         raise UserError(f"{path}: base: expected a path string, got {base!r}")
-    return _merge(_read_layers(path.parent / base, (*chain, path)), data)
+    base_path = path.parent / base
+    below, origins, notes = _read_layers(base_path, (*chain, path))
+    notes += _fix_inherited_axes(below, data, source, _shown(base_path))
+    return _merge(below, data), {**origins, **own}, notes
 
 
 def _check_key(key: str, source: str) -> None:
@@ -228,15 +331,27 @@ def _select(cells: list[Cell], axes: dict[str, list], only: list[str], source: s
 
 
 def load_grid(path: str | Path, overrides: list[str] | None = None,
-              only: list[str] | None = None) -> Grid:
-    """Read, expand and validate a grid file; UserError (one line) on any mistake."""
+              only: list[str] | None = None, extra_axes: list[str] | None = None,
+              tag: str | None = None) -> Grid:
+    """Read, expand and validate a grid file; UserError (one line) on any mistake.
+    `extra_axes` (`--axis FIELD=V1,V2`) lie over the file as a grid inheriting it would (a
+    recipe becomes a grid); `tag` names a variant: its runs go to OUT/<stem>@<tag>."""
     path = Path(path)
     source = str(path)
-    data = _read_layers(path)
+    if tag is not None and not TAG.fullmatch(tag):
+        raise UserError(f"--tag '{tag}': letters, digits, '_', '.' and '-' only (it names "
+                        "the runs' folder)")
+    data, origins, notes = _read_layers(path)
+    if extra_axes:
+        extra = {"grid": axis_options(extra_axes)}
+        notes += _fix_inherited_axes(data, extra, "--axis", source)
+        data = _merge(data, extra)
+        origins.update({key: "--axis" for key in _layer_keys(extra)[1]})
     axes = data.pop("grid", None)
     if not isinstance(axes, dict) or not axes:
         raise UserError(f"{source}: no [grid] table of axes (dotted keys -> lists); a single "
-                        "recipe runs with `perencode train`")
+                        "recipe runs with `perencode train`, or sweeps with --axis "
+                        "FIELD=V1,V2")
     slurm = validate_table(SlurmConfig, data.pop("slurm", {}), source, "slurm")
     sweep = validate_table(SweepConfig, data.pop("sweep", {}), source, "sweep")
     description = data.pop("description", "")
@@ -250,6 +365,7 @@ def load_grid(path: str | Path, overrides: list[str] | None = None,
                 raise UserError(f"--set {item}: {key} is an axis of {source}; pick its values "
                                 "with --only")
         data = apply_overrides(data, overrides)
+        origins.update({item.partition("=")[0].strip(): "--set" for item in overrides})
     names = short_names(values)
     set_keys = [item.partition("=")[0].strip() for item in overrides or []]
     cells: list[Cell] = []
@@ -277,5 +393,23 @@ def load_grid(path: str | Path, overrides: list[str] | None = None,
         if key not in applied:
             raise UserError(f"--set {item}: no cell of {source} has this option (it belongs "
                             f"to another task, model or encoding than the grid's)")
-    return Grid(path, path.stem, description, _select(cells, values, only or [], source), slurm,
-                sweep)
+    name = f"{path.stem}@{tag}" if tag else path.stem
+    for cell in cells:
+        cell.record = {"grid": str(path), "name": name, "tag": tag, "cell": cell.name,
+                       "axes": {key: format_value(v) for key, v in cell.coords.items()}}
+    return Grid(path, name, description, _select(cells, values, only or [], source), slurm,
+                sweep, origins, notes, tag)
+
+
+def explain(grid: Grid) -> list[tuple[str, str, str]]:
+    """Where each value of the grid's cells came from: (dotted key, its values over the
+    cells, its source: a file, a file's [grid], --set, or "default")."""
+    values: dict[str, list[str]] = {}
+    for cell in grid.cells:
+        for section in SECTIONS:
+            for name, value in getattr(cell.recipe, section).model_dump().items():
+                seen = values.setdefault(f"{section}.{name}", [])
+                if format_value(value) not in seen:
+                    seen.append(format_value(value))
+    return [(key, ", ".join(shown), grid.origins.get(key, "default"))
+            for key, shown in values.items()]

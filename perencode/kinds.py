@@ -16,7 +16,9 @@ importing them back.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -88,20 +90,26 @@ class EncodingKind:
     # The [encoding] table's class: a subclass of perencode.recipe.EncodingConfig with the
     # encoding's own options (None: the base).
     config: type | None = None
-    # One vector per position: (positions, dim) -> [positions, dim]; None: no table.
-    table: Callable[[int, int], Any] | None = None
+    # One vector per position: (positions, dim) -> [positions, dim]; a parameter named
+    # `cfg` receives the validated [encoding] table (its `config` class); None: no table.
+    table: Callable[..., Any] | None = None
     trained: bool = False           # the table is a parameter
     stored: bool = True             # a fixed table is saved in checkpoints (False: recomputed)
     # What an encoding without a table joins to the embedding: (x [B, T, E]) -> [B, T, E]
-    # (the duplicate kind's: x itself); None: the table's rows, or nothing without a table.
-    vectors: Callable[[Any], Any] | None = None
+    # (the duplicate kind's: x itself; `cfg` as a table's); None: the table's rows, or nothing.
+    vectors: Callable[..., Any] | None = None
+    # An encoding with parameters of its own: (cfg, dim E, positions T) -> an nn.Module
+    # called as module(x [B, T, E], offset) -> vectors [T, E] (or [B, T, E]) joined to x as
+    # `encoding.mode` says. Its parameters train with the model and are saved in its
+    # checkpoints (docs/extending.md, a learned-frequency sinusoid).
+    module: Callable[[Any, int, int], Any] | None = None
     # The joins (`encoding.mode`, perencode.encoding.JOINS) it allows.
     modes: tuple[str, ...] = ("concat", "add")
 
     @property
     def adds_input(self) -> bool:
         """Whether it changes the cell input at all (False for vanilla)."""
-        return self.table is not None or self.vectors is not None
+        return self.table is not None or self.vectors is not None or self.module is not None
 
 
 TASKS: dict[str, TaskKind] = {}
@@ -120,6 +128,9 @@ MODULES: dict[tuple[str, str], str] = {}
 # Loads the installed plugins and those PERENCODE_PLUGINS names on first use, by name as
 # the package's own modules are (it imports this module).
 PLUGIN_LOADER = "perencode.plugins"
+# Set (to anything but "" or "0"), installed plugins' entry points are not loaded, as
+# pytest's PYTEST_DISABLE_PLUGIN_AUTOLOAD; --plugin and PERENCODE_PLUGINS still load.
+AUTOLOAD_OFF = "PERENCODE_DISABLE_PLUGIN_AUTOLOAD"
 # Where an unknown name sends the user (perencode.plugins).
 PLUGIN_HINT = ("a plugin's kinds load with `perencode --plugin FILE_OR_MODULE`, "
                "PERENCODE_PLUGINS or an installed package's perencode.kinds entry point "
@@ -189,9 +200,16 @@ def register_encoding(kind: EncodingKind) -> EncodingKind:
     return _register(ENCODINGS, kind)
 
 
+def autoload() -> bool:
+    """Whether installed plugins (`perencode.kinds` entry points) load by themselves: yes,
+    unless PERENCODE_DISABLE_PLUGIN_AUTOLOAD is set (a test suite, a clean comparison)."""
+    return os.environ.get(AUTOLOAD_OFF, "").strip() in ("", "0")
+
+
 def registry(kind: str) -> dict:
     """The registry of `kind` ("task", "model" or "encoding"), the package's own kinds
-    loaded, then the installed plugins' (entry points) and those PERENCODE_PLUGINS names
+    loaded, then the installed plugins' (entry points, unless `autoload()` is off) and
+    those PERENCODE_PLUGINS names
     (perencode.plugins; a plugin that fails to import is a UserError)."""
     if not _loaded:
         _loaded.append(True)  # before the imports: their own look-ups must not recurse
@@ -205,9 +223,20 @@ def names(kind: str) -> list[str]:
     return list(registry(kind))
 
 
+def is_builtin(kind: str, name: Any) -> bool:
+    """Whether `name` is one of the package's own kinds (not a plugin's, not unknown)."""
+    return name in registry(kind) and (kind, name) not in ORIGINS
+
+
 def choices(kind: str) -> str:
     """"'gru', 'lstm' or 's4d'": the registered names, for messages."""
     return " or ".join(", ".join(repr(n) for n in names(kind)).rsplit(", ", 1))
+
+
+def guess(kind: str, name: Any) -> str:
+    """"; did you mean 'sinusoidal'?" for a misspelt name of a registered kind, or ""."""
+    close = difflib.get_close_matches(name, names(kind), n=1) if isinstance(name, str) else []
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def get(kind: str, name: str):
@@ -215,7 +244,7 @@ def get(kind: str, name: str):
     found = registry(kind).get(name)
     if found is None:
         raise ValueError(f"{FIELDS[kind]} = {name!r} is not registered: expected "
-                         f"{choices(kind)}; {PLUGIN_HINT}")
+                         f"{choices(kind)}{guess(kind, name)}; {PLUGIN_HINT}")
     return found
 
 

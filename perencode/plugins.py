@@ -4,7 +4,8 @@ perencode process (docs/extending.md).
 Three routes bring kinds in:
 
 - an installed package declaring an entry point in the group `perencode.kinds`: loaded by
-  every process when a registry is first used (`kinds.registry`);
+  every process when a registry is first used (`kinds.registry`), unless
+  PERENCODE_DISABLE_PLUGIN_AUTOLOAD is set (`kinds.autoload`);
 - a loose module or file: `perencode --plugin FILE_OR_MODULE` (repeatable) or the variable
   PERENCODE_PLUGINS (paths or module names separated by os.pathsep), or `load(...)` in a
   script;
@@ -160,8 +161,12 @@ def _replace(old: Plugin, new: Plugin) -> None:
 
 def load_entry_points() -> list[Plugin]:
     """Import every installed `perencode.kinds` entry point (an entry point naming a
-    function calls it after the import); a failing one is a UserError naming it."""
-    loaded, seen = [], set()
+    function calls it after the import); a failing one is a UserError naming it. None
+    where PERENCODE_DISABLE_PLUGIN_AUTOLOAD is set."""
+    loaded: list[Plugin] = []
+    seen = set()
+    if not kinds.autoload():
+        return loaded
     for ep in metadata.entry_points(group=GROUP):
         if ep.name in seen:  # a package on sys.path twice (an editable install) lists it twice
             continue

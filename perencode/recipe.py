@@ -10,6 +10,7 @@ values are one option away (e.g. `optim.betas = [0.9, 0.999]`, `optim.schedule =
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 from pathlib import Path
@@ -181,6 +182,11 @@ class TrainConfig(Section):
                       "set and batches (0 to 4294967295).")
     log_every: int = Field(100, ge=1, description="Write a metrics.jsonl row every N steps.")
     eval_batch_size: int = Field(1024, ge=1, description="Batch size when scoring held-out.")
+    eval_every: int | None = Field(
+        None, ge=1, description="Also score the held-out set every N iterations (a multiple "
+        "of log_every): held_out_* columns in metrics.jsonl, held_out/ curves in TensorBoard. "
+        "Training is the same with or without it (scoring the fixed held-out set draws no "
+        "random number). Unset: only at the end. Not part of the run's identity.")
     keep_checkpoints: int | Literal["all"] | None = Field(
         None, description="Periodic checkpoints kept on disk: \"all\" or the newest N >= 1 "
         "(older ones are deleted once a newer one is written). Unset: all for dual_frequency "
@@ -193,6 +199,15 @@ class TrainConfig(Section):
         if isinstance(value, int) and value < 1:
             raise ValueError("\"all\" or an integer >= 1")
         return value
+
+    @model_validator(mode="after")
+    def _scored_on_log_steps(self) -> TrainConfig:
+        # The held-out scores ride on the metrics.jsonl row of their step.
+        if self.eval_every is not None and self.eval_every % self.log_every:
+            raise ValueError(f"field 'eval_every': {self.eval_every} is not a multiple of "
+                             f"log_every ({self.log_every}); the held-out scores are written "
+                             "on the log steps")
+        return self
 
 
 class Recipe(Section):
@@ -243,12 +258,12 @@ class Recipe(Section):
 
 def identity(data: dict[str, Any]) -> dict[str, Any]:
     """What makes two runs the same run: the resolved recipe dict without its free-text
-    description and its checkpoint retention, so editing those never turns a finished run
-    into "a different recipe". The one definition used by run directories, checkpoints,
-    sweeps and results."""
+    description, its checkpoint retention and its periodic held-out scoring, so editing
+    those never turns a finished run into "a different recipe". The one definition used by
+    run directories, checkpoints, sweeps and results."""
     out = {k: v for k, v in data.items() if k != "description"}
-    if "keep_checkpoints" in out.get("train", {}):
-        out["train"] = {k: v for k, v in out["train"].items() if k != "keep_checkpoints"}
+    if set(NOT_IDENTITY) & set(out.get("train", {})):
+        out["train"] = {k: v for k, v in out["train"].items() if k not in NOT_IDENTITY}
     return out
 
 
@@ -263,6 +278,10 @@ def differences(a: dict, b: dict, prefix: str = "",
         elif va != vb:
             out.append(f"{prefix}{key}: {va!r} {names[0]} vs {vb!r} {names[1]}")
     return out
+
+# Training fields that change nothing a run computes: its checkpoint retention and its
+# periodic held-out scores (training is bit-identical with or without them).
+NOT_IDENTITY = ("keep_checkpoints", "eval_every")
 
 
 def run_key(recipe: Recipe) -> str:
@@ -323,8 +342,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "-
             out["description"] = parse_value(value.strip())
             continue
         if len(parts) != 2 or parts[0] not in SECTIONS:
+            close = difflib.get_close_matches(parts[0], SECTIONS, n=1)
             raise UserError(f"{source} '{item}': key must be section.key with section one of "
-                            f"{', '.join(SECTIONS)}")
+                            f"{', '.join(SECTIONS)}"
+                            + (f"; did you mean '{close[0]}.{'.'.join(parts[1:])}'?"
+                               if close and len(parts) == 2 else ""))
         section = out.setdefault(parts[0], {})
         if not isinstance(section, dict):
             raise UserError(f"{source} '{item}': [{parts[0]}] is not a table")
@@ -384,6 +406,11 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
                         f"run its cells with `perencode sweep {path}`")
     if overrides:
         data = apply_overrides(data, overrides)
+        changed = [item for item in overrides if item.partition("=")[0].strip() != "description"]
+        if changed and data.get("description") and isinstance(data["description"], str):
+            # The file's text describes the file: say what --set changed after it.
+            data["description"] = (f"{data['description'].rstrip()} Changed by --set: "
+                                   f"{', '.join(item.strip() for item in changed)}.")
     plugins.require(Path(path).parent, data)  # a run's recipe.toml: the plugin it needs
     source = f"{path}" + (" (with --set)" if overrides else "")
     recipe = validate(data, source)

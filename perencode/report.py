@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from perencode import plugins
 from perencode import runs as run_dirs
 from perencode.console import console
 from perencode.errors import UserError
@@ -96,7 +97,10 @@ def provenance(part: pd.DataFrame) -> dict:
     device-hours from its logged training time)."""
     devices: dict[str, int] = {}
     commits: dict[str, int] = {}
+    used: dict[str, int] = {}
     for run in part["run"]:
+        for plugin in _plugins_of(Path(run)):
+            used[plugin] = used.get(plugin, 0) + 1
         path = Path(run) / "env.json"
         try:
             env = run_dirs.read_json(path) if path.is_file() else {}
@@ -121,8 +125,22 @@ def provenance(part: pd.DataFrame) -> dict:
     shown = {short_key(c): _distinct(part[c]) for c in SETTINGS if c in part}
     return {"runs": len(part), "seeds": sorted(int(s) for s in part["train.seed"].unique()),
             "settings": {k: v for k, v in shown.items() if v}, "devices": devices,
-            "commits": commits, "fingerprints": fingerprints,
-            "device_hours": float(seconds) / 3600}
+            "commits": commits, "fingerprints": fingerprints, "plugins": used,
+            "device_hours": float(seconds) / 3600,
+            "tags": sorted(set(part["tag"].dropna())) if "tag" in part else []}
+
+
+def _plugins_of(run: Path) -> list[str]:
+    """The plugins a run's kinds came from (RUN_DIR/plugins.json), as 'perencode_minrnn.plugin
+    (perencode-minrnn 0.1.0)'; only read."""
+    path = run / plugins.RECORD
+    try:
+        entries = run_dirs.read_json(path).get("plugins", []) if path.is_file() else []
+    except UserError:
+        return ["unreadable plugins.json"]
+    fields = plugins.Plugin.__dataclass_fields__
+    found = [{k: e.get(k) for k in fields} for e in entries if isinstance(e, dict)]
+    return [plugins.Plugin(**f).describe() for f in found if f["module"]]  # type: ignore[arg-type]
 
 
 def _distinct(column: pd.Series) -> str:
@@ -182,11 +200,13 @@ def _runs_box(part: pd.DataFrame, diverged: int = 0) -> str:
             + (f'<dt>diverged</dt><dd>{diverged} more, not drawn (a loss or weight not '
                'finite)</dd>' if diverged else "") +
             f'<dt>seeds</dt><dd>{_e(", ".join(map(str, p["seeds"])))}</dd>'
+            + (f'<dt>sweep tag</dt><dd>{_e(", ".join(p["tags"]))}</dd>' if p["tags"] else "")
             + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in p["settings"].items())
             + f'<dt>devices</dt><dd>{_counted(p["devices"])}</dd>'
             f'<dt>commits</dt><dd>{_counted(p["commits"])}</dd>'
             f'<dt>fingerprints</dt><dd>{_e(", ".join(p["fingerprints"]))}</dd>'
-            f'<dt>device-hours</dt><dd>{p["device_hours"]:.3g}</dd></dl>')
+            + (f'<dt>plugins</dt><dd>{_counted(p["plugins"])}</dd>' if p["plugins"] else "")
+            + f'<dt>device-hours</dt><dd>{p["device_hours"]:.3g}</dd></dl>')
 
 
 def _claims_table(outcomes: list[Outcome]) -> str:
@@ -264,8 +284,11 @@ def other_claims(checked: Checked, run_paths: list[Path], results: Results
     return found
 
 
+TITLE = "Positional Encoding Helps RNNs Handle a Large Vocabulary: reproduction report"
+
+
 def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path],
-           others: list[tuple[str, int]] | None = None) -> str:
+           others: list[tuple[str, int]] | None = None, title: str = TITLE) -> str:
     decided = checked.decided
     beside = placed(decided, found)
     shown = {o.claim.id for claims in beside.values() for o in claims}
@@ -310,10 +333,9 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
                    "paper's way at these sizes, not that the paper's numbers are "
                    "reproduced.</span>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<title>perencode report</title>"
+            f"<title>{_e(title if title != TITLE else 'perencode report')}</title>"
             f"<style>{STYLE}</style></head><body>"
-            "<h1>Positional Encoding Helps RNNs Handle a Large Vocabulary: reproduction "
-            "report</h1>"
+            f"<h1>{_e(title)}</h1>"
             f'<p class="meta">Runs: {_e(", ".join(map(str, run_paths)))} &middot; claims: '
             f"{_e(checked.claims_path.name)} &middot; written {when} by perencode</p>"
             f'<div class="summary">{_e(checked.summary())}<br>{counts}</div>'
@@ -321,8 +343,10 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
 
 
 def make_report(runs: list[Path], claims: str | Path = "paper",
-                out: Path = Path("figures"), accept_code_change: bool = False) -> Path:
-    """Draw the figures into `out`, check the claims and write `out`/report.html; its path."""
+                out: Path = Path("figures"), accept_code_change: bool = False,
+                title: str | None = None) -> Path:
+    """Draw the figures into `out`, check the claims and write `out`/report.html (headed
+    `title`, else the paper's reproduction); its path."""
     run_paths = [Path(p) for p in runs]
     out = Path(out)
     results = collect(run_paths, "report", accept_code_change)
@@ -333,7 +357,7 @@ def make_report(runs: list[Path], claims: str | Path = "paper",
         console.print(f"no claim of {checked.claims_path.name} concerns these runs; "
                       + "; ".join(f"--claims {name} decides {n}" for name, n in others),
                       highlight=False, soft_wrap=True)
-    page = render(checked, panels(results, written), out, run_paths, others)
+    page = render(checked, panels(results, written), out, run_paths, others, title or TITLE)
     with hold(out, "report"):
         remove_stale_temps(out, lambda name: name == REPORT)
         atomic_write_text(out / REPORT, page)

@@ -24,7 +24,7 @@ from perencode.recipe import SECTIONS, field_names, run_key
 
 # Recipe fields that change nothing a figure compares: never a reason to split a figure.
 BOOKKEEPING = ("train.seed", "train.log_every", "train.checkpoint_every",
-               "train.eval_batch_size", "train.keep_checkpoints")
+               "train.eval_batch_size", "train.keep_checkpoints", "train.eval_every")
 IDENTITY = tuple(runs.EVAL_IDENTITY.values())
 
 @dataclass
@@ -195,6 +195,9 @@ def collect(paths: list[Path], command: str = "figures",
                "status": status["state"], "complete": status["state"] == runs.FINISHED,
                "fingerprint": fingerprint,
                **({"code_changes_accepted": "; ".join(accepted)} if accepted else {})}
+        tag = runs.sweep_record(run_dir).get("tag")
+        if tag:  # `sweep --tag`: a column only where a run has one
+            row["tag"] = str(tag)
         if diverged:
             rows.append(row)
             continue

@@ -57,6 +57,9 @@ from perencode.io import (
 from perencode.lock import LOCK_NAME
 from perencode.recipe import Recipe, differences, migrate_stored, read_toml, validate
 
+# What a run made by a sweep remembers of it (perencode.grid.Cell.record): the grid, the
+# sweep's name and tag, the cell and its axes.
+SWEEP_RECORD = "sweep.json"
 CHECKPOINT_FORMAT = "perencode-checkpoint"
 CHECKPOINT_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d+)\.pt$")
@@ -307,7 +310,9 @@ class Run:
             raise UserError(f"{run_dir}: exists and is not a directory; choose another --run-dir")
         path = run_dir / "recipe.toml"
         if path.exists():
-            existing = read_recipe(run_dir)
+            # Read as results are (a kind of a plugin not loaded keeps its name): a different
+            # recipe is named as such, not as the plugin that recipe needed.
+            existing = read_recipe(run_dir, any_kind=True)
             diff = differences(existing.identity(), recipe.identity())
             if diff:
                 raise UserError(f"{run_dir}: holds a run of a different recipe ({diff[0]}"
@@ -583,6 +588,15 @@ def restore_generator(generator: torch.Generator, saved: torch.Tensor, iteration
     console.print(f"[yellow]note:[/] {path}: written on another device type; the training "
                   f"batches after iteration {iteration} come from a new stream seeded from "
                   "the run's seed and that iteration", highlight=False, soft_wrap=True)
+
+
+def sweep_record(run_dir: str | Path) -> dict[str, Any]:
+    """RUN_DIR/sweep.json, or {} (a run trained by hand; an unreadable file names nothing)."""
+    try:
+        found = json.loads((Path(run_dir) / SWEEP_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def metrics_row(line: bytes | str) -> dict[str, Any] | str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import Field, create_model
+from pydantic import BaseModel, Field, create_model
 
 from perencode import kinds
 from perencode.recipe import (
@@ -46,6 +46,13 @@ def _default_text(value: Any) -> str:
     if value is None:
         return "unset"
     return repr(list(value)) if isinstance(value, tuple) else repr(value)
+
+
+def model_rows(model: type[BaseModel]) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, description) for every field of a pydantic model (a claim)."""
+    return [(name, _type_name(field), "required" if field.is_required() else
+             _default_text(field.default), field.description or "")
+            for name, field in model.model_fields.items()]
 
 
 def schema_rows() -> list[tuple[str, str, str, str]]:

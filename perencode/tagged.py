@@ -92,7 +92,7 @@ class KindConfig(Section):
         if any_kind and isinstance(name, str):
             return _open_class(cls)
         raise ValueError(f"field '{cls.TAG}': Input should be {kinds.choices(cls.KIND)} "
-                         f"(got {name!r}); {kinds.PLUGIN_HINT}")
+                         f"(got {name!r}{kinds.guess(cls.KIND, name)}); {kinds.PLUGIN_HINT}")
 
     @classmethod
     def of(cls: type[_K], **fields: Any) -> _K:

@@ -23,6 +23,9 @@ from perencode.errors import UserError
 FOLDER = "tensorboard"
 EXTRA = "pip install 'perencode[tensorboard]'"
 
+# metrics.jsonl keys of the periodic held-out scores (train.eval_every), drawn as held_out/
+HELD_OUT = "held_out_"
+
 
 def summary_writer_class() -> type:
     """torch's SummaryWriter, or a one-line UserError naming the extra that provides it."""
@@ -99,8 +102,9 @@ class TensorBoardLog:
         return self
 
     def log(self, row: dict[str, Any]) -> None:
-        """One metrics.jsonl row (step, loss, accuracy, lr), plus the sequences per second
-        since the previous log step (or the start of this process)."""
+        """One metrics.jsonl row (step, loss, accuracy, lr, and the held-out scores on the
+        steps that have them), plus the sequences per second since the previous log step
+        (or the start of this process)."""
         if self._writer is None:
             return
         step, now = row["step"], time.perf_counter()
@@ -108,6 +112,9 @@ class TensorBoardLog:
         self._last = (step, now)
         for key in ("loss", "accuracy", "lr"):
             self._writer.add_scalar(f"train/{key}", row[key], step)
+        for key, value in row.items():  # train.eval_every: held_out_token_accuracy, ...
+            if key.startswith(HELD_OUT):
+                self._writer.add_scalar(f"held_out/{key.removeprefix(HELD_OUT)}", value, step)
         if now > last_time and step > last_step:
             rate = (step - last_step) * self._batch_size / (now - last_time)
             self._writer.add_scalar("train/sequences_per_second", rate, step)

@@ -27,7 +27,7 @@ from perencode.models import SequenceModel
 from perencode.progress import Reporter
 from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import Batch, held_out_warning
-from perencode.tracking import TensorBoardLog
+from perencode.tracking import HELD_OUT, TensorBoardLog
 
 
 def learning_rate(step: int, optim: OptimConfig, iterations: int) -> float:
@@ -127,6 +127,13 @@ def scored_outputs(batch: Batch) -> int:
     if batch.output_mask is not None:
         return int(batch.output_mask.sum())
     return batch.output_targets.numel()
+
+
+def held_out_row(scores: dict) -> dict:
+    """The numbers of an eval.json dict as metrics.jsonl columns: held_out_token_accuracy,
+    held_out_dl_distance, ... (its identity fields and counts left out)."""
+    return {HELD_OUT + key: value for key, value in scores.items()
+            if isinstance(value, float) and key not in runs.EVAL_IDENTITY}
 
 
 def training_generator(recipe: Recipe, device: torch.device) -> torch.Generator:
@@ -326,6 +333,7 @@ def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
     reporter = Reporter("train", tc.iterations, completed=start, log_every=tc.log_every,
                         enabled=progress)
     pending: list[tuple[int, Tensor, Tensor | None]] = []  # steps since the last health check
+    scores = None  # the held-out scores of the last periodic evaluation (train.eval_every)
     with reporter, _Stop() as stop, board.resumed_at(start, tc.batch_size, recipe.to_toml()):
         for k in range(start + 1, tc.iterations + 1):
             log = k % tc.log_every == 0 or k == tc.iterations
@@ -339,6 +347,9 @@ def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
                 acc = int(hits) / max(scored_outputs(batch), 1)
                 row = {"step": k, "loss": float(loss.detach()), "accuracy": acc,
                        "lr": lr, "seconds": round(time.perf_counter() - t0, 3)}
+                if tc.eval_every is not None and k % tc.eval_every == 0:
+                    scores = evaluate_model(model, task, recipe)
+                    row.update(held_out_row(scores))
                 run.log(row)
                 board.log(row)
                 shown = {"loss": row["loss"], "acc": row["accuracy"]}
@@ -354,7 +365,10 @@ def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
                     saved = run.save(k, model, optimizer, generator, interrupted=True)
                 raise Interrupted(k, saved, stop.signum)
 
-    result = evaluate_model(model, task, recipe)
+    # The last step's periodic scores are the final ones: the same model, not scored twice.
+    last_scored = tc.eval_every is not None and tc.iterations % tc.eval_every == 0
+    result = scores if last_scored and scores is not None else evaluate_model(model, task,
+                                                                              recipe)
     result["iteration"] = tc.iterations
     run.finish(result)
     return result

@@ -26,6 +26,7 @@ the claim does not name it (runs of different settings would be pooled). Only a 
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import operator
@@ -71,9 +72,13 @@ class Claim(BaseModel):
     by: list[str] = Field([], description="Columns whose values make the cells.")
     cells: Literal["all", "any", "first", "last"] = Field(
         "all", description="Cells that must pass: all, any, or the first/last by `by[0]`.")
-    test: Literal["threshold", "difference", "trend", "lowest", "approx"]
-    op: Literal[">", ">=", "<", "<="] = ">"
-    value: float = 0.0
+    test: Literal["threshold", "difference", "trend", "lowest", "approx"] = Field(
+        description="threshold: statistic OP value in the cells; difference: group a minus "
+        "group b OP value; trend: at the last value of `along` minus at its first OP value; "
+        "lowest: `expect` is where the statistic is lowest; approx: within value +- "
+        "tolerance.")
+    op: Literal[">", ">=", "<", "<="] = Field(">", description="The comparison with `value`.")
+    value: float = Field(0.0, description="The threshold (approx: the paper's value).")
     tolerance: float = Field(0.0, ge=0.0, description="approx: allowed |difference|.")
     a: dict[str, Any] = Field({}, description="difference: filters of the first group.")
     b: dict[str, Any] = Field({}, description="difference: filters of the second group.")
@@ -93,6 +98,15 @@ class Claim(BaseModel):
         if self.than is not None and self.test != "difference":
             raise ValueError("field 'than': applies to test = 'difference' only")
         return self
+
+
+def claims_schema() -> dict[str, Any]:
+    """The JSON Schema of a claims file: a non-empty array `claim` of Claim tables."""
+    claim = Claim.model_json_schema()
+    return {"title": "perencode claims file", "type": "object", "required": ["claim"],
+            "properties": {"claim": {"type": "array", "minItems": 1, "items": claim,
+                                     "description": "The claims, one [[claim]] table each; "
+                                     "ids unique."}}}
 
 
 # Package data: installed with the wheel, so `verify` and `quickstart` find the claims in a
@@ -140,7 +154,8 @@ def load_claims(path: str | Path) -> list[Claim]:
 def select(df: pd.DataFrame, filters: dict[str, Any], source: str) -> pd.DataFrame:
     for column, rule in filters.items():
         if column not in df.columns:
-            raise UserError(f"{source}: no column '{column}' to filter on")
+            raise UserError(f"{source}: no column '{column}' to filter on"
+                            f"{_did_you_mean(column, df.columns)}")
         values = df[column]
         if isinstance(rule, dict):
             keep = pd.Series(True, index=df.index)
@@ -159,6 +174,11 @@ def select(df: pd.DataFrame, filters: dict[str, Any], source: str) -> pd.DataFra
             keep = values == rule
         df = df[keep]
     return df
+
+
+def _did_you_mean(name: str, columns) -> str:
+    close = difflib.get_close_matches(name, [str(c) for c in columns], n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def per_run(df: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFrame:
@@ -384,7 +404,7 @@ def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcom
     matched = select(rows, claim.where, source)
     if claim.metric not in matched.columns and not matched.empty:
         raise UserError(f"{source}: metric '{claim.metric}' is not a column of table "
-                        f"'{claim.table}'")
+                        f"'{claim.table}'{_did_you_mean(claim.metric, matched.columns)}")
     if matched.empty:
         waiting = results.runs.loc[results.runs["status"] == "unfinished", "run"]
         unfinished = select(every[every["run"].isin(waiting)], claim.where,
@@ -672,7 +692,10 @@ def check(runs: list[Path], claims: str | Path = "paper",
         if results is None else results
     done: dict[str, Outcome] = {}
     for claim in sorted(parsed, key=lambda c: c.than is not None):  # referenced ones first
-        done[claim.id] = evaluate(claim, results, done)
+        try:
+            done[claim.id] = evaluate(claim, results, done)
+        except UserError as exc:  # a column the claim names that the runs lack
+            raise UserError(f"{claims_path}: {exc}") from None
     return Checked(claims_path, [done[c.id] for c in parsed], results)
 
 

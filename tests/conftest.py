@@ -5,6 +5,13 @@ import os
 import sys
 from pathlib import Path
 
+# The suite tests the package's own kinds, isolated from plugins installed beside it (the
+# example's `pip install examples/perencode-minrnn`) or named by the user's environment;
+# a test of plugins opts in (tests/test_plugins.py). Set before any registry is used, and
+# inherited by every process a test starts.
+os.environ["PERENCODE_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+os.environ.pop("PERENCODE_PLUGINS", None)
+
 import pytest
 import torch
 import typer.main

@@ -19,7 +19,7 @@ import pytest
 from conftest import PYTHON, ROOT, run_cli, subprocess_env
 from test_sweep import TINY
 
-from perencode import environment, plugins, runs
+from perencode import environment, kinds, plugins, runs
 
 EXAMPLE = ROOT / "examples" / "perencode-minrnn"
 
@@ -37,11 +37,19 @@ register_encoding(EncodingKind("lin_ramp", label="Linear ramp", table=lin_ramp))
 '''
 
 
+def autoloading(env: dict) -> dict:
+    """`env` with installed plugins loading by themselves (the suite turns that off:
+    conftest.py): the tests of the installed route opt in."""
+    return {k: v for k, v in env.items() if k != kinds.AUTOLOAD_OFF}
+
+
 def perencode(*args, python: str = PYTHON, env: dict | None = None, cwd: Path | None = None,
-              timeout: float = 300) -> tuple[int, str]:
-    """`python -m perencode ARGS...` in a fresh process: (exit code, stdout + stderr)."""
+              timeout: float = 300, autoload: bool = False) -> tuple[int, str]:
+    """`python -m perencode ARGS...` in a fresh process: (exit code, stdout + stderr);
+    `autoload`: with the installed plugins."""
+    env = {**subprocess_env(), **(env or {})}
     proc = subprocess.run([python, "-m", "perencode", *map(str, args)], capture_output=True,
-                          text=True, env={**subprocess_env(), **(env or {})}, cwd=cwd,
+                          text=True, env=autoloading(env) if autoload else env, cwd=cwd,
                           timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -190,13 +198,13 @@ def test_an_installed_plugin_works_in_every_command_with_no_flag(tmp_path, minrn
     recipe.write_text(MINGRU.replace("[task]\n", "[task]\nvocab_size = 8\n"))
     run = tmp_path / "run"
     code, text = perencode("train", recipe, "--run-dir", run, "--device", "cpu",
-                           "--no-progress", python=minrnn)
+                           "--no-progress", python=minrnn, autoload=True)
     assert code == 0 and runs.Run(run).is_complete(), text
     recorded = json.loads((run / "plugins.json").read_text())["plugins"]
     assert [(p["module"], p["package"], p["version"], p["entry_point"], p["provides"])
             for p in recorded] == [("perencode_minrnn.plugin", "perencode-minrnn", "0.1.0",
                                     "minrnn", ["model.arch = 'mingru'"])]
-    code, text = perencode("eval", run, "--device", "cpu", python=minrnn)
+    code, text = perencode("eval", run, "--device", "cpu", python=minrnn, autoload=True)
     assert code == 0 and "mingru" in text, text
     # Where the package is not installed: one line naming it and how to get it.
     code, text = perencode("eval", run, "--device", "cpu")
@@ -207,7 +215,7 @@ def test_an_installed_plugin_works_in_every_command_with_no_flag(tmp_path, minrn
         "by itself)")
     # bench prints the step time: a table, then the same as one JSON line.
     code, text = perencode("bench", recipe, "--iterations", "3", "--warmup", "1", "--device",
-                           "cpu", python=minrnn)
+                           "cpu", python=minrnn, autoload=True)
     assert code == 0, text
     timing = json.loads(next(line for line in text.splitlines() if line.startswith("{")))
     assert text.count("seconds_per_iteration") == 2  # the table a user reads, and the JSON
@@ -217,16 +225,17 @@ def test_an_installed_plugin_works_in_every_command_with_no_flag(tmp_path, minrn
 @pytest.mark.slow
 def test_the_example_grid_sweeps_and_draws_under_its_own_name(tmp_path, minrnn):
     code, text = perencode("sweep", EXAMPLE / "grids" / "reverse_vocabulary.toml", "--runs",
-                           tmp_path / "plan", "--dry-run", "--device", "cpu", python=minrnn)
+                           tmp_path / "plan", "--dry-run", "--device", "cpu", python=minrnn,
+                           autoload=True)
     assert code == 0 and "40 runs (40 new)" in text, text
     grid = tmp_path / "mg.toml"
     grid.write_text(MINGRU + '\n[grid]\n"task.vocab_size" = [8]\n'
                     '"encoding.kind" = ["none", "sinusoidal"]\n')
     code, text = perencode("sweep", grid, "--runs", tmp_path / "runs", "--jobs", "2",
-                           "--device", "cpu", "--no-progress", python=minrnn)
+                           "--device", "cpu", "--no-progress", python=minrnn, autoload=True)
     assert code == 0, text
     code, text = perencode("figures", tmp_path / "runs", "--out", tmp_path / "fig",
-                           python=minrnn)
+                           python=minrnn, autoload=True)
     assert code == 0, text
     table = (tmp_path / "fig" / "results.csv").read_text()
     assert table.count("mingru") == 2
@@ -236,7 +245,7 @@ def test_the_example_grid_sweeps_and_draws_under_its_own_name(tmp_path, minrnn):
     # Its panel is titled with the registered label.
     label = subprocess.run([minrnn, "-c", "from perencode import kinds; "
                             "print(kinds.label('model', 'mingru'))"], capture_output=True,
-                           text=True, env=subprocess_env(), check=True)
+                           text=True, env=autoloading(subprocess_env()), check=True)
     assert label.stdout.strip() == "minGRU"
 
 
@@ -250,7 +259,8 @@ def test_an_installed_plugin_that_fails_to_import_is_one_line(tmp_path):
         '[project.entry-points."perencode.kinds"]\nbroken = "broken_plugin"\n'
         '[tool.setuptools]\npackages = ["broken_plugin"]\n')
     python = throwaway_env(tmp_path / "env", package)
-    code, text = perencode("show", ROOT / "recipes" / "gru_vocab256.toml", python=python)
+    code, text = perencode("show", ROOT / "recipes" / "gru_vocab256.toml", python=python,
+                           autoload=True)
     assert code == 2 and error_line(text) == (
         "error: plugin 'broken' (perencode.kinds entry point broken_plugin of broken-plugin): "
         "cannot be loaded: ImportError: needs foo")

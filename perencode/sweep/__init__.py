@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.markup import escape
+from rich.table import Table
+
 from perencode import plugins
 from perencode.console import console
 from perencode.errors import UserError
-from perencode.grid import SlurmConfig, load_grid
+from perencode.grid import SlurmConfig, explain, load_grid
 from perencode.lock import hold
 from perencode.sweep import slurm as slurm_executor
 from perencode.sweep.board import Board
@@ -47,12 +50,17 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
               runs_per_gpu: int = 1, dry_run: bool = False, only: list[str] | None = None,
               overrides: list[str] | None = None, device: str = "auto",
               slurm: dict | None = None, progress: bool = True, wait: bool = True,
-              estimate: bool = False, tensorboard: bool = False) -> int:
+              estimate: bool = False, tensorboard: bool = False, explain: bool = False,
+              axes: list[str] | None = None, tag: str | None = None) -> int:
     """Run every cell of a grid; 0 when all runs finished (or, with wait=False, were
-    submitted), 1 if one failed, 130 if stopped."""
+    submitted), 1 if one failed, 130 if stopped. `explain`: a dry run that also shows where
+    each value of the cells came from; `axes` (FIELD=V1,V2) lie over the file (a recipe
+    becomes a grid); `tag` names the sweep: its runs go to OUT/<stem>@<tag>."""
     if executor not in ("local", "slurm"):
         raise UserError(f"--executor '{executor}': expected local or slurm")
-    g = load_grid(grid, overrides, only)
+    g = load_grid(grid, overrides, only, axes, tag)
+    for note in g.notes:
+        console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
     out = Path(out)
     options = validate_table(SlurmConfig, {**g.slurm.model_dump(exclude_unset=True),
                                            **(slurm or {})}, "--slurm options", "slurm")
@@ -67,8 +75,10 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
     planned = plan(g, out, tensorboard)
     if estimate:
         measure(planned, out, device, jobs, handed)
-    if dry_run or estimate:
+    if dry_run or estimate or explain:
         print_plan(g, planned, out, device, jobs)
+        if explain:
+            print_origins(g)
         return 0
     tree = out / g.name
     tree.mkdir(parents=True, exist_ok=True)
@@ -77,6 +87,16 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
     with hold(tree, f"perencode sweep {g.path}"):
         return _sweep(g, planned, out, executor, jobs, runs_per_gpu, device, options,
                       progress, wait, handed)
+
+
+def print_origins(g) -> None:
+    """`sweep --explain`: each field of the cells, its values and where they came from."""
+    table = Table(title=f"{g.path}: where the values of its {len(g.cells)} cells come from")
+    for col in ("field", "value", "from"):
+        table.add_column(col, overflow="fold")
+    for key, values, source in explain(g):
+        table.add_row(key, escape(values), escape(source))
+    console.print(table)
 
 
 def _sweep(g, planned: list[PlannedRun], out: Path, executor: str, jobs: int, runs_per_gpu: int,

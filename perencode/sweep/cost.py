@@ -34,7 +34,7 @@ from perencode.tasks import shapes
 
 # Training fields that do not change what one iteration costs.
 COSTLESS_TRAIN_FIELDS = {"seed", "iterations", "checkpoint_every", "log_every", "eval_batch_size",
-                         "keep_checkpoints"}
+                         "keep_checkpoints", "eval_every"}
 ESTIMATES = ".estimates.json"  # in the sweep's OUT: seconds per iteration by device and shape
 # A checkpoint holds the weights and Adam's two moments, all fp32, plus a few kB of recipe,
 # RNG states and bookkeeping.
@@ -70,6 +70,21 @@ def flops_per_iteration(recipe: Recipe) -> float:
     D = input_width(recipe.encoding, m.embed_size)
     per_step = hook(m, D, T) if hook is not None else layer_parameters(recipe)
     return 3 * 2 * B * (T * per_step + s.outputs * H * K)
+
+
+def held_out_iterations(recipe: Recipe) -> float | None:
+    """The periodic held-out scoring of a run (train.eval_every) in training iterations: a
+    forward pass (a third of an iteration's FLOPs) over the held-out sequences each time,
+    the last step's scoring left out (every run scores the end). 0 without eval_every;
+    None for a task with no held-out count (a language model's splits)."""
+    every, n = recipe.train.eval_every, recipe.train.iterations
+    if every is None:
+        return 0.0
+    held_out = getattr(recipe.task, "held_out", None)
+    if not isinstance(held_out, int):
+        return None
+    times = n // every - (n % every == 0)
+    return times * held_out / recipe.train.batch_size / 3
 
 
 def layer_parameters(recipe: Recipe) -> int:
@@ -202,6 +217,33 @@ def _flop(n: float) -> str:
     return f"{n:,.0f} FLOP"
 
 
+def _print_held_out(planned: list[PlannedRun], cache: Estimates, label: str, flop: float,
+                    totals: dict) -> None:
+    """The cost of the runs' periodic held-out scoring (train.eval_every), one line, added to
+    the totals' device time."""
+    scored = [r for r in planned if r.cell.recipe.train.eval_every is not None
+              and r.state != RunState.REUSE]
+    if not scored:
+        return
+    counted = [(r, held_out_iterations(r.cell.recipe)) for r in scored]
+    known = [(r, i) for r, i in counted if i is not None]
+    extra = sum(flops_per_iteration(r.cell.recipe) * i for r, i in known)
+    hours = 0.0
+    for run, iters in known:
+        seconds, _ = cache.seconds(label, run.cell.recipe)
+        hours += (seconds or 0.0) * iters / 3600
+    totals["held_out_pflop"], totals["held_out_hours"] = extra / 1e15, hours
+    totals["hours"] += hours
+    every = ", ".join(sorted({str(r.cell.recipe.train.eval_every) for r in scored}))
+    timed = f", {_hours(hours)} of device time (in the total below)" if hours else ""
+    unknown = len(counted) - len(known)
+    console.print(f"held-out scoring every {every} iterations (train.eval_every) in "
+                  f"{len(scored)} run(s): {_flop(extra)} ({100 * extra / max(flop, 1):.2g}% "
+                  f"of the training){timed}"
+                  + (f"; {unknown} run(s) of a task without a held-out count not estimated"
+                     if unknown else ""), highlight=False)
+
+
 def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: int) -> dict:
     """`sweep --dry-run`: the run table with each run's disk and device-hours, then the
     totals. Instant: sizes are counted on the meta device, times come from the cache."""
@@ -248,6 +290,7 @@ def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: in
     totals["pflop"] = flop / 1e15
     console.print(f"{len(planned)} runs ({states}); {totals['to_train']} to train; "
                   f"{_flop(flop)} of training (forward and backward)", highlight=False)
+    _print_held_out(planned, cache, label, flop, totals)
     console.print(f"disk: {_gb(totals['disk_bytes'])} of checkpoints once finished "
                   f"({len(sizes)} shape(s); checkpoints kept per run: train.keep_checkpoints)",
                   highlight=False)

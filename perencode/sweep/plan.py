@@ -243,8 +243,8 @@ def mark_queued(planned: list[PlannedRun]) -> None:
 
 
 def prepare(todo: list[PlannedRun]) -> list[PlannedRun]:
-    """Claim each run directory (writes recipe.toml) or link it to its twin; the runs that
-    still have commands to run."""
+    """Claim each run directory (writes recipe.toml, and sweep.json: the sweep that made it)
+    or link it to its twin; the runs that still have commands to run."""
     ready = []
     for run in todo:
         try:
@@ -256,6 +256,8 @@ def prepare(todo: list[PlannedRun]) -> list[PlannedRun]:
                                    target_is_directory=True)
             elif run.state in (RunState.NEW, RunState.PARTIAL):
                 runs.Run(run.dir).claim(run.cell.recipe)
+                if run.cell.record:
+                    atomic_write_json(run.dir / runs.SWEEP_RECORD, run.cell.record)
         except (UserError, OSError) as exc:
             run.state, run.message = RunState.FAILED, str(exc)
             continue
