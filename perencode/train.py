@@ -276,7 +276,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
         with hold(run.dir, "train"):
             try:
                 if (run.dir / "recipe.toml").is_file():
-                    identity.check(run.dir, runs.read_recipe(run.dir), "train",
+                    identity.check(run.dir, runs.read_recipe(run.dir, any_kind=True), "train",
                                    accept_code_change=accept_code_change)
                 existed = run.check_claim(recipe)
                 status = run.status() if existed else {"state": runs.UNFINISHED}

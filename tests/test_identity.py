@@ -166,12 +166,12 @@ def test_an_installed_plugin_at_another_version_is_refused(tmp_path):
     _installed(site, "0.1.0", 1.0)
     env = {"PYTHONPATH": f"{site}:{ROOT}"}
     run = tmp_path / "run"
-    code, text = perencode(*train_args(run, "encoding.kind=pkg_ramp"), env=env)
+    code, text = perencode(*train_args(run, "encoding.kind=pkg_ramp"), env=env, autoload=True)
     assert code == 0, text
     recorded = json.loads((run / "identity.json").read_text())["code"]["encoding"]
     assert (recorded["package"], recorded["version"]) == ("ramp-pkg", "0.1.0")
     _installed(site, "0.2.0", 2.0)
-    code, text = perencode("eval", run, "--device", "cpu", env=env)
+    code, text = perencode("eval", run, "--device", "cpu", env=env, autoload=True)
     line = one_line(text)
     assert code == 2 and "encoding.kind = 'pkg_ramp': the code of plugin ramp_pkg " \
         "(ramp-pkg 0.2.0) changed since the run was made" in line \
