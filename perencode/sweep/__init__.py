@@ -49,7 +49,8 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
               slurm: dict | None = None, progress: bool = True, wait: bool = True,
               estimate: bool = False, tensorboard: bool = False) -> int:
     """Run every cell of a grid; 0 when all runs finished (or, with wait=False, were
-    submitted), 1 if one failed, 130 if stopped."""
+    submitted), 1 if one failed, 130 if stopped. A dry run (or --estimate) prints the plan;
+    a UserError if a cell conflicts with the run in its directory."""
     if executor not in ("local", "slurm"):
         raise UserError(f"--executor '{executor}': expected local or slurm")
     g = load_grid(grid, overrides, only)
