@@ -9,6 +9,7 @@ platform: the POSIX-only modules are reached only by the commands that use them)
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import re
 import shlex
@@ -39,8 +40,27 @@ class _PlainArgument(typer.core.TyperArgument):
             if shown else shown
 
 
+def _unwrapped(text: str | None) -> str | None:
+    """A docstring with each paragraph on one line: typer keeps its single line breaks and
+    rich wraps the lines again at the terminal's width, so at 80 columns a sentence broke
+    where the source line ended ("... each\nmodel,")."""
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split()) for p in paragraphs)
+
+
 class _PlainHelp:
-    """Help without typer 0.29's `<bool>` beside every flag (a flag takes no value)."""
+    """Help without typer 0.29's `<bool>` beside every flag (a flag takes no value), its
+    paragraphs wrapped once (_unwrapped)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["help"] = _unwrapped(kwargs.get("help"))
+        if kwargs["help"] and not kwargs.get("short_help"):
+            # The whole first paragraph in a list of commands: click would cut it at 45
+            # characters ("...") where typer renders without rich (TYPER_USE_RICH=0).
+            kwargs["short_help"] = kwargs["help"].split("\n\n")[0].removeprefix("\b")
+        super().__init__(*args, **kwargs)
 
     def get_params(self, ctx) -> list:
         params = super().get_params(ctx)  # type: ignore[misc]
@@ -286,9 +306,11 @@ def show(
     overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
     as_json: bool = typer.Option(False, "--json", help="JSON instead of TOML."),
 ) -> None:
-    """Print the recipe a run would use: overrides applied, every default filled in (an
-    unset field as a comment in TOML, null in JSON). For a run directory: its recipe, and
-    its fingerprint with where its code and data came from (RUN_DIR/identity.json)."""
+    """Print the recipe a run would use, overrides applied and every default filled in.
+
+    An unset field is a comment in TOML, null in JSON. For a run directory: its recipe, and
+    its fingerprint with where its code and data came from (RUN_DIR/identity.json).
+    """
     from perencode.recipe import load_recipe
 
     lines: list[str] = []
@@ -583,8 +605,11 @@ def prune(
                                            "stability.csv does not cover yet (their gradient "
                                            "stability can then not be computed)."),
 ) -> None:
-    """Free the space of finished runs: delete their checkpoints, keep every file figures,
-    verify and report read. Unfinished and diverged runs are left as they are."""
+    """Free the space of finished runs: delete their checkpoints, keep what others read.
+
+    Every file figures, verify and report read is kept. Unfinished and diverged runs are
+    left as they are.
+    """
     from perencode.prune import KEPT
     from perencode.prune import prune as run_prune
 
@@ -647,7 +672,7 @@ def crosscheck(
     iterations: int | None = typer.Option(None, min=1, help="Training iterations for "
                                           "--train (default: the shape's, 1,000 on cpu, "
                                           "2,000 for paper)."),
-    device: str = typer.Option("auto", help=DEVICE_HELP + " (--train only)."),
+    device: str = typer.Option("auto", help=DEVICE_HELP.rstrip(".") + " (--train only)."),
     progress: bool = typer.Option(True, help="Show progress lines."),
 ) -> None:
     """Check perencode against the authors' own code on identical inputs and weights.
@@ -676,8 +701,11 @@ def report(
                                      "study of one's own.",
                                      show_default="the paper's reproduction report"),
 ) -> None:
-    """Draw the figures and write report.html: each figure with its claims' verdicts and
-    the runs behind it, and why the other claims were not run (one offline page)."""
+    """Draw the figures and write report.html, one offline page.
+
+    Each figure with its claims' verdicts and the runs behind it, and why the other claims
+    were not run.
+    """
     from perencode.report import make_report
 
     page = make_report(runs, claims=claims, out=out, accept_code_change=accept_code_change,

@@ -6,7 +6,9 @@ import os
 import sys
 from typing import Any, TextIO
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
+from rich.segment import Segments
 
 console = Console(stderr=True, soft_wrap=True)
 
@@ -68,6 +70,21 @@ def guard_output() -> None:
         sys.stdout = GuardedStream(sys.stdout, "stdout")
     if not isinstance(sys.stderr, GuardedStream):
         sys.stderr = GuardedStream(sys.stderr, "stderr")
+
+
+def print_table(table: RenderableType) -> None:
+    """Print a table (of run names, say) at the console's width on a terminal, and off one (a
+    log file, a pipe: rich assumes 80 columns) at the table's own width, so that no name is
+    cut or folded for a width nobody reads it at."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = Measurement.get(console, console.options.update_width(100_000), table).maximum
+    # console.print never renders wider than the console: render at the natural width first
+    # (with the options console.print gives a soft-wrapping console).
+    options = console.options.update(width=max(console.width, natural), no_wrap=True,
+                                     overflow="ignore")
+    console.print(Segments(console.render(table, options)), crop=False)
 
 
 def fit_name(name: str, width: int) -> str:

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ import torch
 
 from perencode import preflight, runs
 from perencode.bench import bench
+from perencode.console import console
 from perencode.evaluate import evaluate_model
 from perencode.experiment import build
 from perencode.grid import load_grid
@@ -120,9 +122,13 @@ def one_line(exc: BaseException) -> str:
 
 
 def guarded(name: str, fn: Callable[[], list[Check]]) -> list[Check]:
-    """The rows of `fn`, or one FAIL row naming what it raised."""
+    """The rows of `fn`, or one FAIL row naming what it raised. What the check's own runs
+    print (train's "RUN: resuming from iteration 2 of 4", a library's warning) is not the
+    doctor's output: its rows say how the check went."""
     try:
-        return fn()
+        with console.capture(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fn()
     except Exception as exc:  # a doctor reports every failure as a row; none escapes
         return [Check(name, one_line(exc), "no error", FAIL)]
 

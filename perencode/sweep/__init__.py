@@ -22,12 +22,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from perencode import plugins
-from perencode.console import console
+from perencode.console import console, print_table
 from perencode.errors import UserError
 from perencode.grid import SlurmConfig, explain, load_grid
 from perencode.lock import hold
 from perencode.sweep import slurm as slurm_executor
-from perencode.sweep.board import Board
+from perencode.sweep.board import Board, interrupted_line
 from perencode.sweep.check import check_in_worker
 from perencode.sweep.cost import measure, print_plan
 from perencode.sweep.local import run_local
@@ -53,9 +53,11 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
               estimate: bool = False, tensorboard: bool = False, explain: bool = False,
               axes: list[str] | None = None, tag: str | None = None) -> int:
     """Run every cell of a grid; 0 when all runs finished (or, with wait=False, were
-    submitted), 1 if one failed, 130 if stopped. `explain`: a dry run that also shows where
-    each value of the cells came from; `axes` (FIELD=V1,V2) lie over the file (a recipe
-    becomes a grid); `tag` names the sweep: its runs go to OUT/<stem>@<tag>."""
+    submitted), 1 if one failed, 130 if stopped. A dry run (or --estimate) prints the plan;
+    a UserError if a cell conflicts with the run in its directory. `explain`: a dry run
+    that also shows where each value of the cells came from; `axes` (FIELD=V1,V2) lie over
+    the file (a recipe becomes a grid); `tag` names the sweep: its runs go to
+    OUT/<stem>@<tag>."""
     if executor not in ("local", "slurm"):
         raise UserError(f"--executor '{executor}': expected local or slurm")
     g = load_grid(grid, overrides, only, axes, tag)
@@ -79,6 +81,11 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
         print_plan(g, planned, out, device, jobs)
         if explain:
             print_origins(g)
+        conflicts = [r for r in planned if r.state == RunState.CONFLICT]
+        if conflicts:  # the sweep would skip these: the plan is not the grid's
+            raise UserError(f"{len(conflicts)} of {len(planned)} cell(s) conflict with the run "
+                            f"already in their directory under {out / g.name} (listed "
+                            "above); the sweep would skip them")
         return 0
     tree = out / g.name
     tree.mkdir(parents=True, exist_ok=True)
@@ -115,7 +122,7 @@ def _sweep(g, planned: list[PlannedRun], out: Path, executor: str, jobs: int, ru
             finished = _slurm(ready, planned, board, g, out, options, device, wait, handed)
         board.update()
     if not (progress and console.is_terminal):
-        console.print(board.table())
+        print_table(board.table())
     if not wait:
         pending = [r for r in planned if r.state in (RunState.SUBMITTED, RunState.QUEUED,
                                                      RunState.RUNNING)]
@@ -125,10 +132,15 @@ def _sweep(g, planned: list[PlannedRun], out: Path, executor: str, jobs: int, ru
     bad = [r for r in planned if r.state not in
            (*FINISHED, *(() if wait else (RunState.SUBMITTED, RunState.QUEUED,
                                            RunState.RUNNING)))]
+    if not finished:  # stopped: the runs it left are the one line below, not a list
+        bad = [r for r in bad if r.state in (RunState.FAILED, RunState.DIVERGED,
+                                             RunState.CONFLICT)]
     for r in bad:
         console.print(f"[bold red]{r.state}:[/] {r.dir}: {r.message}", highlight=False,
                       soft_wrap=True)
     if not finished:
+        if executor == "local":  # SLURM's jobs go on: slurm.wait said so
+            console.print(interrupted_line(planned), highlight=False, soft_wrap=True)
         return 130
     return 1 if bad else 0
 

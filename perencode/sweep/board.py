@@ -64,13 +64,15 @@ class Board:
         for col in ("run", "state", "step", "train acc", "ETA"):
             table.add_column(col, justify="left" if col in ("run", "state") else "right",
                              no_wrap=True)
-        # What the other columns leave of the console's width (a log file or pipe: 80).
-        width = max(24, console.width - 52)
+        # What the other columns leave of the terminal's width; off a terminal (a log file, a
+        # pipe) every name whole (console.print_table prints the table as wide as it is).
+        width = max(24, console.width - 52) if console.is_terminal else None
         for r in shown:
             state = str(r.state) + (f" (gpu {r.gpu})" if r.gpu is not None and r.proc else "")
             acc = f"{r.accuracy:.3f}" if r.accuracy is not None else ""
             eta = duration(r.eta_s) if r.state == RunState.RUNNING else ""
-            table.add_row(fit_name(r.cell.name, width), Text(state, style=STYLE.get(r.state, "")),
+            name = r.cell.name if width is None else fit_name(r.cell.name, width)
+            table.add_row(name, Text(state, style=STYLE.get(r.state, "")),
                           f"{r.step}/{r.iterations}", acc, eta)
         return table
 
@@ -103,3 +105,17 @@ class Board:
                     acc = f" acc {r.accuracy:.3f}" if r.accuracy is not None else ""
                     print(f"[sweep] {r.cell.name}: step {r.step}/{r.iterations}{acc} ETA "
                           f"{duration(r.eta_s)}", file=sys.stderr, flush=True)
+
+
+def interrupted_line(runs: list[PlannedRun]) -> str:
+    """The one line a stopped sweep ends with: what it stopped, what it never began, how to
+    go on."""
+    stopped = [r for r in runs if r.state == RunState.INTERRUPTED]
+    waiting = sum(r.state in (RunState.NEW, RunState.PARTIAL) for r in runs)
+    finished = sum(r.state in (RunState.DONE, RunState.REUSE) for r in runs)
+    named = ", ".join(f"{r.cell.name} at step {r.step}" for r in stopped[:3]) + \
+        (f" and {len(stopped) - 3} more" if len(stopped) > 3 else "")
+    what = f"{len(stopped)} run(s) stopped with a checkpoint ({named})" if stopped else \
+        "no run was training"
+    return (f"interrupted: {what}; {waiting} not started; {finished} of {len(runs)} "
+            "finished. Run the same command again to resume (finished runs are skipped).")

@@ -21,7 +21,7 @@ import torch
 from rich.table import Table
 
 from perencode import kinds
-from perencode.console import console
+from perencode.console import console, print_table
 from perencode.device import available_cores, resolve_device
 from perencode.encoding import input_width
 from perencode.io import atomic_write_json, atomic_write_text
@@ -263,7 +263,8 @@ def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: in
             sizes[key] = checkpoint_bytes(recipe)
         linked = run.state == RunState.REUSE
         disk = 0 if linked else sizes[key] * checkpoints_on_disk(recipe)
-        stopped = run.state in (*FINISHED, RunState.DIVERGED)  # never trained on
+        # never trained on (a conflict's directory holds another recipe's run)
+        stopped = run.state in (*FINISHED, RunState.DIVERGED, RunState.CONFLICT)
         todo = 0 if stopped or linked else run.iterations - run.step
         totals["to_train"] += todo > 0
         totals["disk_bytes"] += disk
@@ -279,7 +280,7 @@ def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: in
             hours_text = ("" if measured else "~") + _hours(hours)
         table.add_row(run.cell.name, str(run.state), f"{todo}/{run.iterations}",
                       "linked" if linked else _gb(disk), hours_text)
-    console.print(table)
+    print_table(table)
     for run in planned:
         if run.message and run.state not in (RunState.REUSE,):
             console.print(f"{run.cell.name}: {run.message}", highlight=False, soft_wrap=True)

@@ -153,10 +153,17 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
             if run.proc.poll() is None:
                 run.proc.send_signal(signal.SIGINT)  # train checkpoints and exits
         for run in mine:
-            run.proc.wait()
+            code = run.proc.wait()
             run.log.close()
+            refresh(run)
+            run.eta_s = None
+            if code == 0 and not run.commands:  # it finished as the signal came
+                run.state, run.message = RunState.DONE, ""
+            else:
+                run.state, run.message = RunState.INTERRUPTED, "rerun the sweep to resume"
         for run in active:
-            run.state, run.message = RunState.INTERRUPTED, "rerun the sweep to resume"
+            if run.proc is None:  # an earlier sweep's worker held it: this one never began
+                run.state, run.message = RunState.PARTIAL, ""
         board.update()
         return False
     finally:

@@ -18,7 +18,7 @@ from perencode import runs
 from perencode.errors import UserError
 from perencode.grid import Cell, Grid
 from perencode.io import atomic_write_json, tail_lines
-from perencode.recipe import run_key
+from perencode.recipe import differences, run_key
 
 
 class RunState(str, enum.Enum):
@@ -84,6 +84,14 @@ def claimed_runs(out: Path) -> dict[str, Path]:
         except UserError:
             continue  # not a readable run: the sweep of its own grid reports it
     return found
+
+
+def started(run_dir: Path) -> bool:
+    """Training has begun: the first start's env.json, a metrics row or a checkpoint (a
+    directory a sweep claimed, recipe.toml and identity.json only, has not)."""
+    run = runs.Run(run_dir)
+    return (run_dir / "env.json").exists() or (run_dir / "metrics.jsonl").exists() \
+        or run.checkpoint_dir.exists()
 
 
 def stability_done(run_dir: Path) -> bool:
@@ -196,14 +204,9 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[PlannedRun]:
                 f"; replaces {run.message}" if run.message else "")
             run.twin_job = twin_job(out, run.twin)
         elif (run_dir / "recipe.toml").exists():
-            try:
-                same = run_key(runs.read_recipe(run_dir)) == run_key(cell.recipe)
-            except UserError as exc:  # the report names run_dir before the message
-                same, run.message = False, str(exc).removeprefix(f"{run_dir}: ")
-            if not same:
-                run.state = RunState.CONFLICT
-                run.message = run.message or ("holds a run of a different recipe; move it "
-                                              "away or sweep into another --runs")
+            conflict = _conflict(run_dir, cell.recipe)
+            if conflict:
+                run.state, run.message = RunState.CONFLICT, conflict
                 continue
             run.state = RunState.PARTIAL
         status = runs.Run(run.twin or run_dir).status() \
@@ -218,6 +221,8 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[PlannedRun]:
             else:
                 run.message = f"{run.message}; {said}"
             continue
+        if run.state == RunState.PARTIAL and not started(run_dir):
+            run.state = RunState.NEW  # claimed by a sweep that stopped before training it
         refresh(run)
         trained = status["state"] == runs.FINISHED
         if not trained:
@@ -227,6 +232,21 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[PlannedRun]:
                                                                                run_dir)):
             run.commands.append(["stability", str(run_dir)])
     return planned
+
+
+def _conflict(run_dir: Path, recipe) -> str | None:
+    """Why the run in `run_dir` is not this cell's (the fields that differ, as `train` names
+    them for its --run-dir), or None when it is."""
+    try:
+        diff = differences(runs.read_recipe(run_dir).identity(), recipe.identity(),
+                           names=("there", "in the grid"))
+    except UserError as exc:  # the report names run_dir before the message
+        return str(exc).removeprefix(f"{run_dir}: ")
+    if not diff:
+        return None
+    more = f"; {len(diff) - 2} more" if len(diff) > 2 else ""
+    return (f"holds a run of a different recipe ({'; '.join(diff[:2])}{more}); move it away "
+            "or sweep into another --runs")
 
 
 def mark_queued(planned: list[PlannedRun]) -> None:

@@ -1,0 +1,234 @@
+"""What a sweep, the help pages and the doctor print (issue 39, point 8): Ctrl-C ends a
+sweep with one line saying what stopped and how to resume; cells a stopped sweep never
+began plan as new; a conflict names the field; a dry run that finds conflicts exits 2;
+run names are whole off a terminal; help is wrapped once; the doctor's own runs print
+nothing. Ctrl-C is a real SIGINT to a real `python -m perencode sweep`."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import typer.main
+from conftest import PYTHON, run_cli, subprocess_env
+from typer.testing import CliRunner
+
+from perencode import doctor, runs
+from perencode.cli import app
+from perencode.grid import load_grid
+from perencode.sweep.plan import RunState, plan, prepare
+
+GRID = """
+[task]
+name = "reverse"
+length = 4
+held_out = 16
+
+[model]
+hidden_size = 16
+embed_size = 8
+
+[optim]
+lr = 1e-2
+warmup = 2
+
+[train]
+iterations = {iterations}
+batch_size = 8
+checkpoint_every = {iterations}
+log_every = 10
+eval_batch_size = 16
+
+[grid]
+"task.vocab_size" = [8]
+"encoding.kind" = ["sinusoidal"]
+"train.seed" = [111, 222]
+"""
+CELLS = ["vocab_size=8/encoding=sinusoidal/seed=111", "vocab_size=8/encoding=sinusoidal/seed=222"]
+
+
+def _grid(tmp_path: Path, iterations: int = 10) -> Path:
+    path = tmp_path / "g.toml"
+    path.write_text(GRID.format(iterations=iterations))
+    return path
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _piped(*args) -> subprocess.CompletedProcess:
+    """`perencode ARGS` with stdout and stderr a pipe and no COLUMNS: as in a log."""
+    env = {k: v for k, v in subprocess_env().items() if k != "COLUMNS"}
+    return subprocess.run([PYTHON, "-m", "perencode", *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=240)
+
+
+def _ctrl_c_as_in_a_terminal():
+    """A child of a non-interactive shell's background job ignores SIGINT (and Python then
+    installs no KeyboardInterrupt handler): give it a terminal's default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new(tmp_path):
+    grid = _grid(tmp_path, iterations=1_000_000)
+    out = tmp_path / "runs"
+    sweep = subprocess.Popen([PYTHON, "-m", "perencode", "sweep", str(grid), "--runs", str(out),
+                              "--jobs", "1", "--device", "cpu", "--no-progress"],
+                             env=subprocess_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             preexec_fn=_ctrl_c_as_in_a_terminal)
+    first = out / "g" / CELLS[0]
+    t0 = time.time()
+    while not (first / "metrics.jsonl").exists() or not runs.Run(first).metrics():
+        assert sweep.poll() is None, sweep.communicate()
+        assert time.time() - t0 < 120
+        time.sleep(0.05)
+    os.killpg(sweep.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+    output, _ = sweep.communicate(timeout=60)
+    assert sweep.returncode == 130, output
+    assert "Traceback" not in output
+    lines = [line for line in output.splitlines() if line.startswith("interrupted:")]
+    assert len(lines) == 1, output
+    step = runs.Run(first).metrics()[-1]["step"]
+    assert re.fullmatch(rf"interrupted: 1 run\(s\) stopped with a checkpoint \({CELLS[0]} at "
+                        rf"step \d+\); 1 not started; 0 of 2 finished\. Run the same command "
+                        r"again to resume \(finished runs are skipped\)\.", lines[0]), lines
+    assert int(re.search(r"at step (\d+)", lines[0])[1]) == step  # its last logged step
+    # The never-started cell is not listed as a problem ("new: DIR: "), only counted.
+    assert not [line for line in output.splitlines() if line.startswith(("new:", "partial:"))]
+    assert (first / "checkpoints/resume.pt").exists()
+    # The next sweep's plan: the stopped run resumes, the other was claimed but never began.
+    states = {r.cell.name: r.state for r in plan(load_grid(grid), out)}
+    assert states == {CELLS[0]: RunState.PARTIAL, CELLS[1]: RunState.NEW}
+
+
+def test_a_cell_claimed_but_never_trained_plans_as_new(tmp_path):
+    grid = load_grid(_grid(tmp_path))
+    out = tmp_path / "runs"
+    planned = plan(grid, out)
+    prepare(planned)  # what a sweep does before its first run starts: recipe.toml written
+    assert all((r.dir / "recipe.toml").exists() for r in planned)
+    assert [r.state for r in plan(grid, out)] == [RunState.NEW, RunState.NEW]
+    (planned[0].dir / "env.json").write_text("{}")  # training began (Run.start)
+    assert [r.state for r in plan(grid, out)] == [RunState.PARTIAL, RunState.NEW]
+
+
+def _conflicting(tmp_path: Path) -> tuple[Path, Path]:
+    """A grid whose first cell's directory holds a run of another learning rate."""
+    grid = _grid(tmp_path)
+    out = tmp_path / "runs"
+    cell = load_grid(grid).cells[0]
+    other = cell.recipe.model_copy(update={"optim": cell.recipe.optim.model_copy(
+        update={"lr": 0.02})})
+    runs.Run(out / "g" / cell.name).claim(other)
+    return grid, out
+
+
+def test_a_dry_run_that_finds_a_conflict_names_the_field_and_exits_2(tmp_path):
+    grid, out = _conflicting(tmp_path)
+    code, text = run_cli("sweep", grid, "--runs", out, "--dry-run", "--device", "cpu")
+    flat = _flat(text)
+    assert code == 2, text
+    assert (f"{CELLS[0]}: holds a run of a different recipe (optim.lr: 0.02 there vs 0.01 in "
+            "the grid); move it away or sweep into another --runs") in flat, text
+    assert (f"error: 1 of 2 cell(s) conflict with the run already in their directory under "
+            f"{out / 'g'} (listed above); the sweep would skip them") in flat, text
+    assert "1 to train" in flat  # the conflicting cell is not counted as one to train
+    code, text = run_cli("sweep", grid, "--runs", out, "--dry-run", "--device", "cpu",
+                         "--only", "train.seed=222")
+    assert code == 0, text  # the other cell alone: no conflict
+
+
+def test_a_sweep_names_the_field_of_a_conflict(tmp_path):
+    grid, out = _conflicting(tmp_path)
+    done = _piped("sweep", grid, "--runs", out, "--device", "cpu", "--no-progress",
+                  "--only", "train.seed=111")
+    text = done.stdout + done.stderr
+    assert done.returncode == 1, text
+    assert f"conflict: {out / 'g' / CELLS[0]}: holds a run of a different recipe (optim.lr: " \
+        "0.02 there vs 0.01 in the grid)" in _flat(text), text
+
+
+def test_run_names_are_whole_in_the_tables_printed_off_a_terminal(tmp_path):
+    grid, out = _conflicting(tmp_path)
+    done = _piped("sweep", grid, "--runs", out, "--dry-run", "--device", "cpu")
+    rows = [line for line in done.stderr.splitlines() if line.startswith("│")]
+    assert [row.split("│")[1].strip() for row in rows] == CELLS, done.stderr
+    # The board a sweep ends with (here: one conflict, nothing to train).
+    done = _piped("sweep", grid, "--runs", out, "--device", "cpu", "--no-progress",
+                  "--only", "train.seed=111")
+    rows = [line for line in done.stderr.splitlines() if line.startswith("│")]
+    assert [row.split("│")[1].strip() for row in rows] == CELLS[:1], done.stderr
+
+
+def _commands(group, path=()) -> list[tuple[tuple[str, ...], object]]:
+    found = []
+    for name, command in group.commands.items():
+        found.append(((*path, name), command))
+        if hasattr(command, "commands"):
+            found += _commands(command, (*path, name))
+    return found
+
+
+COMMANDS = _commands(typer.main.get_command(app))
+
+
+@pytest.mark.parametrize("path, command", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])
+def test_help_is_wrapped_once_at_80_columns(path, command):
+    """Each paragraph of a command's help is one line for rich to wrap, its first paragraph
+    whole in the list of commands; at 80 columns every line of the description is as full as
+    greedy wrapping makes it (a line ends early only where a paragraph does)."""
+    paragraphs = command.help.split("\n\n")
+    assert all("\n" not in p for p in paragraphs), command.help
+    assert command.short_help == paragraphs[0]
+    result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"},
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if "Usage:" in line) + 1
+    end = next(i for i, line in enumerate(lines) if line.startswith("╭"))
+    description = [line.strip() for line in lines[start:end]]
+    for line, following in zip(description, description[1:]):
+        if line and following:  # within a paragraph: the next word did not fit
+            assert len(line) + 1 + len(following.split()[0]) > 78, (line, following)
+    assert _flat(" ".join(description)) == _flat(" ".join(paragraphs))
+
+
+def test_the_command_list_is_not_cut_without_rich():
+    env = dict(subprocess_env(), COLUMNS="80", TYPER_USE_RICH="0")
+    done = subprocess.run([PYTHON, "-m", "perencode", "--help"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    listing = _flat(done.stdout.partition("Commands:")[2])
+    assert "..." not in listing
+    for path, command in COMMANDS:
+        if len(path) == 1:
+            assert _flat(command.short_help) in listing, command.short_help
+
+
+def test_the_doctors_own_runs_print_nothing(capsys):
+    cpu = doctor.torch.device("cpu")
+    recipe = doctor.small_recipe("gru", "sinusoidal", doctor.CPU_SIZE, iterations=4,
+                                 checkpoint_every=2, log_every=1, keep_checkpoints="all")
+    rows = doctor.guarded("resume", functools.partial(doctor.resume_check, recipe, cpu, cpu))
+    assert [row.verdict for row in rows] == [doctor.PASS], rows
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err == "", printed  # not "RUN: resuming from ..."
+
+
+@pytest.mark.slow
+def test_the_doctor_prints_its_steps_and_its_table_only(tmp_path):
+    done = _piped("doctor", "--device", "cpu", "--runs", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout == ""
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    stray = [line for line in lines if not (line.startswith(("doctor: ", *"┏┃┡│└"))
+                                            or line.strip() == "perencode doctor")]
+    assert not stray, done.stderr
