@@ -45,8 +45,8 @@ from perencode.errors import UserError
 from perencode.io import atomic_write_json, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.naming import short_key
-from perencode.recipe import read_toml
-from perencode.results import BOOKKEEPING, Results, collect, say_left_out
+from perencode.recipe import BOOKKEEPING, read_toml
+from perencode.results import Results, collect, say_left_out
 from perencode.stats import bootstrap_ci, bootstrap_diff_ci
 from perencode.validation import validate_table
 
@@ -299,6 +299,7 @@ def because(found: list[dict], group: str = "", shown: int = 3) -> str:
 # --------------------------------------------------------------------------------------
 
 PASS, FAIL, INCONCLUSIVE, NOT_RUN = "pass", "fail", "inconclusive", "not run"
+VERDICTS = (PASS, FAIL, INCONCLUSIVE, NOT_RUN)
 ONE_SEED = "one run per group: no confidence interval, so no verdict"
 
 

@@ -1,5 +1,8 @@
 """perencode.device: `--device` resolution, the memory this process may use."""
 
+import ctypes
+import signal
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -80,3 +83,17 @@ def test_device_memory_is_the_cuda_total_or_what_this_process_may_use(monkeypatc
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda i: SimpleNamespace(total_memory=8 << 30, name="Fake GPU"))
     assert device.device_memory(torch.device("cuda")) == (8 << 30, "cuda (Fake GPU)")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's prctl")
+def test_the_parent_death_signal_is_set_and_cleared():
+    libc, got = ctypes.CDLL(None), ctypes.c_int(-1)
+    PR_GET_PDEATHSIG = 2  # linux/prctl.h
+    try:
+        device.set_parent_death_signal(signal.SIGTERM)
+        libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(got))
+        assert got.value == signal.SIGTERM
+    finally:
+        device.set_parent_death_signal(0)
+    libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(got))
+    assert got.value == 0
