@@ -32,7 +32,7 @@ import operator
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -52,7 +52,6 @@ from perencode.validation import validate_table
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 Tables = Literal["runs", "by_band", "by_condition", "by_length", "stability", "curves"]
-TABLES = get_args(Tables)
 
 
 class Claim(BaseModel):
