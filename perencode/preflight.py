@@ -13,9 +13,9 @@ no data is read and the model is built on the meta device only):
 `check(recipe, device)` refuses, with one line, a recipe whose estimate exceeds the memory
 of the device (perencode.device.device_memory): on the CPU the tightest of this process's
 cgroup limit, its SLURM allocation and the available RAM (what a new process can take
-without swapping), the total memory of a CUDA device. The estimate leaves out allocator slack and
-the CUDA context, so a refusal means the run cannot fit; a run that passes may still fail
-on a device shared with other work.
+without swapping), the total memory of a CUDA device. The estimate leaves out allocator
+slack and the CUDA context, so a refusal means the run cannot fit; a run that passes may
+still fail on a device shared with other work.
 """
 
 from __future__ import annotations
