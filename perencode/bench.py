@@ -16,7 +16,7 @@ from perencode.encoding import PositionalEncoding
 from perencode.errors import UserError
 from perencode.experiment import build
 from perencode.models.rnn import CELLS
-from perencode.recipe import Recipe
+from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import make, shapes
 from perencode.tasks.base import HeldOutConfig
 from perencode.train import make_optimizer, train_step, training_generator
@@ -153,7 +153,8 @@ def bare_loop(recipe: Recipe, device: torch.device):
     head = nn.Linear(H, K).to(device)
     params = [*emb.parameters(), *encode.parameters(), *rnn.parameters(),
               *head.parameters()]
-    opt = torch.optim.Adam(params, lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
+    o = OptimConfig()  # the defaults (the authors' Adam), whatever the recipe's
+    opt = torch.optim.Adam(params, lr=o.lr, betas=o.betas, eps=o.eps)
     command = torch.full((B, L), K, device=device)
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -163,7 +164,7 @@ def bare_loop(recipe: Recipe, device: torch.device):
         loss = F.cross_entropy(head(out[:, L:]).reshape(-1, K), x.flip(1).reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_(params, 1.0)
+        nn.utils.clip_grad_norm_(params, o.clip_norm)
         opt.step()
         return loss.detach()  # not synchronised, as train_step's
 

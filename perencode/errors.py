@@ -2,6 +2,7 @@
 one line for a write the filesystem refuses wherever it happens."""
 
 import errno
+import os
 
 # The errors of a full, over-quota, read-only or forbidden filesystem: the user's to fix.
 DISK_ERRORS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
@@ -16,13 +17,14 @@ class UserError(Exception):
     """
 
 
-def refused_write(exc: OSError) -> str | None:
+def refused_write(exc: OSError, path: str | os.PathLike | None = None) -> str | None:
     """One line for an OSError that is the filesystem refusing a write or a lock (naming the
-    path), None for any other error (a bug: its traceback is wanted)."""
+    path: the error's own, else `path`), None for any other error (a bug: its traceback is
+    wanted)."""
     if exc.errno == errno.ENOLCK:
         return (f"{exc.filename or 'a lock file'}: the filesystem refuses file locks (no "
                 f"locking on this mount, e.g. NFS without lockd); use a folder on a local or "
                 f"lock-capable filesystem")
     if exc.errno not in DISK_ERRORS:
         return None
-    return f"{exc.filename or 'a file'}: cannot write: {DISK_ERRORS[exc.errno]}"
+    return f"{exc.filename or path or 'a file'}: cannot write: {DISK_ERRORS[exc.errno]}"

@@ -43,9 +43,8 @@ from perencode.grid import load_grid
 from perencode.io import atomic_write_bytes, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.naming import format_value, ordered, short_key, short_names
-from perencode.recipe import KIND_SECTIONS, kind_base
+from perencode.recipe import BOOKKEEPING, KIND_SECTIONS, kind_base
 from perencode.results import (
-    BOOKKEEPING,
     Results,
     collect,
     flatten,

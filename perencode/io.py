@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from perencode.errors import DISK_ERRORS, UserError
+from perencode.errors import DISK_ERRORS, UserError, refused_write
 
 # mkstemp(prefix=".NAME.", suffix=".tmp"): eight characters of [a-z0-9_] in between.
 TEMP_RE = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$")
@@ -50,11 +50,11 @@ def plain(text: str) -> str:
 
 
 def disk_error(exc: OSError, path: str | Path, kept: str) -> WriteError | None:
-    """The one-line WriteError for a refused write of `path`, None for other errors."""
+    """The one-line WriteError for a refused write of `path` (errors.refused_write, and what
+    is `kept`), None for other errors (a refused lock among them: not a write's)."""
     if exc.errno not in DISK_ERRORS:
         return None
-    return WriteError(f"{exc.filename or path}: cannot write: {DISK_ERRORS[exc.errno]}; "
-                      f"{kept}")
+    return WriteError(f"{refused_write(exc, path)}; {kept}")
 
 
 @contextmanager
@@ -69,13 +69,17 @@ def disk_errors(path: str | Path, kept: str) -> Iterator[None]:
         raise error from None
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+def atomic_write_bytes(path: str | Path, data: bytes, temp_name: str | None = None) -> None:
+    """Write `data` to `path` whole or not at all: a temporary file `.NAME.XXXXXXXX.tmp`
+    beside it (NAME: `temp_name`, else the file's name), fsync'ed, renamed over `path`, the
+    directory fsync'ed."""
     path = Path(path)
     kept = (f"the previous {path.name} is kept" if path.exists()
             else f"{path.name} was not written")
     with disk_errors(path, kept):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{temp_name or path.name}.", suffix=".tmp",
+                                   dir=path.parent)
         try:
             if hasattr(os, "fchmod"):
                 os.fchmod(fd, FILE_MODE)

@@ -11,20 +11,21 @@ no data is read and the model is built on the meta device only):
 - or the held-out evaluation at train.eval_batch_size, without gradients, where that is
   larger (its logits are never chunked).
 `check(recipe, device)` refuses, with one line, a recipe whose estimate exceeds the memory
-of the device: the available RAM on the CPU (what a new process can take without
-swapping), the total memory of a CUDA device. The estimate leaves out allocator slack and
-the CUDA context, so a refusal means the run cannot fit; a run that passes may still fail
-on a device shared with other work.
+of the device (perencode.device.device_memory): on the CPU the tightest of this process's
+cgroup limit, its SLURM allocation and the available RAM (what a new process can take
+without swapping), the total memory of a CUDA device. The estimate leaves out allocator
+slack and the CUDA context, so a refusal means the run cannot fit; a run that passes may
+still fail on a device shared with other work.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from perencode import kinds
+from perencode.device import device_memory
 from perencode.encoding import input_width
 from perencode.errors import UserError
 from perencode.models import build_model
@@ -104,27 +105,6 @@ def estimate(recipe: Recipe, chunk_logits: int) -> Estimate:
                     buffer_bytes(recipe))
 
 
-def device_memory(device: torch.device) -> tuple[int, str] | None:
-    """(bytes the run can use on `device`, a phrase with {} where they go); None where it
-    cannot be told."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(index)
-        return props.total_memory, f"{device} ({props.name}) has {{}}"
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, "the CPU has {} available"
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return (os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
-                "the CPU has {} free")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
@@ -134,13 +114,13 @@ def check(recipe: Recipe, device: torch.device, chunk_logits: int) -> Estimate:
     need = estimate(recipe, chunk_logits)
     memory = device_memory(device)
     if memory is not None and need.total > memory[0]:
-        have, where = memory
+        have, what = memory
         m, tc = recipe.model, recipe.train
         raise UserError(
             f"not enough memory for this recipe: it needs about {_gib(need.total)} "
             f"({need.parameters:,} parameters with gradients and Adam: "
             f"{_gib(need.state_bytes)}; activations at batch {tc.batch_size}: "
-            f"{_gib(need.activation_bytes)}), {where.format(_gib(have))}; lower "
+            f"{_gib(need.activation_bytes)}), more than the {_gib(have)} of {what}; lower "
             f"model.hidden_size ({m.hidden_size}), model.embed_size ({m.embed_size}) or "
             f"train.batch_size ({tc.batch_size}), or pass --force to try anyway")
     return need

@@ -256,11 +256,23 @@ class Recipe(Section):
         return keep if isinstance(keep, int) else None  # "all", the one word allowed
 
 
+# Training fields that change nothing a run computes: its checkpoint retention and its
+# periodic held-out scores (training is bit-identical with or without them): outside its
+# identity.
+NOT_IDENTITY = ("keep_checkpoints", "eval_every")
+# Fields that change nothing a figure or a claim compares, never a reason to split a figure:
+# those outside the identity, the seed (runs of several seeds repeat one setting), how often
+# a run logs and checkpoints, and the batches it scores held-out in. All but NOT_IDENTITY's
+# are still part of a run's identity: another seed, for one, is another run.
+BOOKKEEPING = ("train.seed", "train.log_every", "train.checkpoint_every",
+               "train.eval_batch_size", *(f"train.{name}" for name in NOT_IDENTITY))
+
+
 def identity(data: dict[str, Any]) -> dict[str, Any]:
     """What makes two runs the same run: the resolved recipe dict without its free-text
-    description, its checkpoint retention and its periodic held-out scoring, so editing
-    those never turns a finished run into "a different recipe". The one definition used by
-    run directories, checkpoints, sweeps and results."""
+    description and its NOT_IDENTITY training fields, so editing those never turns a
+    finished run into "a different recipe". The one definition used by run directories,
+    checkpoints, sweeps and results."""
     out = {k: v for k, v in data.items() if k != "description"}
     if set(NOT_IDENTITY) & set(out.get("train", {})):
         out["train"] = {k: v for k, v in out["train"].items() if k not in NOT_IDENTITY}
@@ -278,10 +290,6 @@ def differences(a: dict, b: dict, prefix: str = "",
         elif va != vb:
             out.append(f"{prefix}{key}: {va!r} {names[0]} vs {vb!r} {names[1]}")
     return out
-
-# Training fields that change nothing a run computes: its checkpoint retention and its
-# periodic held-out scores (training is bit-identical with or without them).
-NOT_IDENTITY = ("keep_checkpoints", "eval_every")
 
 
 def run_key(recipe: Recipe) -> str:

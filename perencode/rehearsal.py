@@ -15,9 +15,7 @@ from pathlib import Path
 
 from perencode.errors import UserError
 from perencode.figures import FIGURES
-from perencode.verify import claims_file, load_claims
-
-VERDICTS = ("pass", "fail", "inconclusive", "not run")
+from perencode.verify import VERDICTS, claims_file, load_claims
 
 
 def write_corpus(folder: str | Path, seed: int = 0) -> dict[str, dict]:

@@ -20,11 +20,8 @@ from perencode import identity, kinds, runs
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.naming import format_value, short_names
-from perencode.recipe import SECTIONS, field_names, run_key
+from perencode.recipe import BOOKKEEPING, SECTIONS, field_names, run_key
 
-# Recipe fields that change nothing a figure compares: never a reason to split a figure.
-BOOKKEEPING = ("train.seed", "train.log_every", "train.checkpoint_every",
-               "train.eval_batch_size", "train.keep_checkpoints", "train.eval_every")
 IDENTITY = tuple(runs.EVAL_IDENTITY.values())
 
 @dataclass

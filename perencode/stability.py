@@ -111,22 +111,6 @@ def gradient_stability(jac_a: Tensor, jac_b: Tensor) -> Tensor:
     return _weighted(*_row_terms(jac_a, jac_b))
 
 
-def printed_stability(jac_a: Tensor, jac_b: Tensor) -> Tensor:
-    """The paper's Eq. 3-4 as printed: sum_i a_i^A a_i^B <J^A[i], J^B[i]>, a_i = n_i / sum n_k.
-    Not normalised: it is not 1 at perfect alignment and scales with |J|^2."""
-    return _printed(*_row_terms(jac_a, jac_b))
-
-
-def mean_row_cosine(jac_a: Tensor, jac_b: Tensor) -> Tensor:
-    """Unweighted mean of the row cosines cos_i (the code's `mean_gradient_similarity`)."""
-    return _mean(*_row_terms(jac_a, jac_b))
-
-
-def frobenius_cosine(jac_a: Tensor, jac_b: Tensor) -> Tensor:
-    """Cosine of the two Jacobians as flat vectors: <J^A, J^B>_F / (||J^A||_F ||J^B||_F)."""
-    return _frobenius(*_row_terms(jac_a, jac_b))
-
-
 def frobenius_distance(jac_a: Tensor, jac_b: Tensor) -> Tensor:
     """||J^A - J^B||_F, [..., D_out, D_in] -> [...]."""
     return _unit(jac_a - jac_b, (-2, -1))[1]

@@ -9,6 +9,7 @@ recipe: it never changes what a run is). The `tensorboard` package is an optiona
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -19,9 +20,12 @@ from typing import Any
 
 from perencode.console import console
 from perencode.errors import UserError
+from perencode.io import atomic_write_bytes, remove_stale_temps
 
 FOLDER = "tensorboard"
 EXTRA = "pip install 'perencode[tensorboard]'"
+# The temporary file of an event file being rewritten (truncate_events): .truncating.XXXXXXXX.tmp
+TRUNCATING = "truncating"
 
 # metrics.jsonl keys of the periodic held-out scores (train.eval_every), drawn as held_out/
 HELD_OUT = "held_out_"
@@ -44,25 +48,25 @@ def event_files(folder: Path) -> list[Path]:
 def truncate_events(folder: Path, last_step: int) -> None:
     """Drop the events after `last_step` from every event file, each file rewritten
     atomically. A resumed run redoes those steps, so afterwards every reader (TensorBoard,
-    EventAccumulator, a plain loop over the records) sees each step once."""
+    EventAccumulator, a plain loop over the records) sees each step once. Called holding
+    the run's lock: a temporary file left by a killed rewrite is removed first."""
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.summary.writer.record_writer import RecordWriter
 
+    remove_stale_temps(folder, lambda name: name == TRUNCATING)
     for path in event_files(folder):
         # Records are copied as they are; a record cut by a kill ends the file.
         records = list(RawEventFileLoader(str(path)).Load())
         kept = [r for r in records if Event.FromString(r).step <= last_step]
         if len(kept) == len(records):
             continue
-        tmp = folder / "truncating.tmp"  # no "tfevents" in its name: TensorBoard skips it
-        with open(tmp, "wb") as f:
-            writer = RecordWriter(f)
-            for record in kept:
-                writer.write(record)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        data = io.BytesIO()
+        writer = RecordWriter(data)
+        for record in kept:
+            writer.write(record)
+        # No "tfevents" in the temporary file's name: TensorBoard skips it.
+        atomic_write_bytes(path, data.getvalue(), temp_name=TRUNCATING)
 
 
 class TensorBoardLog:

@@ -3,11 +3,9 @@ data, not by subclassing the loop)."""
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from perencode import identity, preflight, runs
 from perencode.console import console
-from perencode.device import resolve_device
+from perencode.device import resolve_device, set_parent_death_signal
 from perencode.evaluate import evaluate_model
 from perencode.experiment import build, output_features
 from perencode.io import WriteError, remove_stale_temps
@@ -153,8 +151,7 @@ def _forget_parent_death_signal() -> None:
     """A sweep worker that is stopping: Linux sends the death signal the sweep asked for
     (PR_SET_PDEATHSIG) again whenever the process the worker was handed to ends too, and
     one arriving after the checkpoint would kill it before it says where it stopped."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, 0)  # PR_SET_PDEATHSIG, none
+    set_parent_death_signal(0)
 
 
 class _Stop:

@@ -33,7 +33,7 @@ import operator
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -46,14 +46,13 @@ from perencode.errors import UserError
 from perencode.io import atomic_write_json, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.naming import short_key
-from perencode.recipe import read_toml
-from perencode.results import BOOKKEEPING, Results, collect, say_left_out
+from perencode.recipe import BOOKKEEPING, read_toml
+from perencode.results import Results, collect, say_left_out
 from perencode.stats import bootstrap_ci, bootstrap_diff_ci
 from perencode.validation import validate_table
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 Tables = Literal["runs", "by_band", "by_condition", "by_length", "stability", "curves"]
-TABLES = get_args(Tables)
 
 
 class Claim(BaseModel):
@@ -319,6 +318,7 @@ def because(found: list[dict], group: str = "", shown: int = 3) -> str:
 # --------------------------------------------------------------------------------------
 
 PASS, FAIL, INCONCLUSIVE, NOT_RUN = "pass", "fail", "inconclusive", "not run"
+VERDICTS = (PASS, FAIL, INCONCLUSIVE, NOT_RUN)
 ONE_SEED = "one run per group: no confidence interval, so no verdict"
 
 

@@ -229,6 +229,7 @@ METRICS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", METRICS)
 def test_a_damaged_metrics_line_is_a_note_in_every_reader(cli, finished, tmp_path, form):
     damage, says = METRICS[form]
@@ -376,6 +377,7 @@ PLUGINS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", PLUGINS)
 def test_a_plugin_whose_import_ends_the_process_is_one_line_and_exit_2(tmp_path, case):
     source, says = PLUGINS[case]

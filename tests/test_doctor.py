@@ -143,6 +143,7 @@ def test_a_checkpoint_from_another_device_type_resumes_on_a_new_stream(tmp_path,
     assert not all(torch.equal(finals[0][n], uninterrupted[n]) for n in uninterrupted)
 
 
+@pytest.mark.slow
 def test_memory_ratio_on_the_cpu():
     """The estimate is perencode.preflight's; the peak is a fresh process's resident-set
     growth over its size after imports; the CPU doctor's shape lands in the range."""

@@ -73,6 +73,7 @@ def one_line(text: str) -> str:
 # Item 2: code identity
 # --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_plugin_cannot_take_a_builtin_name(run, tmp_path):
     shadow = tmp_path / "shadow.py"
     shadow.write_text(SHADOW)
@@ -84,6 +85,7 @@ def test_a_plugin_cannot_take_a_builtin_name(run, tmp_path):
     assert (run / "eval.json").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_two_plugins_cannot_register_one_name(tmp_path):
     first, second = tmp_path / "ramp_a.py", tmp_path / "ramp_b.py"
     first.write_text(RAMP.format(name="ramp"))
@@ -102,6 +104,7 @@ def test_a_name_stays_with_its_first_registration():
     assert kinds.ORIGINS.get(("encoding", "sinusoidal")) is None
 
 
+@pytest.mark.slow
 def test_an_edited_loose_plugin_is_refused_until_accepted(tmp_path):
     plugin = tmp_path / "my_ramp.py"
     plugin.write_text(RAMP.format(name="my_ramp"))
@@ -161,6 +164,7 @@ def _installed(site: Path, version: str, top: float) -> None:
     (info / "top_level.txt").write_text("ramp_pkg\n")
 
 
+@pytest.mark.slow
 def test_an_installed_plugin_at_another_version_is_refused(tmp_path):
     site = tmp_path / "site"
     _installed(site, "0.1.0", 1.0)
@@ -199,6 +203,7 @@ LM = ["--set", f"task.vocab_size={VOCAB}", "--set", f"task.length={MAX_TOKENS}",
       "--set", "train.eval_batch_size=8", "--set", "optim.warmup=2"]
 
 
+@pytest.mark.slow
 def test_a_language_model_run_keeps_its_data(tmp_path, monkeypatch):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

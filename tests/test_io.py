@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from perencode import io
-from perencode.errors import UserError
+from perencode.errors import UserError, refused_write
 from perencode.io import (
     TEMP_RE,
     CorruptCheckpoint,
     WriteError,
     append_line,
+    atomic_write_bytes,
     atomic_write_text,
     remove_stale_temps,
     safe_torch_load,
@@ -111,3 +112,31 @@ def test_written_files_get_the_usual_mode_not_mkstemp_s(tmp_path):
     mask = os.umask(0o022)
     os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_disk_error_is_refused_write_and_what_is_kept(tmp_path):
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # no filename: the path is named
+    assert refused_write(full, tmp_path / "a.csv") == \
+        f"{tmp_path / 'a.csv'}: cannot write: no space left on device"
+    assert str(io.disk_error(full, tmp_path / "a.csv", "a.csv was not written")) == \
+        f"{tmp_path / 'a.csv'}: cannot write: no space left on device; a.csv was not written"
+    assert refused_write(full) == "a file: cannot write: no space left on device"
+    no_lock = OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+    assert "refuses file locks" in refused_write(no_lock)
+    assert io.disk_error(no_lock, tmp_path / "a.csv", "kept") is None  # a lock, not a write
+
+
+def test_a_temporary_file_can_be_named_apart_from_its_target(tmp_path, monkeypatch):
+    made = []
+    mkstemp = tempfile.mkstemp
+
+    def spy(**kwargs):
+        made.append(mkstemp(**kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(io.tempfile, "mkstemp", spy)
+    atomic_write_bytes(tmp_path / "events.out.tfevents.1", b"x", temp_name="truncating")
+    match = TEMP_RE.match(os.path.basename(made[0][1]))
+    assert match and match.group("target") == "truncating"
+    assert [p.name for p in tmp_path.iterdir()] == ["events.out.tfevents.1"]
+    assert (tmp_path / "events.out.tfevents.1").read_bytes() == b"x"

@@ -176,6 +176,7 @@ def test_the_registered_builders_are_the_ones_used(registered):
     torch.testing.assert_close(model.encoding.table, ramp(6, 4))
 
 
+@pytest.mark.slow  # with the next: the `study` fixture trains and evaluates two runs
 def test_a_study_trains_evaluates_draws_and_verifies_its_kinds(study):
     root, figures_dir, verify_code = study
     for seed in (111, 222):
@@ -192,6 +193,7 @@ def test_a_study_trains_evaluates_draws_and_verifies_its_kinds(study):
     assert verify_code == 0
 
 
+@pytest.mark.slow
 def test_runs_of_kinds_nobody_registered_are_still_drawn_and_verified(study, monkeypatch,
                                                                       tmp_path):
     """`perencode figures` / `verify` run without the study's module: its runs are results

@@ -104,6 +104,7 @@ def test_manifest_hashes_every_output_file(prepared):
         assert record == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+@pytest.mark.slow
 def test_rerun_is_a_no_op_and_changes_rebuild(corpus, tmp_path):
     source = tmp_path / "source"
     shutil.copytree(corpus[0], source)
@@ -238,6 +239,7 @@ def test_train_without_prepared_data_is_one_line(tmp_path):
     assert "no manifest.json; run `perencode lm-prepare`" in line
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_the_previous_build(corpus, tmp_path, monkeypatch):
     out = tmp_path / "out"
     prepare_cli(corpus[0], out)

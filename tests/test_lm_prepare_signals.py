@@ -180,6 +180,7 @@ def _copy(small: Path, tmp_path: Path) -> Path:
     return source
 
 
+@pytest.mark.slow
 def test_a_vocabulary_too_large_for_the_corpus_names_the_largest_that_fits(tmp_path, small):
     out = tmp_path / "data"
     line = _one_line(*_prepare("--source", small, "--out", out, "--vocab-size", 5000,
@@ -199,6 +200,7 @@ def test_a_vocabulary_too_large_for_the_corpus_names_the_largest_that_fits(tmp_p
     assert not log.exists()  # a build removes the log of an earlier failure
 
 
+@pytest.mark.slow
 def test_a_sample_too_small_names_the_smallest_sentencepiece_takes(tmp_path, small):
     out = tmp_path / "data"
     line = _one_line(*_prepare("--source", small, "--out", out, "--vocab-size", 96,
@@ -221,6 +223,7 @@ def test_a_corpus_without_paragraphs_is_named_as_such(tmp_path, small):
     assert not list(tmp_path.glob(".data*")) and not (tmp_path / "data").exists()
 
 
+@pytest.mark.slow
 def test_a_corpus_of_one_long_line_is_named_as_such(tmp_path, small):
     source = _copy(small, tmp_path)
     text = " ".join(line.strip() for line in (small / "wiki.train.raw").open()
@@ -238,6 +241,7 @@ def test_a_corpus_of_one_long_line_is_named_as_such(tmp_path, small):
 
 # -- 36.9: no lock file outlives its command -----------------------------------------------
 
+@pytest.mark.slow
 def test_no_lock_file_is_left_beside_the_output(tmp_path, small):
     out = tmp_path / "data"
     args = ["--source", small, "--out", out, "--vocab-size", 96, "--threads", 1,
@@ -250,6 +254,7 @@ def test_no_lock_file_is_left_beside_the_output(tmp_path, small):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "data.sentencepiece.log"]
 
 
+@pytest.mark.slow
 def test_a_second_lm_prepare_waits_for_the_first_and_finds_its_build(tmp_path, small):
     """Two at once on one --out: the second waits on the lock, then finds the first's build
     up to date (one build, never two); the lock file is gone after both."""
@@ -293,6 +298,7 @@ def _read_only(folder: Path):
         subprocess.run(["umount", str(folder)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_a_read_only_parent_still_confirms_an_up_to_date_build(tmp_path, small):
     parent = tmp_path / "shared"
     out = parent / "data"

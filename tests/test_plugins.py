@@ -131,6 +131,7 @@ def test_a_kind_registered_by_a_wrapper_script_reaches_the_workers(tmp_path, loo
     assert runs.Run(tmp_path / "runs" / "g" / "vocab_size=8" / "encoding=lin_ramp").is_complete()
 
 
+@pytest.mark.slow
 def test_a_plugin_that_fails_to_import_is_one_line(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\nraise RuntimeError('no GPU kernels for this build')\n")
@@ -249,6 +250,7 @@ def test_the_example_grid_sweeps_and_draws_under_its_own_name(tmp_path, minrnn):
     assert label.stdout.strip() == "minGRU"
 
 
+@pytest.mark.slow
 def test_an_installed_plugin_that_fails_to_import_is_one_line(tmp_path):
     package = tmp_path / "broken-plugin"
     (package / "broken_plugin").mkdir(parents=True)

@@ -2,17 +2,17 @@
 
 import itertools
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import ROOT, tiny_overrides
+from test_device import no_slurm, simulated_cgroup
 
-from perencode import preflight, train
+from perencode import device, preflight, train
 from perencode.errors import UserError
 from perencode.experiment import build
 from perencode.models import build_model
-from perencode.recipe import validate
+from perencode.recipe import load_recipe, validate
 from perencode.tasks import make
 
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
@@ -89,14 +89,27 @@ def test_the_head_is_counted_in_chunks_as_the_loss_computes_it():
     assert whole.total > whole.state_bytes
 
 
-def test_memory_of_the_devices(monkeypatch):
-    have, where = preflight.device_memory(torch.device("cpu"))
-    assert 0 < have and "{}" in where
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda i: SimpleNamespace(total_memory=8 << 30, name="Fake GPU"))
-    have, where = preflight.device_memory(torch.device("cuda"))
-    assert have == 8 << 30 and where.format("8.0 GiB") == "cuda (Fake GPU) has 8.0 GiB"
+def test_train_honours_the_cgroup_and_slurm_memory_limits(cli, tmp_path, monkeypatch):
+    """A recipe that fits the free RAM but not this process's cgroup limit or its SLURM
+    allocation (--mem) is refused, naming the limit."""
+    no_slurm(monkeypatch)
+    overrides = tiny_overrides("train.iterations=5", "train.batch_size=64")
+    need = preflight.estimate(load_recipe(RECIPE, overrides[1::2]), train.CHUNK_LOGITS).total
+    assert 1 << 20 < need < device.memory_available()[0] // 2  # fits the free RAM
+    args = ["train", RECIPE, "--device", "cpu", "--no-progress", *overrides]
+    simulated_cgroup(monkeypatch, tmp_path, v2={"/job": need - 1})
+    code, text = cli(*args, "--run-dir", tmp_path / "a")
+    assert code == 2 and len(text.strip().splitlines()) == 1, text
+    assert "not enough memory for this recipe" in text, text
+    assert "of this process's cgroup memory limit; lower" in text, text
+    simulated_cgroup(monkeypatch, tmp_path, v2={"/job": "max"})
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", str(need >> 20))  # MB, less than `need`
+    code, text = cli(*args, "--run-dir", tmp_path / "b")
+    assert code == 2 and "of the SLURM job's memory (--mem); lower" in text, text
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", str((need >> 20) + 1))
+    code, text = cli(*args, "--run-dir", tmp_path / "c")
+    assert code == 0, text
 
 
 def test_a_recipe_that_cannot_fit_is_refused_before_anything_is_written(cli, tmp_path):
@@ -115,16 +128,16 @@ def test_a_recipe_that_cannot_fit_is_refused_before_anything_is_written(cli, tmp
 def test_force_skips_the_check(cli, tmp_path, monkeypatch):
     args = ["train", RECIPE, "--device", "cpu", "--no-progress",
             *tiny_overrides("train.iterations=5", "task.vocab_size=8", "task.length=6")]
-    monkeypatch.setattr(preflight, "device_memory", lambda device: (1 << 10, "a toy has {}"))
+    monkeypatch.setattr(preflight, "device_memory", lambda device: (1 << 10, "a toy"))
     code, text = cli(*args, "--run-dir", tmp_path / "a")
-    assert code == 2 and "a toy has 0.0 GiB" in text and not (tmp_path / "a").exists()
+    assert code == 2 and "more than the 0.0 GiB of a toy" in text and not (tmp_path / "a").exists()
     code, text = cli(*args, "--run-dir", tmp_path / "b", "--force")
     assert code == 0, text
     assert (tmp_path / "b" / "eval.json").exists()
 
 
 def test_check_raises_a_user_error_naming_the_fields(monkeypatch):
-    monkeypatch.setattr(preflight, "device_memory", lambda device: (1 << 10, "x has {}"))
+    monkeypatch.setattr(preflight, "device_memory", lambda device: (1 << 10, "x"))
     with pytest.raises(UserError, match=r"train.batch_size \(8\)"):
         preflight.check(recipe(batch_size=8), torch.device("cpu"), train.CHUNK_LOGITS)
     monkeypatch.setattr(preflight, "device_memory", lambda device: None)  # unknown: no check

@@ -123,6 +123,7 @@ def test_quickstart_writes_report_html_beside_verify_md(tmp_path, monkeypatch):
     assert "fig02_reverse_vocabulary__nonpaper" in page
 
 
+@pytest.mark.slow
 def test_a_report_on_demo_runs_with_the_paper_claims_names_the_claims_that_fit(tmp_path):
     from perencode.report import make_report
     runs = demo_runs("cpu", tmp_path / "runs")

@@ -4,8 +4,18 @@ import pytest
 from conftest import ROOT
 
 from perencode.errors import UserError
-from perencode.recipe import Recipe, apply_overrides, load_recipe, parse_value
+from perencode.recipe import (
+    BOOKKEEPING,
+    NOT_IDENTITY,
+    Recipe,
+    apply_overrides,
+    field_names,
+    identity,
+    load_recipe,
+    parse_value,
+)
 from perencode.schema import schema_rows
+from perencode.sweep.cost import COSTLESS_TRAIN_FIELDS
 
 
 def write(tmp_path, text: str) -> Path:
@@ -131,3 +141,18 @@ def test_schema_lists_every_field_and_the_registered_kinds():
         "'none' | 'sinusoidal' | 'random' | 'learnable' | 'duplicate'"
     assert "dual_frequency = reverse with a dual-frequency vocabulary" in rows["task.name"][1]
     assert "s4d = one S4D layer" in rows["model.arch"][1]
+
+
+def test_the_bookkeeping_fields_have_one_home():
+    """recipe.BOOKKEEPING holds the fields outside a run's identity; the cost estimate's
+    costless fields are its training fields and the number of iterations."""
+    assert set(BOOKKEEPING) <= set(field_names())
+    assert {f"train.{name}" for name in NOT_IDENTITY} <= set(BOOKKEEPING)
+    assert BOOKKEEPING == ("train.seed", "train.log_every", "train.checkpoint_every",
+                           "train.eval_batch_size", "train.keep_checkpoints",
+                           "train.eval_every")
+    assert COSTLESS_TRAIN_FIELDS == {"seed", "iterations", "checkpoint_every", "log_every",
+                                     "eval_batch_size", "keep_checkpoints", "eval_every"}
+    assert identity({"description": "x", "task": {"name": "sort"},
+                     "train": {"seed": 1, "keep_checkpoints": 3}}) == \
+        {"task": {"name": "sort"}, "train": {"seed": 1}}

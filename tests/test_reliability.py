@@ -180,6 +180,7 @@ def test_a_train_that_fails_before_its_first_step_claims_nothing(cli, tmp_path):
     assert code == 0 and runs.Run(out).is_complete(), text
 
 
+@pytest.mark.slow
 def test_a_sweep_conflict_names_the_run_once(tmp_path):
     grid = tmp_path / "g.toml"
     grid.write_text('[task]\nname = "reverse"\nlength = 4\nvocab_size = 8\nheld_out = 16\n'
@@ -265,6 +266,7 @@ def test_eval_of_an_unfinished_run_says_where_it_stands_and_what_it_scores(cli, 
 
 # -- 9: verify writes under the figures lock ---------------------------------------------
 
+@pytest.mark.slow
 def test_verify_clears_what_a_killed_verify_left_and_shares_the_figures_lock(
         cli, tmp_path, paper_like):
     out = tmp_path / "figs"
@@ -497,6 +499,7 @@ def corpus_1mb(tmp_path_factory) -> Path:
     return write_wikitext_like(tmp_path_factory.mktemp("wt") / "raw", 1.0)
 
 
+@pytest.mark.slow
 def test_lm_prepare_refuses_what_cannot_fit_with_the_way_out(tmp_path, monkeypatch,
                                                              corpus_1mb):
     out = tmp_path / "data"
@@ -529,6 +532,7 @@ def test_lm_prepare_refuses_what_cannot_fit_with_the_way_out(tmp_path, monkeypat
     assert trainer["training_text_bytes"] == size and trainer["peak_memory_mib"] > 0
 
 
+@pytest.mark.slow
 def test_lm_prepare_trainer_threads_follow_threads(tmp_path, corpus_1mb, monkeypatch):
     code, text = _prepare("--source", corpus_1mb, "--out", tmp_path / "one", "--vocab-size",
                           300, "--threads", 1, "--no-progress")
@@ -545,6 +549,7 @@ def test_lm_prepare_trainer_threads_follow_threads(tmp_path, corpus_1mb, monkeyp
     assert manifest["encode_threads"] == 3
 
 
+@pytest.mark.slow
 def test_lm_prepare_shows_progress_while_sentencepiece_trains(tmp_path, corpus_1mb,
                                                                monkeypatch):
     monkeypatch.setattr(lm_prepare, "PROGRESS_EVERY_S", 0.0)
@@ -564,6 +569,7 @@ def test_lm_prepare_shows_progress_while_sentencepiece_trains(tmp_path, corpus_1
     assert "trained SentencePiece in 0m" in flat
 
 
+@pytest.mark.slow
 def test_lm_prepare_removes_a_killed_runs_build_folder(tmp_path, corpus_1mb):
     stale = tmp_path / ".data.build-k1ll3d00"
     stale.mkdir()

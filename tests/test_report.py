@@ -37,6 +37,7 @@ def sections(page: str) -> dict[str, str]:
     return {part.split("</h2>", 1)[0]: part.split("</h2>", 1)[1] for part in parts}
 
 
+@pytest.mark.slow
 def test_runs_at_the_paper_settings_say_nothing_of_a_demo(tmp_path):
     """Fig. 2's GRU grid as the paper ran it: no demo banner (test_quickstart.py has one)."""
     grid = load_grid(ROOT / "recipes" / "paper" / "fig02_gru_reverse.toml")
@@ -156,6 +157,7 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(chromium() is None, reason="chromium is not installed (`make test` "
                     "installs it as root with apt-get: make/chromium.mk)")
 def test_a_browser_draws_the_page_offline(report, tmp_path):

@@ -104,6 +104,7 @@ def test_a_finished_run_whose_checkpoints_were_deleted_stays_finished(trained, t
     assert not (run / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_over_a_finished_grid_without_checkpoints_retrains_nothing(tmp_path):
     grid = tmp_path / "tiny.toml"
     grid.write_text(GRID)
@@ -175,6 +176,7 @@ def test_prune_frees_the_checkpoints_and_keeps_what_the_results_need(trained, tm
 
 # -- 4: numerical health ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_nan_loss_stops_training_at_once_and_is_recorded(tmp_path):
     run = tmp_path / "nan"
     code, text = _perencode(*_train_args(run, "optim.weight_decay=3e38"))
@@ -264,6 +266,7 @@ def test_of_two_runs_of_one_recipe_the_finished_one_is_used(trained, tmp_path):
                           "different results (token_accuracy differ)") in _flat(text), text
 
 
+@pytest.mark.slow
 def test_a_dangling_link_is_named_and_the_sweep_recreates_the_cell(tmp_path):
     grid = tmp_path / "tiny.toml"
     grid.write_text(GRID)
@@ -288,6 +291,7 @@ def test_a_dangling_link_is_named_and_the_sweep_recreates_the_cell(tmp_path):
     assert not cell.is_symlink() and runs.Run(cell).is_complete()
 
 
+@pytest.mark.slow
 def test_symlink_loops_do_not_hang_the_run_search(trained, tmp_path):
     lp = tmp_path / "lp"
     _copy(trained, lp / "grid" / "run")
@@ -305,6 +309,7 @@ def test_symlink_loops_do_not_hang_the_run_search(trained, tmp_path):
     assert os.path.realpath(lp / "self") == os.path.realpath(lp)
 
 
+@pytest.mark.slow
 def test_a_sweep_reports_a_diverged_cell_and_does_not_train_it_again(tmp_path):
     grid = tmp_path / "tiny.toml"
     grid.write_text(GRID.replace("[train]", "[optim]\nweight_decay = 3e38\n[train]"))

@@ -44,6 +44,7 @@ def _wait_for_training(proc: subprocess.Popen, run_dir: Path) -> None:
 
 # -- 1: output that cannot be written, hang-ups -------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("progress", [False, True])
 def test_a_full_stderr_stops_the_messages_not_the_training(tmp_path, progress):
     out = tmp_path / "run"
@@ -58,6 +59,7 @@ def test_a_full_stderr_stops_the_messages_not_the_training(tmp_path, progress):
                            "output stops here, the command goes on\n")
 
 
+@pytest.mark.slow
 def test_a_log_on_a_full_4_kb_filesystem_loses_lines_not_iterations(tmp_path):
     """`train ... 2>logfs/train.log` with logfs a 4 KB tmpfs (the issue's case)."""
     logfs, out = tmp_path / "logfs", tmp_path / "run"
@@ -83,6 +85,7 @@ def test_a_log_on_a_full_4_kb_filesystem_loses_lines_not_iterations(tmp_path):
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 300
 
 
+@pytest.mark.slow
 def test_a_pipe_closed_after_two_lines_leaves_the_training_running(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(_train(out, "train.log_every=1", iterations=400, progress=True),
@@ -97,6 +100,7 @@ def test_a_pipe_closed_after_two_lines_leaves_the_training_running(tmp_path):
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 400
 
 
+@pytest.mark.slow
 def test_a_full_stdout_does_not_fail_a_finished_run(tmp_path):
     out = tmp_path / "run"
     with open("/dev/full", "w") as full:
@@ -106,6 +110,7 @@ def test_a_full_stdout_does_not_fail_a_finished_run(tmp_path):
     assert "token_accuracy" in done.stderr  # stderr, the console, is untouched
 
 
+@pytest.mark.slow
 def test_a_hang_up_checkpoints_and_exits_as_sigterm_does(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(_train(out, iterations=1_000_000), stdout=subprocess.PIPE,
@@ -119,6 +124,7 @@ def test_a_hang_up_checkpoints_and_exits_as_sigterm_does(tmp_path):
     assert f"interrupted at iteration {step}; checkpoint saved to" in " ".join(output.split())
 
 
+@pytest.mark.slow
 def test_under_nohup_a_hang_up_changes_nothing(tmp_path):
     out = tmp_path / "run"
 
@@ -162,6 +168,7 @@ def _sweep(grid: Path, runs_dir: Path) -> list[str]:
             "1", "--device", "cpu"]
 
 
+@pytest.mark.slow
 def test_a_hang_up_stops_a_sweep_and_its_worker_with_a_checkpoint(tmp_path):
     grid = tmp_path / "g.toml"
     grid.write_text(GRID.format(iterations=1_000_000))
@@ -180,6 +187,7 @@ def test_a_hang_up_stops_a_sweep_and_its_worker_with_a_checkpoint(tmp_path):
     assert "interrupted" in output and "Traceback" not in output
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_board_cannot_be_written_finishes_its_runs(tmp_path):
     grid = tmp_path / "g.toml"
     grid.write_text(GRID.format(iterations=20))
@@ -253,7 +261,8 @@ def test_a_sparse_held_out_set_draws_the_batches_it_always_drew(cfg):
     assert torch.equal(ours.get_state(), theirs.get_state())  # the same random numbers used
 
 
-@pytest.mark.parametrize("held_out", [960, 1023])  # all but one batch; all but one row
+# all but one batch; all but one row (tens of seconds: marked slow)
+@pytest.mark.parametrize("held_out", [960, pytest.param(1023, marks=pytest.mark.slow)])
 def test_a_dense_held_out_set_is_drawn_from_the_rows_left(held_out):
     task = _task(name="reverse", vocab_size=2, length=10, held_out=held_out)
     assert task.held_out_share == held_out / 1024 > DENSE_SHARE
@@ -325,8 +334,8 @@ def _train_in_process(cli, tmp_path, *extra):
 
 
 @pytest.mark.parametrize("held_out, says", [
-    (1023, "warning: only 1 distinct sequence of the task's 1024 is not held out, fewer "
-           "than a batch (64): every batch repeats them"),
+    pytest.param(1023, "warning: only 1 distinct sequence of the task's 1024 is not held out, "
+                 "fewer than a batch (64): every batch repeats them", marks=pytest.mark.slow),
     (960, "warning: 94% of random sequences are held out (960 of 1024): training sees the "
           "other 64, drawn from their list (not as a sparse held-out set draws them)"),
 ])

@@ -16,8 +16,10 @@ import pytest
 from conftest import PYTHON, ROOT, subprocess_env, tiny_overrides
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.summary.writer.record_writer import RecordWriter
 
-from perencode import runs, tracking
+from perencode import io, runs, tracking
 
 RECIPE = ROOT / "recipes/gru_vocab256.toml"
 TAGS = ("train/loss", "train/accuracy", "train/lr", "train/sequences_per_second")
@@ -199,3 +201,27 @@ def test_tensorboard_command_without_the_package_names_the_extra(cli, tmp_path, 
     monkeypatch.setattr(tracking, "find_spec", lambda name: None)
     code, text = cli("tensorboard", tmp_path / "runs")
     assert code == 2 and "pip install 'perencode[tensorboard]'" in " ".join(text.split())
+
+
+def test_truncating_rewrites_through_io_and_clears_a_killed_rewrite(tmp_path, monkeypatch):
+    folder = tmp_path / "tensorboard"
+    folder.mkdir()
+    path = folder / "events.out.tfevents.1.host"
+    with open(path, "wb") as f:
+        writer = RecordWriter(f)
+        for step in range(1, 6):
+            writer.write(Event(step=step, wall_time=float(step)).SerializeToString())
+    stale, foreign = folder / ".truncating.abcdefgh.tmp", folder / ".notes.abcdefgh.tmp"
+    stale.write_bytes(b"cut")
+    foreign.write_bytes(b"kept")
+    made, synced = [], []
+    mkstemp, fsync_dir = io.tempfile.mkstemp, io.fsync_dir
+    monkeypatch.setattr(io.tempfile, "mkstemp", lambda **kw: made.append(mkstemp(**kw))
+                        or made[-1])
+    monkeypatch.setattr(io, "fsync_dir", lambda p: synced.append(Path(p)) or fsync_dir(p))
+    tracking.truncate_events(folder, 3)
+    assert [e.step for e in EventFileLoader(str(path)).Load()] == [1, 2, 3]
+    name = os.path.basename(made[0][1])  # io's temporary name, without "tfevents"
+    assert io.TEMP_RE.match(name).group("target") == tracking.TRUNCATING
+    assert synced == [folder]
+    assert sorted(p.name for p in folder.iterdir()) == [foreign.name, path.name]

@@ -30,8 +30,6 @@ perencode's words with the option to change, its log kept as OUT.sentencepiece.l
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import fcntl
 import hashlib
@@ -57,6 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from perencode.console import console
+from perencode.device import available_cores, memory_available, set_parent_death_signal
 from perencode.errors import DISK_ERRORS, UserError
 from perencode.io import disk_errors, fsync_dir, tail_lines
 from perencode.lm.data import (
@@ -106,70 +105,6 @@ def trainer_options(vocab_size: int, sample_sentences: int = 0) -> dict:
     return {"model_type": "unigram", "vocab_size": vocab_size, "character_coverage": 0.9995,
             "max_sentence_length": 4192, **sample,
             "unk_id": 0, "bos_id": 1, "eos_id": 2, "pad_id": -1}
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity: SLURM's and taskset's share)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
-def _read_int(path: str | Path) -> int | None:
-    try:
-        text = Path(path).read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _cgroup_limit() -> int | None:
-    """The tightest memory limit of this process's cgroup and its ancestors (v2), or the
-    v1 memory controller's; None when unlimited or unknown."""
-    limits = []
-    try:
-        entries = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        entries = []
-    for entry in entries:
-        hierarchy, _, rest = entry.partition(":")
-        controllers, _, group = rest.partition(":")
-        if hierarchy == "0":  # v2: memory.max along the path up to the root
-            path = Path("/sys/fs/cgroup") / group.lstrip("/")
-            for folder in [path, *path.parents]:
-                if folder == Path("/sys/fs"):
-                    break
-                limits.append(_read_int(folder / "memory.max"))
-        elif "memory" in controllers.split(","):
-            limits.append(_read_int(f"/sys/fs/cgroup/memory{group}/memory.limit_in_bytes"))
-            limits.append(_read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
-    found = [n for n in limits if n is not None and n < 1 << 60]  # v1 "unlimited" is huge
-    return min(found) if found else None
-
-
-def memory_available() -> tuple[int, str] | None:
-    """(bytes, what) of the tightest limit on this process's memory: its cgroup's limit,
-    SLURM's allocation (--mem, --mem-per-cpu) or the free RAM; None if none is known."""
-    found = []
-    cgroup = _cgroup_limit()
-    if cgroup is not None:
-        found.append((cgroup, "this process's cgroup memory limit"))
-    per_node = os.environ.get("SLURM_MEM_PER_NODE", "")
-    per_cpu = os.environ.get("SLURM_MEM_PER_CPU", "")
-    if per_node.isdigit():
-        found.append((int(per_node) << 20, "the SLURM job's memory (--mem)"))
-    elif per_cpu.isdigit():
-        cpus = os.environ.get("SLURM_CPUS_ON_NODE", "")
-        n = int(cpus) if cpus.isdigit() else usable_cores()
-        found.append((int(per_cpu) * n << 20, "the SLURM job's memory (--mem-per-cpu)"))
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append((int(line.split()[1]) << 10, "the free RAM (MemAvailable)"))
-    except (OSError, ValueError, IndexError):
-        pass
-    return min(found) if found else None
 
 
 def estimate_memory(train_bytes: int) -> int:
@@ -329,8 +264,6 @@ def _paragraphs(path: Path) -> Iterator[str]:
             yield line.rstrip("\n")
 
 
-# linux/prctl.h: the kernel sends the child this signal when its parent dies.
-PR_SET_PDEATHSIG = 1
 # In the build folder while the trainer runs: its pid, locked by it (perencode.lm.prepare
 # ends a trainer whose lm-prepare was killed before removing the folder).
 TRAINER_PID = "trainer.pid"
@@ -340,9 +273,7 @@ FAILED = "perencode: SentencePiece training failed: "
 def _die_with(parent: int) -> None:
     """End this process when `parent` dies, however it dies (Linux; elsewhere the next
     lm-prepare ends it, `_end_trainer`)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
 
@@ -729,7 +660,7 @@ def prepare(source: str | None = None, out: str | Path = "data/wikitext103",
     import sentencepiece as spm
 
     out = Path(out)
-    threads = threads or usable_cores()
+    threads = threads or available_cores()
     src = open_source(source)
     options = {"vocab_size": vocab_size, "max_tokens": max_tokens,
                "trainer": trainer_options(vocab_size, sample_sentences),

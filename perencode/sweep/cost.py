@@ -27,14 +27,15 @@ from perencode.encoding import input_width
 from perencode.io import atomic_write_json, atomic_write_text
 from perencode.models import SequenceModel
 from perencode.preflight import meta_model, parameter_count
-from perencode.recipe import Recipe
+from perencode.recipe import BOOKKEEPING, Recipe
 from perencode.sweep.local import perencode_command, thread_env
 from perencode.sweep.plan import FINISHED, PlannedRun, RunState
 from perencode.tasks import shapes
 
-# Training fields that do not change what one iteration costs.
-COSTLESS_TRAIN_FIELDS = {"seed", "iterations", "checkpoint_every", "log_every", "eval_batch_size",
-                         "keep_checkpoints", "eval_every"}
+# Training fields that do not change what one iteration costs: the bookkeeping (recipe.py),
+# and the number of iterations, which changes a run's results but not the price of each.
+COSTLESS_TRAIN_FIELDS = {"iterations", *(field.removeprefix("train.") for field in BOOKKEEPING
+                                         if field.startswith("train."))}
 ESTIMATES = ".estimates.json"  # in the sweep's OUT: seconds per iteration by device and shape
 # A checkpoint holds the weights and Adam's two moments, all fp32, plus a few kB of recipe,
 # RNG states and bookkeeping.

@@ -9,8 +9,6 @@ before its workers stop) is waited for, counted against --jobs, and then resumed
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import signal
 import subprocess
@@ -21,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from perencode import plugins, runs
-from perencode.device import available_cores, visible_gpus
+from perencode.device import available_cores, set_parent_death_signal, visible_gpus
 from perencode.lock import PARENT_ENV, describe, live_holder
 from perencode.sweep.board import Board
 from perencode.sweep.plan import PlannedRun, RunState, refresh
@@ -36,18 +34,14 @@ def perencode_command() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "perencode"]
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
 def _die_with(parent: int):
     """A preexec_fn for Popen that makes the child receive SIGTERM when `parent` dies
     (Linux; None elsewhere, where the worker polls its parent instead)."""
     if not sys.platform.startswith("linux"):
         return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)  # loaded before fork
 
     def preexec() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != parent:  # the sweep died before prctl took effect
             os.kill(os.getpid(), signal.SIGTERM)
     return preexec
