@@ -122,6 +122,9 @@ _loaded: list[bool] = []
 # (LOADING holds the one being imported) or (module, file) of the code that registered it.
 ORIGINS: dict[tuple[str, str], Any] = {}
 LOADING: list[Any] = []
+# (registry, name) -> label: what the runs being read (perencode.results.collect) recorded
+# in their plugins.json for a plugin's kinds, for `label` where the plugin is not loaded.
+RECORDED: dict[tuple[str, str], str] = {}
 # (registry, name) -> the module whose register_* call registered it (perencode.identity
 # hashes a package kind's code from it).
 MODULES: dict[tuple[str, str], str] = {}
@@ -254,9 +257,12 @@ def of_field(column: str) -> str | None:
 
 
 def label(kind: str, name) -> str:
-    """How figures and reports name it: the registered label, else the raw name."""
+    """How figures and reports name it: the registered label, else the label the runs being
+    drawn recorded for it (RECORDED), else the raw name."""
     found = registry(kind).get(name)
-    return found.label if found is not None else str(name)
+    if found is not None:
+        return found.label
+    return RECORDED.get((kind, str(name)), str(name))
 
 
 def order(kind: str, values: Iterable) -> list:

@@ -296,14 +296,42 @@ def used_by(recipe) -> dict[Plugin, list[str]]:
 
 
 def record(run_dir: str | Path, recipe) -> Path | None:
-    """RUN_DIR/plugins.json: the plugins a run's kinds come from (none: no file)."""
+    """RUN_DIR/plugins.json: the plugins a run's kinds come from (none: no file), each with
+    the fields it provides and their kinds' labels ({"encoding": {"lin_ramp": "Linear
+    ramp"}}: figures read them where the plugin is not loaded, `recorded_labels`)."""
     used = used_by(recipe)
     if not used:
         return None
     path = Path(run_dir) / RECORD
-    atomic_write_json(path, {"plugins": [{**asdict(p), "provides": fields}
-                                         for p, fields in used.items()]})
+    entries = []
+    for plugin, fields in used.items():
+        labels: dict[str, dict[str, str]] = {}
+        for section, tag in TAGS.items():
+            name = getattr(getattr(recipe, section), tag)
+            if origin(section, name) == plugin:
+                labels.setdefault(section, {})[name] = kinds.registry(section)[name].label
+        entries.append({**asdict(plugin), "provides": fields, "labels": labels})
+    atomic_write_json(path, {"plugins": entries})
     return path
+
+
+def recorded_labels(run_dir: str | Path) -> dict[tuple[str, str], str]:
+    """(registry, name) -> label: the labels RUN_DIR/plugins.json records for its plugins'
+    kinds; only read (a missing or damaged file, or one written before labels were
+    recorded: none)."""
+    path = Path(run_dir) / RECORD
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8")).get("plugins", [])
+    except (OSError, ValueError, AttributeError):
+        return {}
+    found: dict[tuple[str, str], str] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        labels = entry.get("labels") if isinstance(entry, dict) else None
+        for section, names in (labels.items() if isinstance(labels, dict) else ()):
+            if section in TAGS and isinstance(names, dict):
+                found.update({(section, str(n)): label for n, label in names.items()
+                              if isinstance(label, str) and label})
+    return found
 
 
 _DAMAGED: set[tuple[str, str]] = set()  # the damaged plugins.json files noted so far

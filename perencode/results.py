@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from perencode import identity, kinds, runs
+from perencode import identity, kinds, plugins, runs
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.naming import format_value, short_names
@@ -171,9 +171,11 @@ def collect(paths: list[Path], command: str = "figures",
     tables: dict[str, list[pd.DataFrame]] = {}
     notes: list[str] = []
     found = []
+    kinds.RECORDED.clear()  # the labels of these runs' plugins' kinds, not of earlier ones
     for run_dir in runs.find_runs(paths, notes):
         recipe = runs.read_recipe(run_dir, any_kind=True)
         found.append((run_dir, recipe, runs.Run(run_dir).status()))
+        kinds.RECORDED.update(plugins.recorded_labels(run_dir))
     kept, duplicates = choose(found)
     unverified = []
     for run_dir, recipe, status in kept.values():

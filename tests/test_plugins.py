@@ -93,7 +93,8 @@ def test_a_loose_plugin_reaches_the_sweep_workers_and_its_runs_name_it(tmp_path,
     recorded = json.loads((ramp / "plugins.json").read_text())["plugins"]
     assert recorded == [{"module": "my_pe", "file": str(loose.resolve()), "package": None,
                          "version": None, "entry_point": None,
-                         "provides": ["encoding.kind = 'lin_ramp'"]}]
+                         "provides": ["encoding.kind = 'lin_ramp'"],
+                         "labels": {"encoding": {"lin_ramp": "Linear ramp"}}}]
     assert not (ramp.parent / "encoding=sinusoidal" / "plugins.json").exists()
     env = json.loads((ramp / "env.json").read_text())
     assert {"module": "my_pe", "file": str(loose.resolve()), "package": None,

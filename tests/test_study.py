@@ -544,3 +544,46 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
         "my_pe": to_hex(figures._colour("encoding.kind", "my_pe"))}
     builtin = {figures._colour("encoding.kind", n) for n in kinds.names("encoding")}
     assert figures._colour("encoding.kind", "my_pe") not in builtin
+
+
+# -- a plugin's labels without the plugin: as its runs recorded them ------------------------------
+
+
+def test_figures_without_the_plugin_label_its_kind_as_its_runs_recorded(tmp_path, monkeypatch):
+    from test_plugins import LIN_RAMP, perencode
+
+    from perencode import figures
+
+    # A kind of its own name and label: nothing in this process registers it.
+    code = LIN_RAMP.replace("lin_ramp", "rec_ramp").replace("Linear ramp", "Recorded ramp")
+    (tmp_path / "my_pe.py").write_text(code)
+    code_, text = perencode("--plugin", "my_pe.py", "train", RECIPE, "--set",
+                            "encoding.kind=rec_ramp",
+                            *tiny_overrides("task.vocab_size=8", "task.length=6",
+                                            "train.iterations=4", "optim.warmup=1"),
+                            "--run-dir", "runs/ramp", "--device", "cpu", "--no-progress",
+                            cwd=tmp_path)
+    assert code_ == 0, text
+    record = tmp_path / "runs" / "ramp" / "plugins.json"
+    entries = json.loads(record.read_text())["plugins"]
+    assert [e["labels"] for e in entries] == [{"encoding": {"rec_ramp": "Recorded ramp"}}]
+    assert "rec_ramp" not in kinds.ENCODINGS
+    legends: list[list[str]] = []
+    save = figures._save
+
+    def legend_then_save(fig, stem, note=""):
+        legends.append(fig.axes[0].get_legend_handles_labels()[1])
+        return save(fig, stem, note)
+
+    monkeypatch.setattr(figures, "_save", legend_then_save)
+    figures.make_figures([tmp_path / "runs"], tmp_path / "fig")
+    assert legends and all("Recorded ramp" in labels and "rec_ramp" not in labels
+                           for labels in legends), legends
+    # A plugins.json written before labels were recorded: the raw name.
+    record.write_text(json.dumps({"plugins": [
+        {k: v for k, v in e.items() if k != "labels"} for e in entries]}))
+    legends.clear()
+    figures.make_figures([tmp_path / "runs"], tmp_path / "fig-old")
+    assert legends and all("rec_ramp" in labels and "Recorded ramp" not in labels
+                           for labels in legends), legends
+    assert kinds.label("encoding", "rec_ramp") == "rec_ramp"
