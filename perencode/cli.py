@@ -13,6 +13,7 @@ import inspect
 import json
 import re
 import shlex
+import signal
 from importlib import metadata
 from os import environ
 from pathlib import Path
@@ -206,7 +207,7 @@ def train(
     """Train a recipe (or resume its interrupted run, or report it complete)."""
     from perencode import runs
     from perencode.recipe import load_recipe
-    from perencode.train import Diverged, Interrupted
+    from perencode.train import STOP_SIGNALS, Diverged, Interrupted
     from perencode.train import train as run_training
 
     guard_output()
@@ -218,6 +219,8 @@ def train(
         result = run_training(r, run_dir, device, progress=progress, tensorboard=tensorboard,
                               force=force, accept_code_change=accept_code_change)
     except Interrupted as stop:
+        for s in STOP_SIGNALS:  # a second stop signal must not cut the closing line short
+            signal.signal(s, signal.SIG_IGN)
         console.print(f"interrupted at iteration {stop.iteration}; checkpoint saved to "
                       f"{stop.path}. Run the same command again to resume.")
         raise typer.Exit(128 + stop.signum) from None

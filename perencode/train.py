@@ -187,8 +187,12 @@ class _Stop:
             _forget_parent_death_signal()
 
     def __exit__(self, *exc):
+        # A sweep's worker that stops is on its way out with its checkpoint: the sweep passes
+        # on the stop signal its worker may have had already (a hang-up reaches both), and
+        # that second signal must not cut the worker's closing line short.
+        after_stop = self.signum is not None and self._parent is not None
         for s, old in self._old.items():
-            signal.signal(s, old)
+            signal.signal(s, signal.SIG_IGN if after_stop else old)
 
 
 class Interrupted(Exception):
