@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from perencode import defaults
 from perencode.encoding import PositionalEncoding
 from perencode.errors import UserError
 from perencode.experiment import build
@@ -45,8 +46,8 @@ def _time(step, iterations: int, warmup: int, device: torch.device) -> float:
     return (time.perf_counter() - t0) / iterations
 
 
-def bench(recipe: Recipe, device: torch.device, iterations: int = 20, warmup: int = 3,
-          baseline: bool = False) -> dict:
+def bench(recipe: Recipe, device: torch.device, iterations: int = defaults.BENCH_ITERATIONS,
+          warmup: int = defaults.BENCH_WARMUP, baseline: bool = False) -> dict:
     """Seconds per training iteration of `recipe` (batch sampling included)."""
     # The bare loop stands in for the recurrent models only (their PyTorch cells); another
     # model is refused in one line, not a KeyError.
@@ -103,8 +104,8 @@ def bench(recipe: Recipe, device: torch.device, iterations: int = 20, warmup: in
 SAMPLING_SPACE = 1 << 20
 
 
-def sampling(recipe: Recipe, device: torch.device, iterations: int = 20,
-             warmup: int = 3) -> list[dict]:
+def sampling(recipe: Recipe, device: torch.device, iterations: int = defaults.BENCH_ITERATIONS,
+             warmup: int = defaults.BENCH_WARMUP) -> list[dict]:
     """Seconds to draw one training batch of the recipe's task (held-out rows excluded)
     with held-out sets of growing density: one sequence (about 0), half, 99% and all but a
     batch of the task's distinct sequences; `ratio` is each to the first's, timed in turn

@@ -17,12 +17,13 @@ import signal
 from importlib import metadata
 from os import environ
 from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from perencode import __version__, kinds
+from perencode import __version__, defaults, kinds
 from perencode.console import console, guard_output
 from perencode.errors import UserError, refused_write
 
@@ -115,9 +116,32 @@ app = _App(
 SET_HELP = ("Override a recipe field: section.key=value. The value is read as a TOML literal "
             "(64, 1e-3, true, [0.9, 0.999], \"x\"); a bare word that is not TOML (lstm) is "
             "a string. Repeatable.")
-SET_METAVAR = "KEY=VALUE"
 DEVICE_HELP = "auto (cuda if available, else cpu), cpu, cuda or cuda:N."
-RUNS_HELP = "Root of the run directories: a grid's runs go in a folder named after it."
+ACCEPT_HELP = ("Use the code loaded now although a kind's code differs from the code that "
+               "made the run (as its identity.json records); the output says so.")
+
+
+def out_folder(holding: str = "", **kwargs: Any) -> Any:
+    """The --out option of a command that writes `holding` into a folder."""
+    return typer.Option(help="Output folder" + (f": {holding}." if holding else "."), **kwargs)
+
+
+# The options several commands share, declared once; their defaults are perencode.defaults,
+# the library's own.
+Overrides = Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
+                                                     help=SET_HELP)]
+Device = Annotated[str, typer.Option(help=DEVICE_HELP)]
+AcceptCode = Annotated[bool, typer.Option("--accept-code", help=ACCEPT_HELP)]
+Claims = Annotated[str, typer.Option(help="Claims file: a path, or a bundled one (paper, "
+                                          "quick, quick_gpu).")]
+RunsRoot = Annotated[Path | None, typer.Option(
+    "--runs", help="Root of the run directories: a grid's runs go in a folder named after it.",
+    show_default=str(defaults.RUNS))]
+OldOut = Annotated[Path | None, typer.Option("--out", hidden=True)]  # the old spelling
+RunPaths = Annotated[list[Path], typer.Argument(help="Run directories or folders holding "
+                                                     "them.")]
+Progress = Annotated[bool, typer.Option(help="Show a progress bar / log lines.")]
+LiveTable = Annotated[bool, typer.Option(help="Show the live run table.")]
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -182,27 +206,23 @@ def main(
             fail(str(exc))
 
 
-ACCEPT_HELP = ("Use the code loaded now although a kind's code differs from the code that "
-               "made the run (as its identity.json records); the output says so.")
-
-
 @app.command()
 @user_errors
 def train(
     recipe: Path = typer.Argument(..., help="TOML recipe, e.g. recipes/gru_vocab256.toml."),
-    overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
+    overrides: Overrides = None,
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory.",
-                                        show_default="runs/<recipe>/seed-<seed>"),
-    old_out: Path | None = typer.Option(None, "--out", hidden=True),
-    device: str = typer.Option("auto", help=DEVICE_HELP),
-    progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
+                                        show_default=f"{defaults.RUNS}/<recipe>/seed-<seed>"),
+    old_out: OldOut = None,
+    device: Device = defaults.DEVICE,
+    progress: Progress = True,
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write loss, accuracy, "
                                      "learning rate and throughput as TensorBoard event "
                                      "files in RUN_DIR/tensorboard (needs "
                                      "`pip install perencode\\[tensorboard]`)."),
     force: bool = typer.Option(False, "--force", help="Skip the memory check (a recipe "
                                "estimated not to fit in the device's memory is refused)."),
-    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
+    accept_code_change: AcceptCode = False,
 ) -> None:
     """Train a recipe (or resume its interrupted run, or report it complete)."""
     from perencode import runs
@@ -247,10 +267,10 @@ def eval_(
     run_dir: Path = typer.Argument(..., help="A run directory made by `perencode train`."),
     checkpoint: Path | None = typer.Option(None, help="Score this checkpoint instead of "
                                               "the newest."),
-    device: str = typer.Option("auto", help=DEVICE_HELP),
+    device: Device = defaults.DEVICE,
     per_position: bool = typer.Option(False, "--per-position",
                                       help="Language models: perplexity by token position."),
-    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
+    accept_code_change: AcceptCode = False,
 ) -> None:
     """Score a run on its held-out data and write eval.json."""
     from perencode.evaluate import evaluate_run
@@ -264,10 +284,12 @@ def eval_(
 @user_errors
 def bench(
     recipe: Path = typer.Argument(..., help="TOML recipe to time."),
-    iterations: int = typer.Option(20, min=1, help="Timed iterations (after warm-up)."),
-    warmup: int = typer.Option(3, min=0, help="Untimed warm-up iterations."),
-    overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
-    device: str = typer.Option("auto", help=DEVICE_HELP),
+    iterations: int = typer.Option(defaults.BENCH_ITERATIONS, min=1,
+                                   help="Timed iterations (after warm-up)."),
+    warmup: int = typer.Option(defaults.BENCH_WARMUP, min=0,
+                               help="Untimed warm-up iterations."),
+    overrides: Overrides = None,
+    device: Device = defaults.DEVICE,
     baseline: bool = typer.Option(False, help="Also time a bare PyTorch loop of the same "
                                   "shapes (GRU/LSTM) and report the ratio."),
     sampling: bool = typer.Option(False, "--sampling", help="Also time drawing one batch "
@@ -306,7 +328,7 @@ def bench(
 def show(
     recipe: Path = typer.Argument(..., help="TOML recipe, e.g. recipes/gru_vocab256.toml, "
                                   "or a run directory."),
-    overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
+    overrides: Overrides = None,
     as_json: bool = typer.Option(False, "--json", help="JSON instead of TOML."),
 ) -> None:
     """Print the recipe a run would use, overrides applied and every default filled in.
@@ -368,7 +390,7 @@ def claims_schema(
 @app.command()
 @user_errors
 def env(
-    device: str = typer.Option("auto", help=DEVICE_HELP),
+    device: Device = defaults.DEVICE,
     as_json: bool = typer.Option(False, "--json", help="One JSON object (what each run "
                                  "records in env.json)."),
 ) -> None:
@@ -387,9 +409,9 @@ def env(
 @app.command()
 @user_errors
 def doctor(
-    device: str = typer.Option("auto", help=DEVICE_HELP + " The device checks run on a "
-                               "CUDA device only."),
-    runs: Path = typer.Option(Path("runs"), "--runs", help="Where the speed check caches "
+    device: str = typer.Option(defaults.DEVICE, help=DEVICE_HELP + " The device checks run "
+                               "on a CUDA device only."),
+    runs: Path = typer.Option(defaults.RUNS, "--runs", help="Where the speed check caches "
                               "its timings for `sweep --dry-run` (.estimates.json)."),
 ) -> None:
     """Is this package right and fast on this machine? Checks in about two minutes on a GPU.
@@ -425,22 +447,24 @@ def doctor(
 def stability(
     run_dir: Path = typer.Argument(..., help="A run of the dual-frequency task "
                                    "(task.name = \"dual_frequency\"), GRU, LSTM or S4D."),
-    triplets: int = typer.Option(1024, min=4, help="Triplets (x,s),(x,s'),(x',s) per "
-                                 "checkpoint, drawn from the run's seed (the same at every "
-                                 "checkpoint); a multiple of 4, a quarter per target x "
-                                 "disturbant condition (FREQUENT/RARE)."),
-    metric: str = typer.Option("weighted", help="Which metric fills the `stability` column "
-                               "(all four are written as stability_<name>): weighted (the "
+    triplets: int = typer.Option(defaults.STABILITY_TRIPLETS, min=4, help="Triplets "
+                                 "(x,s),(x,s'),(x',s) per checkpoint, drawn from the run's "
+                                 "seed (the same at every checkpoint); a multiple of 4, a "
+                                 "quarter per target x disturbant condition (FREQUENT/RARE)."),
+    metric: str = typer.Option(defaults.STABILITY_METRIC, help="Which metric fills the "
+                               "`stability` column (all four are written as "
+                               "stability_<name>): weighted (the "
                                "authors' code; Fig. 5, inferred), printed (Eq. 3-4 as "
                                "printed, not normalised), mean (unweighted mean row cosine) "
                                "or frobenius (cosine of the flattened Jacobians)."),
-    device: str = typer.Option("auto", help=DEVICE_HELP),
-    every: int = typer.Option(1, min=1, help="Analyse every N-th checkpoint: the 1st, "
-                              "(N+1)-th, (2N+1)-th, ..."),
-    batch: int = typer.Option(16, min=1, help="Triplets differentiated at once; peak memory "
-                              "grows linearly with it (docs/stability.md)."),
-    progress: bool = typer.Option(True, help="Show a progress bar / log lines."),
-    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
+    device: Device = defaults.DEVICE,
+    every: int = typer.Option(defaults.STABILITY_EVERY, min=1, help="Analyse every N-th "
+                              "checkpoint: the 1st, (N+1)-th, (2N+1)-th, ..."),
+    batch: int = typer.Option(defaults.STABILITY_BATCH, min=1, help="Triplets differentiated "
+                              "at once; peak memory grows linearly with it "
+                              "(docs/stability.md)."),
+    progress: Progress = True,
+    accept_code_change: AcceptCode = False,
 ) -> None:
     """Gradient stability at every checkpoint of a dual-frequency run (Fig. 4-5).
 
@@ -464,16 +488,18 @@ def lm_prepare(
                                          "wiki.valid.raw and wiki.test.raw, a `datasets` "
                                          "dataset saved to disk, or a Hugging "
                                          "Face dataset name.",
-                                      show_default="wikitext-103-raw-v1"),
-    out: Path = typer.Option(Path("data/wikitext103"), help="Output folder."),
-    vocab_size: int = typer.Option(32768, min=16, help="SentencePiece unigram vocabulary."),
-    max_tokens: int = typer.Option(1024, min=1, help="Input tokens kept per paragraph."),
-    threads: int = typer.Option(0, min=0, help="SentencePiece's training and encoding "
-                                "threads (0: the cores this process may use; the authors' "
-                                "run used 16)."),
+                                      show_default=defaults.LM_SOURCE),
+    out: Annotated[Path, out_folder()] = defaults.LM_DATA,
+    vocab_size: int = typer.Option(defaults.LM_VOCAB_SIZE, min=16,
+                                   help="SentencePiece unigram vocabulary."),
+    max_tokens: int = typer.Option(defaults.LM_MAX_TOKENS, min=1,
+                                   help="Input tokens kept per paragraph."),
+    threads: int = typer.Option(defaults.LM_THREADS, min=0, help="SentencePiece's training "
+                                "and encoding threads (0: the cores this process may use; the "
+                                "authors' run used 16)."),
     force: bool = typer.Option(False, "--force", help="Skip the memory check (SentencePiece "
                                "needs about 20 times the training text's size)."),
-    sample_sentences: int = typer.Option(0, "--sample", min=0, help="Train the "
+    sample_sentences: int = typer.Option(defaults.LM_SAMPLE, "--sample", min=0, help="Train the "
                                          "vocabulary on this many random paragraphs (0: all, "
                                          "as the authors did; a sample departs from their "
                                          "vocabulary but needs less memory)."),
@@ -504,11 +530,13 @@ def sweep(
     tag: str | None = typer.Option(None, "--tag", help="Name this sweep: its runs go to "
                                    "RUNS/<grid>@TAG (a second variant of the same grid) and "
                                    "record the tag, which figures and report show."),
-    runs: Path | None = typer.Option(None, "--runs", help=RUNS_HELP, show_default="runs"),
-    old_out: Path | None = typer.Option(None, "--out", hidden=True),
-    executor: str = typer.Option("local", help="local (subprocesses) or slurm (submitit)."),
-    jobs: int = typer.Option(1, min=1, help="Runs at once (local)."),
-    runs_per_gpu: int = typer.Option(1, min=1, help="Runs sharing one GPU (local)."),
+    runs: RunsRoot = None,
+    old_out: OldOut = None,
+    executor: str = typer.Option(defaults.SWEEP_EXECUTOR, help="local (subprocesses) or "
+                                 "slurm (submitit)."),
+    jobs: int = typer.Option(defaults.SWEEP_JOBS, min=1, help="Runs at once (local)."),
+    runs_per_gpu: int = typer.Option(defaults.SWEEP_RUNS_PER_GPU, min=1,
+                                     help="Runs sharing one GPU (local)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (runs, states), "
                                  "disk and device-hours at once; run nothing."),
     explain: bool = typer.Option(False, "--explain", help="A dry run that also shows where "
@@ -522,8 +550,8 @@ def sweep(
                               "same command again collects the jobs, never submits twice."),
     only: list[str] = typer.Option([], "--only", metavar="KEY=V1,V2", help="Keep the cells "
                                    "whose axis KEY takes one of these values. Repeatable."),
-    overrides: list[str] = typer.Option([], "--set", metavar=SET_METAVAR, help=SET_HELP),
-    device: str = typer.Option("auto", help=DEVICE_HELP),
+    overrides: Overrides = None,
+    device: Device = defaults.DEVICE,
     partition: str | None = typer.Option(None, help="SLURM partition (overrides the grid's "
                                          "\\[slurm] table)."),
     time_min: int | None = typer.Option(None, help="SLURM time limit in minutes."),
@@ -536,38 +564,39 @@ def sweep(
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Training writes "
                                      "TensorBoard event files too (`perencode tensorboard "
                                      "RUNS` shows the grid's runs side by side)."),
-    progress: bool = typer.Option(True, help="Show the live run table."),
+    progress: LiveTable = True,
 ) -> None:
     """Run every cell of a grid (skipping finished runs, resuming interrupted ones)."""
     from perencode.grid import slurm_overrides
-    from perencode.sweep import run_sweep
+    from perencode.sweep import SweepOptions, run_sweep
 
     guard_output()
     slurm = {k: v for k, v in (("partition", partition), ("time_min", time_min),
                                ("gpus_per_job", gpus_per_job),
                                ("cpus_per_job", cpus_per_job)) if v is not None}
     slurm.update(slurm_overrides(slurm_options))
-    runs = renamed(runs, old_out, "--runs", "--out") or Path("runs")
-    code = run_sweep(grid, out=runs, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
-                     dry_run=dry_run, only=only, overrides=overrides, device=device,
-                     slurm=slurm, progress=progress, wait=wait, estimate=estimate,
-                     tensorboard=tensorboard, explain=explain, axes=axes, tag=tag)
+    runs = renamed(runs, old_out, "--runs", "--out") or defaults.RUNS
+    options = SweepOptions(executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
+                           device=device, only=only, overrides=overrides or [], axes=axes, tag=tag,
+                           slurm=slurm, dry_run=dry_run, explain=explain, estimate=estimate,
+                           tensorboard=tensorboard, progress=progress, wait=wait)
+    code = run_sweep(grid, out=runs, options=options)
     raise typer.Exit(code)
 
 
 @app.command()
 @user_errors
 def quickstart(
-    device: str = typer.Option("auto", help="auto: the GPU demo at the paper's shapes where a "
-                               "CUDA device is present, else the CPU demo; cpu or cuda to "
-                               "choose."),
-    runs: Path | None = typer.Option(None, "--runs", help=RUNS_HELP, show_default="runs"),
-    out: Path | None = typer.Option(None, "--out", help="Output folder: the figures and the "
-                                    "claims report.", show_default="figures"),
+    device: str = typer.Option(defaults.DEVICE, help="auto: the GPU demo at the paper's "
+                               "shapes where a CUDA device is present, else the CPU demo; cpu "
+                               "or cuda to choose."),
+    runs: RunsRoot = None,
+    out: Annotated[Path | None, out_folder("the figures and the claims report",
+                                           show_default=str(defaults.FIGURES))] = None,
     old_figures: Path | None = typer.Option(None, "--figures", hidden=True),
     jobs: int | None = typer.Option(None, min=1, help="Runs at once.",
                                     show_default="2 on the CPU, 6 sharing the GPU"),
-    progress: bool = typer.Option(True, help="Show the live run table."),
+    progress: LiveTable = True,
 ) -> None:
     """The paper's headline effect in about 15 minutes: sweep, figures, claims."""
     from perencode.quickstart import run_quickstart
@@ -577,17 +606,17 @@ def quickstart(
             raise UserError("--figures is the old spelling of --out; use --runs and --out")
         runs, out = out, renamed(None, old_figures, "--out (and the old --out is --runs)",
                                  "--figures")
-    raise typer.Exit(run_quickstart(device, out=runs or Path("runs"),
-                                    figures=out or Path("figures"), jobs=jobs,
+    raise typer.Exit(run_quickstart(device, out=runs or defaults.RUNS,
+                                    figures=out or defaults.FIGURES, jobs=jobs,
                                     progress=progress))
 
 
 @app.command()
 @user_errors
 def figures(
-    runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
-    out: Path = typer.Option(Path("figures"), help="Output folder."),
-    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
+    runs: RunPaths,
+    out: Annotated[Path, out_folder()] = defaults.FIGURES,
+    accept_code_change: AcceptCode = False,
 ) -> None:
     """Collect results into results.csv and draw every paper figure they cover."""
     from perencode.figures import make_figures
@@ -600,7 +629,7 @@ def figures(
 @app.command()
 @user_errors
 def prune(
-    runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
+    runs: RunPaths,
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be deleted and "
                                  "kept; delete nothing."),
     without_stability: bool = typer.Option(False, "--without-stability", help="Also delete "
@@ -630,17 +659,15 @@ def prune(
 @app.command()
 @user_errors
 def verify(
-    runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
-    claims: str = typer.Option("paper", help="Claims file: a path, or a bundled one (paper, "
-                               "quick, quick_gpu)."),
-    out: Path = typer.Option(Path("figures"), help="Output folder: verify.md and "
-                             "verify.json."),
+    runs: RunPaths,
+    claims: Claims = defaults.CLAIMS,
+    out: Annotated[Path, out_folder("verify.md and verify.json")] = defaults.FIGURES,
     report_only: bool = typer.Option(False, "--report-only", help="Exit 0 whatever the "
                                      "verdicts (errors still exit 2): runs too small to "
                                      "decide, as in `make rehearsal`."),
     as_json: bool = typer.Option(False, "--json", help="Print verify.json (every field of "
                                  "every claim) on stdout instead of the tables."),
-    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
+    accept_code_change: AcceptCode = False,
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
     from perencode.verify import verify_runs
@@ -659,8 +686,8 @@ def crosscheck(
                                         "your own download: its modules are imported from "
                                         "there while the command runs, and nothing of it is "
                                         "copied."),
-    out: Path = typer.Option(Path("crosscheck"), help="Output folder: crosscheck.md and "
-                             "crosscheck.json."),
+    out: Annotated[Path, out_folder("crosscheck.md and crosscheck.json")] = Path(
+        "crosscheck"),
     train: bool = typer.Option(False, "--train", help="Also train both implementations "
                                "(SEEDS seeds each) and compare their held-out accuracies by "
                                "an equivalence test (TOST): equivalent, different, or "
@@ -669,13 +696,16 @@ def crosscheck(
     margin: float | None = typer.Option(None, help="--train's equivalence margin: the largest "
                                         "difference of mean held-out token accuracies taken "
                                         "as equivalent (default: the shape's, printed)."),
-    train_shape: str = typer.Option("cpu", help="cpu (small, minutes on a laptop) or paper "
-                                    "(E = H = 512, L = 64, batch 512, K = 256; for a GPU)."),
-    seeds: int = typer.Option(3, min=2, help="Seeds per implementation for --train."),
+    train_shape: str = typer.Option(defaults.CROSSCHECK_SHAPE, help="cpu (small, minutes on "
+                                    "a laptop) or paper (E = H = 512, L = 64, batch 512, "
+                                    "K = 256; for a GPU)."),
+    seeds: int = typer.Option(defaults.CROSSCHECK_SEEDS, min=2,
+                              help="Seeds per implementation for --train."),
     iterations: int | None = typer.Option(None, min=1, help="Training iterations for "
                                           "--train (default: the shape's, 1,000 on cpu, "
                                           "2,000 for paper)."),
-    device: str = typer.Option("auto", help=DEVICE_HELP.rstrip(".") + " (--train only)."),
+    device: str = typer.Option(defaults.DEVICE, help=DEVICE_HELP.rstrip(".")
+                               + " (--train only)."),
     progress: bool = typer.Option(True, help="Show progress lines."),
 ) -> None:
     """Check perencode against the authors' own code on identical inputs and weights.
@@ -694,12 +724,10 @@ def crosscheck(
 @app.command()
 @user_errors
 def report(
-    runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them."),
-    claims: str = typer.Option("paper", help="Claims file: a path, or a bundled one (paper, "
-                               "quick, quick_gpu)."),
-    out: Path = typer.Option(Path("figures"), help="Output folder: the figures and "
-                             "report.html."),
-    accept_code_change: bool = typer.Option(False, "--accept-code", help=ACCEPT_HELP),
+    runs: RunPaths,
+    claims: Claims = defaults.CLAIMS,
+    out: Annotated[Path, out_folder("the figures and report.html")] = defaults.FIGURES,
+    accept_code_change: AcceptCode = False,
     title: str | None = typer.Option(None, "--title", help="The page's heading, for a "
                                      "study of one's own.",
                                      show_default="the paper's reproduction report"),
@@ -740,8 +768,7 @@ def rehearsal_corpus(
 @user_errors
 def rehearsal_check(
     figures_dir: Path = typer.Argument(..., help="The folder `figures` and `verify` wrote."),
-    claims: str = typer.Option("paper", help="Claims file: a path, or a bundled one (paper, "
-                               "quick, quick_gpu)."),
+    claims: Claims = defaults.CLAIMS,
 ) -> None:
     """Check that every claim was decided or reported and every figure was drawn."""
 
@@ -757,7 +784,7 @@ def rehearsal_check(
 def tensorboard_(
     runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them "
                                       "(a sweep's root shows all its runs)."),
-    port: int = typer.Option(6006, help="Port TensorBoard serves on."),
+    port: int = typer.Option(defaults.TENSORBOARD_PORT, help="Port TensorBoard serves on."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the tensorboard command, "
                                  "start nothing."),
 ) -> None:

@@ -16,7 +16,7 @@ import torch
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.report import make_report
-from perencode.sweep import run_sweep
+from perencode.sweep import SweepOptions, run_sweep
 from perencode.verify import verify_runs
 
 
@@ -65,8 +65,9 @@ def run_quickstart(device: str = "auto", out: Path = Path("runs"),
     runs_dir, figures_dir = Path(out) / demo.grid.stem, Path(figures) / demo.grid.stem
     console.print(f"quick demo ({demo.name}): {demo.grid} -> {runs_dir}", highlight=False)
     start = time.monotonic()
-    code = run_sweep(demo.grid, out=out, jobs=jobs or demo.jobs,
-                     runs_per_gpu=demo.runs_per_gpu, device=demo.device, progress=progress)
+    code = run_sweep(demo.grid, out=out, options=SweepOptions(
+        jobs=jobs or demo.jobs, runs_per_gpu=demo.runs_per_gpu, device=demo.device,
+        progress=progress))
     figure = figures_dir / "fig02_reverse_vocabulary.png"
     report = figures_dir / "report.html"
     if code == 0:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from perencode import identity, kinds, runs
+from perencode import defaults, identity, kinds, runs
 from perencode.console import console
 from perencode.device import resolve_device
 from perencode.errors import UserError
@@ -295,8 +295,9 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
-def analyse_run(run_dir: str | Path, triplets: int = 1024, metric: str = "weighted",
-                device: str = "auto", every: int = 1, batch: int = 16,
+def analyse_run(run_dir: str | Path, triplets: int = defaults.STABILITY_TRIPLETS,
+                metric: str = defaults.STABILITY_METRIC, device: str = defaults.DEVICE,
+                every: int = defaults.STABILITY_EVERY, batch: int = defaults.STABILITY_BATCH,
                 progress: bool = True, accept_code_change: bool = False) -> Path:
     """Gradient stability at every (every-th) checkpoint of a dual-frequency run.
 

@@ -18,6 +18,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from perencode import defaults
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.io import atomic_write_bytes, remove_stale_temps
@@ -146,7 +147,7 @@ def logdir_spec(run_dirs: list[Path]) -> str:
     return ",".join(parts)
 
 
-def tensorboard_command(run_dirs: list[Path], port: int = 6006) -> list[str]:
+def tensorboard_command(run_dirs: list[Path], port: int = defaults.TENSORBOARD_PORT) -> list[str]:
     """The command that serves the curves of these runs that have event files, side by
     side; UserError when none has (TensorBoard would show an empty page). A run trained
     with --tensorboard writes its event file as it starts, so a run left out is one trained

@@ -215,3 +215,42 @@ def test_the_license_is_an_spdx_string_setuptools_takes_without_a_warning():
     pins = (ROOT / "constraints/py310-torch2.1.1.txt").read_text(encoding="utf-8")
     version = re.search(r"^setuptools==(\d+)", pins, flags=re.M)
     assert version and int(version.group(1)) >= 77
+
+
+# Each default the CLI shows, and the library function's it passes it to: one value.
+CLI_DEFAULTS = [
+    ("stability", "perencode.stability:analyse_run", "triplets metric device every batch"),
+    ("lm-prepare", "perencode.lm.prepare:prepare",
+     "out vocab_size max_tokens threads sample_sentences"),
+    ("bench", "perencode.bench:bench", "iterations warmup"),
+    ("bench", "perencode.bench:sampling", "iterations warmup"),
+    ("crosscheck", "perencode.crosscheck:run_crosscheck", "train_shape seeds device"),
+    ("tensorboard", "perencode.tracking:tensorboard_command", "port"),
+    ("sweep", "perencode.sweep:SweepOptions", "executor jobs runs_per_gpu device"),
+    ("eval", "perencode.evaluate:evaluate_run", "device"),
+    ("quickstart", "perencode.quickstart:run_quickstart", "device"),
+    ("doctor", "perencode.doctor:doctor", "runs=runs_root"),
+    ("figures", "perencode.figures:make_figures", "out"),
+    ("verify", "perencode.verify:verify_runs", "claims out"),
+    ("report", "perencode.report:make_report", "claims out"),
+]
+
+
+@pytest.mark.parametrize("command,function,options", CLI_DEFAULTS,
+                         ids=[f"{c}-{f.split(':')[1]}" for c, f, _ in CLI_DEFAULTS])
+def test_the_cli_shows_the_library_functions_defaults(command, function, options):
+    import importlib
+    import inspect
+
+    module, name = function.split(":")
+    parameters = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    shown = {p.name: p.default for p in typer.main.get_command(app).commands[command].params}
+    pairs = [option.partition("=")[::2] for option in options.split()]  # CLI name=library's
+    assert {cli: shown[cli] for cli, _ in pairs} == \
+        {cli: parameters[lib or cli].default for cli, lib in pairs}
+
+
+def test_an_unknown_executor_is_named_with_the_known_ones(cli, tmp_path):
+    code, text = cli("sweep", ROOT / "recipes/quick/quickstart.toml", "--executor", "ray",
+                     "--runs", tmp_path)
+    assert code == 2 and "--executor 'ray': expected local or slurm" in text

@@ -19,9 +19,10 @@ DEFERRED = {"matplotlib", "seaborn", "sentencepiece", "datasets", "tensorboard",
             # and the standard modules of one platform only: imported on that platform
             "fcntl", "msvcrt"}
 # What `perencode --help` (and shell completion) may load: nothing that needs torch (the
-# registries' module, for the plugin autoload switch, imports only the standard library).
-CLI_START = {"perencode", "perencode.cli", "perencode.console", "perencode.errors",
-             "perencode.kinds"}
+# registries' module, for the plugin autoload switch, and the commands' defaults import only
+# the standard library).
+CLI_START = {"perencode", "perencode.cli", "perencode.console", "perencode.defaults",
+             "perencode.errors", "perencode.kinds"}
 HEAVY = ("torch", "numpy", "pandas", "matplotlib", "seaborn", "submitit", "sentencepiece",
          "tensorboard")
 

@@ -22,7 +22,7 @@ import perencode.train as train_module
 from perencode import runs
 from perencode.cli import app
 from perencode.grid import load_grid
-from perencode.sweep import TrainJob, run_sweep
+from perencode.sweep import SweepOptions, TrainJob, run_sweep
 
 TINY = """
 [task]
@@ -101,9 +101,10 @@ def test_rerun_skips_finished_and_resumes_unfinished(swept):
 def test_submitit_local_executor(swept, tmp_path):
     grid, _, _, _ = swept
     out = tmp_path / "runs"
-    code = run_sweep(grid, out=out, executor="slurm", device="cpu", progress=False,
-                     only=["seed=111", "vocab_size=8"],
-                     slurm={"cluster": "local", "gpus_per_job": 0, "cpus_per_job": 1})
+    options = SweepOptions(executor="slurm", device="cpu", progress=False,
+                           only=["seed=111", "vocab_size=8"],
+                           slurm={"cluster": "local", "gpus_per_job": 0, "cpus_per_job": 1})
+    code = run_sweep(grid, out=out, options=options)
     assert code == 0
     done = sorted(p.parent.relative_to(out / "tiny").as_posix()
                   for p in out.glob("tiny/**/eval.json"))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from perencode import __version__
+from perencode import __version__, defaults
 from perencode.console import console
 from perencode.crosscheck import (
     init,
@@ -88,7 +88,8 @@ def _run(group: str, compared: str, theirs: str,
 
 
 def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
-                   train_shape: str = "cpu", seeds: int = 3, iterations: int | None = None,
+                   train_shape: str = defaults.CROSSCHECK_SHAPE,
+                   seeds: int = defaults.CROSSCHECK_SEEDS, iterations: int | None = None,
                    device: str = "auto", progress: bool = True,
                    margin: float | None = None) -> int:
     """Run every check (and the training comparison with `train`, its equivalence margin

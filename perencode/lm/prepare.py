@@ -54,6 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perencode import defaults
 from perencode.console import console
 from perencode.device import available_cores, memory_available, set_parent_death_signal
 from perencode.errors import DISK_ERRORS, UserError
@@ -71,7 +72,6 @@ from perencode.progress import Reporter
 
 RAW_FILES = {split: f"wiki.{split}.raw" for split in SPLITS}
 HUB_DATASET = "wikitext"
-HUB_CONFIG = "wikitext-103-raw-v1"
 DATASET_SPLITS = {"train": ("train",), "valid": ("validation", "valid"), "test": ("test",)}
 NEEDS_SOURCE = ("pass --source DIR: a folder with wiki.train.raw, wiki.valid.raw and "
                 "wiki.test.raw (unzipped wikitext-103-raw-v1.zip) or a `datasets` dataset "
@@ -213,7 +213,7 @@ def open_source(source: str | None) -> Source:
     or a wikitext configuration name of the Hub (e.g. wikitext-2-raw-v1)."""
     if source is None or (not Path(source).expanduser().exists()
                           and re.fullmatch(r"wikitext-[\w-]+", source)):
-        config = source or HUB_CONFIG
+        config = source or defaults.LM_SOURCE
         datasets = _import_datasets(f"{HUB_DATASET}/{config} (from the Hugging Face Hub)")
         try:
             dataset = datasets.load_dataset(HUB_DATASET, config)
@@ -226,7 +226,7 @@ def open_source(source: str | None) -> Source:
     if not folder.is_dir():
         raise UserError(f"{source}: no such folder; pass a folder with wiki.train.raw, "
                         f"wiki.valid.raw and wiki.test.raw, a `datasets` dataset saved with "
-                        f"save_to_disk, or a wikitext configuration such as {HUB_CONFIG}")
+                        f"save_to_disk, or a wikitext configuration such as {defaults.LM_SOURCE}")
     present = [name for name in RAW_FILES.values() if (folder / name).is_file()]
     if len(present) == len(RAW_FILES):
         return _file_source(folder)
@@ -647,9 +647,10 @@ def _previous_manifest(out: Path) -> dict | None:
     return manifest
 
 
-def prepare(source: str | None = None, out: str | Path = "data/wikitext103",
-            vocab_size: int = 32768, max_tokens: int = 1024, threads: int = 0,
-            progress: bool = True, force: bool = False, sample_sentences: int = 0) -> dict:
+def prepare(source: str | None = None, out: str | Path = defaults.LM_DATA,
+            vocab_size: int = defaults.LM_VOCAB_SIZE, max_tokens: int = defaults.LM_MAX_TOKENS,
+            threads: int = defaults.LM_THREADS, progress: bool = True, force: bool = False,
+            sample_sentences: int = defaults.LM_SAMPLE) -> dict:
     """Build `out` from WikiText-103 (or confirm it is up to date); returns its manifest
     plus `status`: "built", "rebuilt" or "up to date".
 

@@ -20,8 +20,10 @@ from typing import Any
 
 from perencode import plugins, runs
 from perencode.device import available_cores, set_parent_death_signal, visible_gpus
+from perencode.grid import Grid, SlurmConfig
 from perencode.lock import PARENT_ENV, describe, live_holder
-from perencode.sweep.board import Board
+from perencode.sweep.board import Board, interrupted_line
+from perencode.sweep.options import SweepOptions
 from perencode.sweep.plan import PlannedRun, RunState, refresh
 
 
@@ -72,6 +74,26 @@ def thread_env(threads: int, gpu: str | None = None,
 
 def raise_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+class LocalExecutor:
+    """`--executor local`: the runs as subprocesses of the sweep (run_local)."""
+
+    name = "local"
+    detaches = False  # the workers die with the sweep
+
+    def __init__(self, options: SweepOptions, grid: Grid, out: Path, slurm: SlurmConfig) -> None:
+        self.jobs, self.runs_per_gpu, self.device = options.jobs, options.runs_per_gpu, \
+            options.device
+
+    def run(self, ready: list[PlannedRun], planned: list[PlannedRun], board: Board,
+            handed: list[str]) -> bool:
+        if not ready:
+            return True
+        return run_local(ready, board, self.jobs, self.runs_per_gpu, self.device, handed)
+
+    def stopped(self, planned: list[PlannedRun]) -> str | None:
+        return interrupted_line(planned)
 
 
 def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: int,

@@ -19,7 +19,8 @@ from perencode.errors import UserError
 from perencode.grid import Grid, SlurmConfig
 from perencode.sweep.board import Board
 from perencode.sweep.local import launch, thread_env
-from perencode.sweep.plan import PlannedRun, RunState, record_jobs, refresh
+from perencode.sweep.options import SweepOptions
+from perencode.sweep.plan import PlannedRun, RunState, live_jobs, record_jobs, refresh
 
 
 class TrainJob(submitit.helpers.Checkpointable):
@@ -151,3 +152,37 @@ def reattach(run: PlannedRun, out: Path, grid: Grid) -> submitit.SlurmJob:
     """The submitit job of a run submitted by an earlier sweep."""
     assert run.job is not None, run.dir  # a queued or running run was marked by its job
     return submitit.SlurmJob(folder=out / grid.name / ".submitit", job_id=run.job)
+
+
+class SlurmExecutor:
+    """`--executor slurm`: the runs as a job array (submit), followed until they ended
+    (wait) unless the sweep leaves them (--no-wait)."""
+
+    name = "slurm"
+
+    def __init__(self, options: SweepOptions, grid: Grid, out: Path, slurm: SlurmConfig) -> None:
+        self.grid, self.out, self.options = grid, out, slurm
+        self.device, self.wait = options.device, options.wait
+        self.detaches = slurm.cluster == "slurm"  # submitit's local cluster ends with us
+
+    def run(self, ready: list[PlannedRun], planned: list[PlannedRun], board: Board,
+            handed: list[str]) -> bool:
+        """Submit what is ready (after the twins' jobs, where a cell is another grid's run
+        still training), then wait for those and for the jobs of earlier sweeps."""
+        pairs = []
+        if ready:
+            dependency = sorted({r.twin_job for r in ready if r.twin_job})
+            if dependency:
+                live = live_jobs(dependency) if self.options.cluster == "slurm" else {}
+                dependency = [j for j in dependency if j in live]
+            jobs = submit(ready, self.grid, self.out, self.options, self.device, dependency,
+                          handed)
+            pairs += list(zip(ready, jobs))
+        if not self.wait:
+            return True
+        pairs += [(r, reattach(r, self.out, self.grid)) for r in planned
+                  if r.state in (RunState.QUEUED, RunState.RUNNING)]
+        return wait(pairs, board, self.options)
+
+    def stopped(self, planned: list[PlannedRun]) -> str | None:
+        return None  # the jobs go on: wait() said so
