@@ -232,3 +232,44 @@ def test_the_doctor_prints_its_steps_and_its_table_only(tmp_path):
     stray = [line for line in lines if not (line.startswith(("doctor: ", *"┏┃┡│└"))
                                             or line.strip() == "perencode doctor")]
     assert not stray, done.stderr
+
+
+class _Recording:
+    """An executor of the test's own behind the sweep's interface (sweep.options.Executor):
+    it trains nothing, marks each ready run done (or interrupted, when it is to stop) and
+    records what it was handed."""
+
+    name, detaches, finish = "recording", False, True
+    handed: list[tuple[str, int, str]] = []
+
+    def __init__(self, options, grid, out, slurm) -> None:
+        self.jobs, self.device = options.jobs, options.device
+
+    def run(self, ready, planned, board, handed) -> bool:
+        for run in ready:
+            self.handed.append((run.cell.name, self.jobs, self.device))
+            run.state = RunState.DONE if self.finish else RunState.INTERRUPTED
+        return self.finish
+
+    def stopped(self, planned) -> str | None:
+        return f"recording: stopped with {len(planned)} run(s)"
+
+
+@pytest.mark.parametrize("finish,code", [(True, 0), (False, 130)])
+def test_an_executor_plugs_in_by_the_interface_alone(tmp_path, monkeypatch, finish, code):
+    """The sweep asks its executor for everything that differs between executors: a third
+    one, registered by name, runs the grid, names the board and closes a stopped sweep."""
+    from perencode import sweep
+
+    monkeypatch.setattr(_Recording, "finish", finish)
+    monkeypatch.setattr(_Recording, "handed", [])
+    monkeypatch.setitem(sweep.EXECUTORS, "recording", _Recording)
+    got, output = run_cli("sweep", _grid(tmp_path), "--executor", "recording", "--jobs", 3,
+                          "--runs", tmp_path / "runs", "--device", "cpu", "--no-progress")
+    assert got == code, output
+    assert _Recording.handed == [(cell, 3, "cpu") for cell in CELLS]
+    assert "(recording)" in output
+    assert ("recording: stopped with 2 run(s)" in output) is not finish
+    code, output = run_cli("sweep", _grid(tmp_path), "--executor", "recording", "--no-wait",
+                           "--runs", tmp_path / "runs")
+    assert code == 2 and "--no-wait: only with --executor slurm" in output
