@@ -244,7 +244,9 @@ def test_the_cli_shows_the_library_functions_defaults(command, function, options
 
     module, name = function.split(":")
     parameters = inspect.signature(getattr(importlib.import_module(module), name)).parameters
-    shown = {p.name: p.default for p in typer.main.get_command(app).commands[command].params}
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    shown = {p.name: p.default for p in group.commands[command].params}
     pairs = [option.partition("=")[::2] for option in options.split()]  # CLI name=library's
     assert {cli: shown[cli] for cli, _ in pairs} == \
         {cli: parameters[lib or cli].default for cli, lib in pairs}
