@@ -116,7 +116,10 @@ TASKS: dict[str, TaskKind] = {}
 MODELS: dict[str, ModelKind] = {}
 ENCODINGS: dict[str, EncodingKind] = {}
 REGISTRIES: dict[str, dict[str, Any]] = {"task": TASKS, "model": MODELS, "encoding": ENCODINGS}
-FIELDS = {"task": "task.name", "model": "model.arch", "encoding": "encoding.kind"}
+# The field of each kind's recipe section that names the kind: the tag of its union
+# (perencode.tagged: each section's TAG is read from here), and the field as recipes spell it.
+TAGS = {"task": "name", "model": "arch", "encoding": "kind"}
+FIELDS = {kind: f"{kind}.{tag}" for kind, tag in TAGS.items()}
 _loaded: list[bool] = []
 # (registry, name) -> where a kind not of the package came from: a perencode.plugins.Plugin
 # (LOADING holds the one being imported) or (module, file) of the code that registered it.

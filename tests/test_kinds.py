@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
 import torch
@@ -258,3 +258,20 @@ def test_bench_refuses_a_baseline_for_a_model_it_has_no_reference_loop_for(regis
     assert code == 2
     assert "--baseline: the bare reference loop exists for gru and lstm" in \
         text.replace("\n", "")
+
+
+def test_the_tag_fields_have_one_record():
+    """kinds.TAGS names each section's tag field; the sections' TAG and the fields recipes
+    spell (kinds.FIELDS) are read from it, and a section lacking its tag cannot be made."""
+    from perencode.recipe import EncodingConfig, TaskConfig
+    from perencode.tagged import KindConfig
+
+    assert kinds.TAGS == {"task": "name", "model": "arch", "encoding": "kind"}
+    assert [c.TAG for c in (TaskConfig, ModelConfig, EncodingConfig, ElmanConfig)] == \
+        ["name", "arch", "kind", "arch"]
+    assert kinds.FIELDS == {"task": "task.name", "model": "model.arch",
+                            "encoding": "encoding.kind"}
+    with pytest.raises(TypeError, match="Untagged: a \\[model\\] section needs the field "
+                                        "'arch'"):
+        class Untagged(KindConfig):
+            KIND: ClassVar[str] = "model"
