@@ -46,7 +46,7 @@ from perencode.bench import bench
 from perencode.console import console
 from perencode.evaluate import evaluate_model
 from perencode.experiment import build
-from perencode.grid import load_grid
+from perencode.grid import load_grid, repository_root
 from perencode.models import SequenceModel, build_model
 from perencode.recipe import Recipe, load_recipe, validate
 from perencode.sweep.cost import Estimates, device_label
@@ -588,12 +588,6 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
         rows.append(Check("speed (bench --baseline, device-hours)", "-",
                           f"<= x{SPEED_RATIO:g} the bare cuDNN loop", skipped))
     return rows
-
-
-def repository_root() -> Path:
-    """Where recipes/ is: the checkout (or the working directory of an installed package)."""
-    here = Path(__file__).resolve().parents[1]
-    return here if (here / PAPER_GRIDS).is_dir() else Path.cwd()
 
 
 def doctor(device: torch.device, runs_root: Path = Path("runs"),
