@@ -275,3 +275,46 @@ def test_the_tag_fields_have_one_record():
                                         "'arch'"):
         class Untagged(KindConfig):
             KIND: ClassVar[str] = "model"
+
+
+def test_doctor_checks_a_plugin_model_as_it_checks_a_built_in(registered):
+    """doctor iterates the model registry: a study's model is trained on both devices,
+    vanilla and with PE, and the same check fails it when its device side is off."""
+    from perencode import doctor
+
+    cpu = torch.device("cpu")
+    rows = doctor.equivalence_checks(cpu, cpu, doctor.CPU_SIZE)
+    assert [r.name for r in rows] == [f"equivalence {a} {e}" for a in
+                                      ("gru", "lstm", "s4d", "elman") for e in ("vanilla", "PE")]
+    assert all(r.verdict == doctor.PASS and r.measured.startswith("0.00e+00 apart")
+               for r in rows)
+    recipe = doctor.small_recipe("elman", "sinusoidal", doctor.CPU_SIZE)
+    assert (recipe.model.arch, recipe.model.nonlinearity) == ("elman", "tanh")
+
+    def broken(params):  # the study's recurrent weights off by about an update
+        params["rnn.weight_hh_l0"] += 10 * recipe.optim.lr * torch.ones_like(
+            params["rnn.weight_hh_l0"])
+
+    assert doctor.equivalence(recipe, cpu, cpu, perturb=broken) > doctor.TOLERANCE["tf32"]
+
+
+def test_a_tasks_capabilities_are_its_registrations_own(registered, monkeypatch):
+    """Which tasks `stability` analyses and `bench --baseline` times are registration
+    fields: a study's task of reverse's layout gets the bare loop by declaring it."""
+    import dataclasses
+
+    from perencode.bench import bench
+
+    assert kinds.having("task", "stability") == ["dual_frequency"]
+    assert kinds.having("task", "baseline") == ["reverse", "sort"]
+    recipe = validate({"task": {"name": "copy", "vocab_size": 4, "length": 3, "held_out": 8},
+                       "model": {"hidden_size": 8, "embed_size": 8},
+                       "train": {"batch_size": 4}}, "test")
+    cpu = torch.device("cpu")
+    with pytest.raises(UserError, match="on the fixed-length reverse and sort tasks only"):
+        bench(recipe, cpu, iterations=1, warmup=0, baseline=True)
+    monkeypatch.setitem(kinds.TASKS, "copy", dataclasses.replace(kinds.TASKS["copy"],
+                                                                 baseline=True))
+    assert kinds.having("task", "baseline") == ["reverse", "sort", "copy"]
+    result = bench(recipe, cpu, iterations=1, warmup=0, baseline=True)
+    assert result["ratio_to_bare"] > 0 and result["bare_seconds_per_iteration"] > 0
