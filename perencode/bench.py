@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perencode import defaults
+from perencode import defaults, kinds
 from perencode.encoding import PositionalEncoding
 from perencode.errors import UserError
 from perencode.experiment import build
@@ -51,10 +51,10 @@ def bench(recipe: Recipe, device: torch.device, iterations: int = defaults.BENCH
     """Seconds per training iteration of `recipe` (batch sampling included)."""
     # The bare loop stands in for the recurrent models only (their PyTorch cells); another
     # model is refused in one line, not a KeyError.
-    if baseline and (recipe.model.arch not in CELLS
-                     or recipe.task.name not in ("reverse", "sort")):
+    tasks = kinds.having("task", "baseline")
+    if baseline and (recipe.model.arch not in CELLS or recipe.task.name not in tasks):
         raise UserError(f"--baseline: the bare reference loop exists for "
-                        f"{' and '.join(CELLS)} on the fixed-length reverse and sort "
+                        f"{' and '.join(CELLS)} on the fixed-length {' and '.join(tasks)} "
                         "tasks only")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

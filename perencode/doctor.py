@@ -5,8 +5,8 @@ why"). A check that raises becomes one FAIL row naming the exception, never a tr
 
 - stack: torch, CUDA, cuDNN, driver, device, TF32 and cuDNN settings as training uses them
   (perencode sets none: torch's defaults), beside what the paper's runs used;
-- equivalence: a few training steps of each architecture, vanilla and PE, from the same
-  weights and batches on the device and on the CPU (`equivalence`);
+- equivalence: a few training steps of each registered model (a plugin's too), vanilla and
+  PE, from the same weights and batches on the device and on the CPU (`equivalence`);
 - determinism: the same steps twice on one device, bit-identical or not (`determinism`);
 - resume across devices: a run checkpointed on one device finishes on the other, through
   `perencode.train.train` and its run directory (`resume_across`);
@@ -41,14 +41,14 @@ from typing import Any
 
 import torch
 
-from perencode import preflight, runs
+from perencode import kinds, preflight, runs
 from perencode.bench import bench
 from perencode.console import console
 from perencode.evaluate import evaluate_model
 from perencode.experiment import build
-from perencode.grid import load_grid
+from perencode.grid import load_grid, repository_root
 from perencode.models import SequenceModel, build_model
-from perencode.recipe import Recipe, load_recipe, validate
+from perencode.recipe import EncodingConfig, ModelConfig, Recipe, load_recipe, validate
 from perencode.sweep.cost import Estimates, device_label
 from perencode.tasks import Batch, make
 from perencode.train import CHUNK_LOGITS, make_optimizer, train, train_step, training_generator
@@ -66,8 +66,9 @@ PAPER_DEVICE = "NVIDIA A100 80GB (one per run, fp32 cuDNN RNN)"
 PAPER_TF32 = "cuDNN on, matmul off (torch 2.1.1 defaults)"
 PAPER_CUDNN = "deterministic on, benchmark off"
 
-ARCHS = ("gru", "lstm", "s4d")
-ENCODINGS = ("none", "sinusoidal")
+# The model of the single-model checks (determinism, resume, memory): the recipe's
+# defaults, the paper's GRU with sinusoidal PE.
+BASE_ARCH, BASE_ENCODING = ModelConfig.named({}), EncodingConfig.named({})
 # Tolerance on `parameter_difference` after EQUIVALENCE_STEPS Adam steps, by the precision
 # the device's products run in. Adam moves each weight by about lr times the sign of its
 # gradient, so weights whose gradient is within rounding of zero step apart by up to 2 lr
@@ -78,16 +79,17 @@ ENCODINGS = ("none", "sinusoidal")
 TOLERANCE = {"fp32": 1e-2, "tf32": 1e-1}
 EQUIVALENCE_STEPS = 5
 # Small enough that the CPU side of six models takes seconds; wide enough for cuDNN's
-# kernels to be the ones training uses (hidden 64, batch 32).
+# kernels to be the ones training uses (hidden 64, batch 32). A model's own options are
+# its registration's `tiny` ones.
 EQUIVALENCE_SIZE = {"vocab_size": 64, "length": 16, "hidden_size": 64, "embed_size": 64,
-                    "batch_size": 32, "d_state": 16}
+                    "batch_size": 32}
 # The shapes of the CPU checks (determinism, resume, memory): seconds on one core.
 CPU_SIZE = {"vocab_size": 16, "length": 8, "hidden_size": 16, "embed_size": 16,
-            "batch_size": 8, "d_state": 8}
+            "batch_size": 8}
 # Memory on the CPU: a shape whose activations (~100 MB) stand well above the allocator's
 # noise in the peak resident set, and still train in a second or two.
 CPU_MEMORY_SIZE = {"vocab_size": 256, "length": 64, "hidden_size": 128, "embed_size": 128,
-                   "batch_size": 128, "d_state": 16}
+                   "batch_size": 128}
 # The measured peak over the estimate, by device type. The estimate counts the tensors a
 # step keeps (cuDNN's saved state for the RNNs, perencode.preflight), not the allocator's
 # slack: on CUDA the two should agree within a factor of 2. The CPU's RNN kernels keep
@@ -137,12 +139,12 @@ def guarded(name: str, fn: Callable[[], list[Check]]) -> list[Check]:
 
 
 def small_recipe(arch: str, encoding: str, size: dict, **train: int | str) -> Recipe:
-    """A reverse-task recipe of the paper's settings at the widths of `size`."""
-    model = {"arch": arch, "hidden_size": size["hidden_size"], "embed_size": size["embed_size"]}
-    if arch == "s4d":
-        model["d_state"] = size["d_state"]
-    data = {"task": {"name": "reverse", "vocab_size": size["vocab_size"],
-                     "length": size["length"], "held_out": 32},
+    """A recipe of the paper's settings on the default task (reverse) at the widths of
+    `size`, with the model's own `tiny` options (its registration's)."""
+    model = {"arch": arch, "hidden_size": size["hidden_size"], "embed_size": size["embed_size"],
+             **kinds.get("model", arch).tiny}
+    data = {"task": {"vocab_size": size["vocab_size"], "length": size["length"],
+                     "held_out": 32},
             "model": model,
             "encoding": {"kind": encoding},
             "train": {"batch_size": size["batch_size"], "seed": 111, **train}}
@@ -198,13 +200,21 @@ def _start(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def tf32_in_effect(device: torch.device, arch: str) -> bool:
     """Whether the products of `arch` on `device` run in TF32 with the current settings:
-    an Ampere or newer GPU, and cuDNN's flag for the RNNs (cuDNN runs them), cuBLAS's for
-    the S4D's linear layers."""
+    an Ampere or newer GPU, and the flag of the switch the model's registration names
+    (cuDNN's for the RNNs, which cuDNN runs; cuBLAS's for the S4D's linear layers)."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 8:
         return False
-    if arch in ("gru", "lstm"):
-        return bool(torch.backends.cudnn.allow_tf32)
-    return bool(torch.backends.cuda.matmul.allow_tf32)
+    switch = kinds.get("model", arch).tf32
+    return bool((torch.backends.cudnn if switch == "cudnn" else
+                 torch.backends.cuda.matmul).allow_tf32)
+
+
+def equivalence_models() -> list[tuple[str, str]]:
+    """(arch, encoding) of the equivalence checks: every registered model (a plugin's as a
+    built-in), vanilla (the encoding that adds nothing) and with the recipe's default PE."""
+    vanilla = next(n for n, k in kinds.registry("encoding").items() if not k.adds_input)
+    return [(arch, encoding) for arch in kinds.names("model")
+            for encoding in (vanilla, BASE_ENCODING)]
 
 
 # --- the checks' logic (two devices; the tests run them CPU against CPU) ---------------
@@ -421,20 +431,20 @@ def stack_checks(device: torch.device, skipped: str = NO_DEVICE) -> list[Check]:
 def equivalence_checks(device: torch.device, reference: torch.device,
                        size: dict = EQUIVALENCE_SIZE) -> list[Check]:
     rows = []
-    for arch in ARCHS:
-        for encoding in ENCODINGS:
-            name = f"equivalence {arch} {'PE' if encoding != 'none' else 'vanilla'}"
+    for arch, encoding in equivalence_models():
+        pe = "PE" if kinds.get("encoding", encoding).adds_input else "vanilla"
+        name = f"equivalence {arch} {pe}"
+
+        def row(arch=arch, encoding=encoding, name=name):
             recipe = small_recipe(arch, encoding, size)
             precision = "tf32" if tf32_in_effect(device, arch) else "fp32"
             tolerance = TOLERANCE[precision]
-
-            def row(recipe=recipe, precision=precision, tolerance=tolerance, name=name):
-                diff = equivalence(recipe, device, reference)
-                return [Check(name, f"{diff:.2e} apart after {EQUIVALENCE_STEPS} steps "
-                              f"({device} vs {reference})",
-                              f"< {tolerance:g} ({precision})",
-                              PASS if diff < tolerance else FAIL)]
-            rows += guarded(name, row)
+            diff = equivalence(recipe, device, reference)
+            return [Check(name, f"{diff:.2e} apart after {EQUIVALENCE_STEPS} steps "
+                          f"({device} vs {reference})",
+                          f"< {tolerance:g} ({precision})",
+                          PASS if diff < tolerance else FAIL)]
+        rows += guarded(name, row)
     return rows
 
 
@@ -457,8 +467,8 @@ def deterministic_settings():
 
 
 def determinism_check(device: torch.device, size: dict) -> list[Check]:
-    name = f"determinism ({device.type}, GRU PE, twice)"
-    recipe = small_recipe("gru", "sinusoidal", size)
+    name = f"determinism ({device.type}, {kinds.label('model', BASE_ARCH)} PE, twice)"
+    recipe = small_recipe(BASE_ARCH, BASE_ENCODING, size)
     same, largest = determinism(recipe, device)
     if same:
         return [Check(name, "bit-identical", "bit-identical", PASS)]
@@ -551,15 +561,15 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
     if cuda:
         rows += equivalence_checks(device, cpu)
     else:
-        rows.append(Check("equivalence (6 models)", "-", "device vs CPU within tolerance",
-                          skipped))
+        rows.append(Check(f"equivalence ({len(equivalence_models())} models)", "-",
+                          "device vs CPU within tolerance", skipped))
     say("determinism")
     rows += guarded("determinism (CPU)", lambda: determinism_check(cpu, CPU_SIZE))
     if cuda:
         rows += guarded("determinism (device)",
                         lambda: determinism_check(device, EQUIVALENCE_SIZE))
     say("resume")
-    resume = small_recipe("gru", "sinusoidal", CPU_SIZE, iterations=4, checkpoint_every=2,
+    resume = small_recipe(BASE_ARCH, BASE_ENCODING, CPU_SIZE, iterations=4, checkpoint_every=2,
                           log_every=1, keep_checkpoints="all")
     # cuda -> cuda is a SLURM job requeued on another GPU; the others a run moved.
     pairs = [(cpu, cpu)] + ([(device, device), (cpu, device), (device, cpu)] if cuda else [])
@@ -571,7 +581,8 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
                           skipped))
     say("memory")
     rows += guarded("memory (CPU)", lambda: memory_check(
-        small_recipe("gru", "sinusoidal", CPU_MEMORY_SIZE), cpu, "CPU, GRU PE E=H=128 B=128"))
+        small_recipe(BASE_ARCH, BASE_ENCODING, CPU_MEMORY_SIZE), cpu,
+        f"CPU, {kinds.label('model', BASE_ARCH)} PE E=H=128 B=128"))
     if cuda:
         rows += guarded("memory (device)", lambda: memory_check(
             load_recipe(root / FIG2_GRU), device,
@@ -588,12 +599,6 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
         rows.append(Check("speed (bench --baseline, device-hours)", "-",
                           f"<= x{SPEED_RATIO:g} the bare cuDNN loop", skipped))
     return rows
-
-
-def repository_root() -> Path:
-    """Where recipes/ is: the checkout (or the working directory of an installed package)."""
-    here = Path(__file__).resolve().parents[1]
-    return here if (here / PAPER_GRIDS).is_dir() else Path.cwd()
 
 
 def doctor(device: torch.device, runs_root: Path = Path("runs"),

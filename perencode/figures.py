@@ -39,7 +39,7 @@ import pandas as pd
 
 from perencode import kinds
 from perencode.console import console
-from perencode.grid import load_grid
+from perencode.grid import load_grid, paper_folder
 from perencode.io import atomic_write_bytes, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.naming import format_value, ordered, short_key, short_names
@@ -536,15 +536,6 @@ def _warn(message: str) -> None:
 # Fields that never make runs other than the paper's: bookkeeping, and where the prepared
 # data lies on this machine.
 NOT_SETTINGS = (*BOOKKEEPING, "task.data")
-
-
-def paper_folder() -> Path | None:
-    """recipes/paper/ of the checkout this package runs from, or of the working directory
-    (the container's /work); None where neither has it."""
-    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
-        if (root / "recipes" / "paper").is_dir():
-            return root / "recipes" / "paper"
-    return None
 
 
 @functools.cache

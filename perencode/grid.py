@@ -413,3 +413,24 @@ def explain(grid: Grid) -> list[tuple[str, str, str]]:
                     seen.append(format_value(value))
     return [(key, ", ".join(shown), grid.origins.get(key, "default"))
             for key, shown in values.items()]
+
+
+# The checkout this package runs from (an editable install, the tests): its recipes/ is the
+# one the commands read, wherever they run.
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def repository_root() -> Path:
+    """The folder whose recipes/ the commands read (the paper's grids, the quick demos, the
+    Fig. 2 recipe): the checkout this package runs from where it has recipes/paper/, else
+    the working directory (a wheel install run in a clone, the container's /work), spelt
+    relative ('.') so that the paths printed under it stay as short as before."""
+    if CHECKOUT != Path.cwd().resolve() and (CHECKOUT / "recipes" / "paper").is_dir():
+        return CHECKOUT
+    return Path()
+
+
+def paper_folder() -> Path | None:
+    """recipes/paper/ (`repository_root`), or None where there is none."""
+    folder = repository_root() / "recipes" / "paper"
+    return folder if folder.is_dir() else None

@@ -143,7 +143,7 @@ def code_changes(recorded: dict, recipe: Recipe) -> list[str]:
     changes = []
     for section, field in kinds.FIELDS.items():
         then = recorded.get(section)
-        name = getattr(getattr(recipe, section), plugins.TAGS[section])
+        name = getattr(getattr(recipe, section), kinds.TAGS[section])
         now = code_record(section, name)
         if not isinstance(then, dict) or now is None:
             continue
@@ -222,7 +222,7 @@ def fingerprint(recipe_identity: dict, code: dict, data: dict | None) -> str:
 def record(run_dir: str | Path, recipe: Recipe) -> dict:
     """Write RUN_DIR/identity.json for a run being created; the record."""
     code = {section: code_record(section, getattr(getattr(recipe, section), tag))
-            for section, tag in plugins.TAGS.items()}
+            for section, tag in kinds.TAGS.items()}
     data = data_record(recipe)
     entry = {"format": FORMAT, "version": VERSION, "created": now(),
              "fingerprint": fingerprint(recipe.identity(), code, data),

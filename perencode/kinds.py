@@ -21,7 +21,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from perencode.errors import UserError
@@ -53,6 +53,18 @@ class TaskKind:
     # [task] key, "path": the absolute folder, "manifest_sha256": that of its manifest, or
     # None where it has none}; None: the task generates its data.
     data: Callable[[Any], dict] | None = None
+    # `perencode stability` analyses its runs: pairs of sequences that differ in one rare or
+    # frequent token (the dual-frequency bands, docs/paper-facts.md#gradient-stability);
+    # `prune` keeps a run's checkpoints until the analysis has read them.
+    stability: bool = False
+    # `bench --baseline`'s bare reference loop has its shapes: L random input tokens, then L
+    # command tokens, and L outputs over the K input tokens (the reverse task's layout).
+    baseline: bool = False
+
+
+# The TF32 switches of torch (`ModelKind.tf32`): cuDNN's (its RNN kernels) and cuBLAS's (the
+# products of linear layers and matmuls).
+TF32_SWITCHES = ("cudnn", "matmul")
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,19 @@ class ModelKind:
     # Memory preflight: floats per sample and time step, in units of H, that the model keeps
     # for its backward pass; None: the largest of the registered models' is assumed.
     saved_per_step: int | None = None
+    # Which of TF32_SWITCHES its products follow on an Ampere or newer GPU (`perencode
+    # doctor` sets its equivalence tolerance by it): "cudnn" (torch.backends.cudnn.allow_tf32,
+    # on by default) for a model cuDNN runs, "matmul" (torch.backends.cuda.matmul.allow_tf32,
+    # off by default) for one of linear layers.
+    tf32: str = "matmul"
+    # Its own [model] options that keep it small in `perencode doctor`'s checks, which set
+    # the common sizes themselves (the S4D's state size); none: its defaults.
+    tiny: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self):
+        if self.tf32 not in TF32_SWITCHES:
+            raise ValueError(f"model {self.name!r}: tf32 = {self.tf32!r}; expected "
+                             f"{' or '.join(map(repr, TF32_SWITCHES))}")
 
 
 @dataclass(frozen=True)
@@ -116,7 +141,10 @@ TASKS: dict[str, TaskKind] = {}
 MODELS: dict[str, ModelKind] = {}
 ENCODINGS: dict[str, EncodingKind] = {}
 REGISTRIES: dict[str, dict[str, Any]] = {"task": TASKS, "model": MODELS, "encoding": ENCODINGS}
-FIELDS = {"task": "task.name", "model": "model.arch", "encoding": "encoding.kind"}
+# The field of each kind's recipe section that names the kind: the tag of its union
+# (perencode.tagged: each section's TAG is read from here), and the field as recipes spell it.
+TAGS = {"task": "name", "model": "arch", "encoding": "kind"}
+FIELDS = {kind: f"{kind}.{tag}" for kind, tag in TAGS.items()}
 _loaded: list[bool] = []
 # (registry, name) -> where a kind not of the package came from: a perencode.plugins.Plugin
 # (LOADING holds the one being imported) or (module, file) of the code that registered it.
@@ -224,6 +252,12 @@ def registry(kind: str) -> dict:
 
 def names(kind: str) -> list[str]:
     return list(registry(kind))
+
+
+def having(kind: str, capability: str) -> list[str]:
+    """The registered kinds whose registration sets `capability` (a task's `stability`), in
+    registration order."""
+    return [name for name, found in registry(kind).items() if getattr(found, capability)]
 
 
 def is_builtin(kind: str, name: Any) -> bool:

@@ -42,8 +42,6 @@ from perencode.io import atomic_write_json
 GROUP = "perencode.kinds"
 VARIABLE = "PERENCODE_PLUGINS"
 RECORD = "plugins.json"
-# The sections that name a kind, with their tag fields (the recipe's).
-TAGS = {"task": "name", "model": "arch", "encoding": "kind"}
 
 
 @dataclass(frozen=True)
@@ -287,7 +285,7 @@ def used_by(recipe) -> dict[Plugin, list[str]]:
     """The plugins a recipe's kinds come from, each with the fields it provides
     ("encoding.kind = 'lin_ramp'")."""
     out: dict[Plugin, list[str]] = {}
-    for section, tag in TAGS.items():
+    for section, tag in kinds.TAGS.items():
         name = getattr(getattr(recipe, section), tag)
         plugin = origin(section, name)
         if plugin is not None:
@@ -306,7 +304,7 @@ def record(run_dir: str | Path, recipe) -> Path | None:
     entries = []
     for plugin, fields in used.items():
         labels: dict[str, dict[str, str]] = {}
-        for section, tag in TAGS.items():
+        for section, tag in kinds.TAGS.items():
             name = getattr(getattr(recipe, section), tag)
             if origin(section, name) == plugin:
                 labels.setdefault(section, {})[name] = kinds.registry(section)[name].label
@@ -328,7 +326,7 @@ def recorded_labels(run_dir: str | Path) -> dict[tuple[str, str], str]:
     for entry in entries if isinstance(entries, list) else []:
         labels = entry.get("labels") if isinstance(entry, dict) else None
         for section, names in (labels.items() if isinstance(labels, dict) else ()):
-            if section in TAGS and isinstance(names, dict):
+            if section in kinds.TAGS and isinstance(names, dict):
                 found.update({(section, str(n)): label for n, label in names.items()
                               if isinstance(label, str) and label})
     return found
@@ -356,7 +354,7 @@ def require(run_dir: str | Path, data: dict) -> None:
             console.print(f"[yellow]note:[/] {path}: damaged ({why}); ignored",
                           highlight=False, soft_wrap=True)
         return
-    for section, tag in TAGS.items():
+    for section, tag in kinds.TAGS.items():
         table = data.get(section)
         name = table.get(tag) if isinstance(table, dict) else None
         if name is None or name in kinds.registry(section):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perencode import runs
+from perencode import kinds, runs
 from perencode.io import atomic_write_json
 from perencode.lock import hold
 
@@ -74,8 +74,8 @@ def plan_run(run_dir: Path, without_stability: bool = False) -> Pruned:
         return found
     steps = run.checkpoints()
     doomed = [path for _, path in steps]
-    dual = runs.read_recipe(run_dir, any_kind=True).task.name == "dual_frequency"
-    if dual and not without_stability:
+    task = runs.read_recipe(run_dir, any_kind=True).task.name
+    if task in kinds.having("task", "stability") and not without_stability:
         analysed = stability_iterations(run_dir)
         todo = [path for k, path in steps if k not in analysed]
         if todo:

@@ -8,13 +8,14 @@ time."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from perencode.console import console
 from perencode.errors import UserError
+from perencode.grid import repository_root
 from perencode.report import make_report
 from perencode.sweep import SweepOptions, run_sweep
 from perencode.verify import verify_runs
@@ -23,7 +24,7 @@ from perencode.verify import verify_runs
 @dataclass(frozen=True)
 class Demo:
     name: str
-    grid: Path        # relative to the repository root (the working directory)
+    grid: Path        # relative to the repository root (perencode.grid.repository_root)
     claims: str       # a bundled claims file (perencode/claims/<name>.toml)
     device: str       # what the sweep's runs use
     jobs: int         # runs at once
@@ -59,6 +60,7 @@ def run_quickstart(device: str = "auto", out: Path = Path("runs"),
     """Sweep the chosen demo's grid, draw its figures, check its claims. Returns the exit
     code: that of the sweep if a run failed, else that of `verify` (1 if a claim fails)."""
     demo = choose_demo(device, torch.cuda.is_available())
+    demo = replace(demo, grid=repository_root() / demo.grid)
     if not demo.grid.is_file():
         raise UserError(f"{demo.grid}: not found; run the quick demo from the repository root "
                         "(or /work in the container)")

@@ -36,7 +36,6 @@ class TaskConfig(KindConfig):
     counts (perencode.tasks.base.HeldOutConfig), `min_length`, `rarity`, `data`..."""
 
     KIND: ClassVar[str] = "task"
-    TAG: ClassVar[str] = "name"
     # Periodic checkpoints a run keeps when train.keep_checkpoints is unset: the newest one,
     # or "all" for a task whose analysis reads every one (dual_frequency's stability).
     KEEP_CHECKPOINTS: ClassVar[int | str] = 1
@@ -79,7 +78,6 @@ class ModelConfig(KindConfig):
     S4D's `d_state`, perencode.models.s4d)."""
 
     KIND: ClassVar[str] = "model"
-    TAG: ClassVar[str] = "arch"
 
     arch: str = Field(
         "gru", description="Sequence model, single layer (docs/paper-facts.md#common-model "
@@ -104,7 +102,6 @@ class EncodingConfig(KindConfig):
     """[encoding]: the positional encoding and how it joins the embedding."""
 
     KIND: ClassVar[str] = "encoding"
-    TAG: ClassVar[str] = "kind"
 
     kind: str = Field(
         "sinusoidal", description="Positional encoding (docs/paper-facts.md#positional-encodings)",

@@ -316,10 +316,11 @@ def analyse_run(run_dir: str | Path, triplets: int = defaults.STABILITY_TRIPLETS
     run = runs.Run(run_dir)
     recipe = run.recipe
     task = recipe.task
-    if task.name != "dual_frequency":
+    analysable = kinds.having("task", "stability")
+    if task.name not in analysable:
         raise UserError(f"{run.dir}: gradient stability needs a run of task.name = "
-                        "'dual_frequency' (docs/paper-facts.md#gradient-stability), this one "
-                        f"is '{task.name}'")
+                        f"{' or '.join(map(repr, analysable))} "
+                        f"(docs/paper-facts.md#gradient-stability), this one is '{task.name}'")
     prefix = kinds.get("model", recipe.model.arch).stability_prefix
     if prefix and task.length <= prefix + 1:
         raise UserError(f"{run.dir}: the S4D analysis puts the target at t = {prefix + 1}; "

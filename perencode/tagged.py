@@ -49,7 +49,19 @@ class KindConfig(Section):
     defined could not take; perencode.schema writes it as a discriminated `oneOf`."""
 
     KIND: ClassVar[str]  # "task", "model" or "encoding"
-    TAG: ClassVar[str]   # the field that names the kind
+    TAG: ClassVar[str]   # the field that names the kind: kinds.TAGS[KIND], set below
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """A section's tag is its kind's in perencode.kinds.TAGS (the one record of the tag
+        fields); a section that lacks that field is a programming error, caught here."""
+        super().__pydantic_init_subclass__(**kwargs)
+        kind = getattr(cls, "KIND", None)
+        if kind is not None:
+            cls.TAG = kinds.TAGS[kind]
+            if cls.TAG not in cls.model_fields:
+                raise TypeError(f"{cls.__name__}: a [{kind}] section needs the field "
+                                f"{cls.TAG!r} that names its kind")
 
     @field_validator("*")
     @classmethod

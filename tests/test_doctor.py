@@ -13,15 +13,14 @@ import pytest
 import torch
 from conftest import ROOT, run_cli
 
-from perencode import doctor, preflight
+from perencode import doctor, kinds, preflight
 from perencode.train import CHUNK_LOGITS
 
 CPU = torch.device("cpu")
 TINY = doctor.CPU_SIZE
 
 
-@pytest.mark.parametrize("arch", doctor.ARCHS)
-@pytest.mark.parametrize("encoding", doctor.ENCODINGS)
+@pytest.mark.parametrize(("arch", "encoding"), doctor.equivalence_models())
 def test_equivalence_of_a_device_with_itself_is_exact(arch, encoding):
     recipe = doctor.small_recipe(arch, encoding, TINY)
     assert doctor.equivalence(recipe, CPU, CPU) == 0.0
@@ -42,7 +41,7 @@ def test_equivalence_fails_when_one_side_is_perturbed():
 
 def test_equivalence_rows_one_per_model_with_the_tolerance_of_its_precision(monkeypatch):
     rows = doctor.equivalence_checks(CPU, CPU, TINY)
-    assert [r.name for r in rows] == [f"equivalence {a} {e}" for a in doctor.ARCHS
+    assert [r.name for r in rows] == [f"equivalence {a} {e}" for a in ("gru", "lstm", "s4d")
                                       for e in ("vanilla", "PE")]
     assert all(r.verdict == doctor.PASS and r.measured.startswith("0.00e+00 apart")
                and r.expected == "< 0.01 (fp32)" for r in rows)
@@ -50,7 +49,7 @@ def test_equivalence_rows_one_per_model_with_the_tolerance_of_its_precision(monk
     assert {r.verdict for r in doctor.equivalence_checks(CPU, CPU, TINY)} == {doctor.FAIL}
 
 
-@pytest.mark.parametrize("arch", doctor.ARCHS)
+@pytest.mark.parametrize("arch", kinds.names("model"))
 def test_fp32_rounding_stays_far_inside_the_fp32_tolerance(arch):
     """fp32 against fp64 bounds what two fp32 devices can differ by from rounding alone."""
     recipe = doctor.small_recipe(arch, "sinusoidal", doctor.EQUIVALENCE_SIZE)
@@ -230,3 +229,21 @@ def test_doctor_on_a_cpu_only_machine_passes_and_says_what_it_did_not_run(tmp_pa
     assert summary.startswith(f"doctor: 0 failed, {passed} passed, 5 not run"), summary
     assert text.count("not run: no CUDA") == 5  # CUDA stack, equivalence, resume, memory, speed
     assert not (tmp_path / ".estimates.json").exists()  # speed runs on a GPU only
+
+
+def test_tf32_follows_the_switch_each_model_registers(monkeypatch):
+    """On an Ampere GPU the RNNs (cuDNN) follow cuDNN's TF32 flag, the S4D cuBLAS's."""
+    gpu, cudnn, matmul = torch.device("cuda"), torch.backends.cudnn, torch.backends.cuda.matmul
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
+    saved = cudnn.allow_tf32, matmul.allow_tf32
+    try:
+        cudnn.allow_tf32, matmul.allow_tf32 = True, False
+        assert [doctor.tf32_in_effect(gpu, a) for a in ("gru", "lstm", "s4d")] == \
+            [True, True, False]
+        cudnn.allow_tf32, matmul.allow_tf32 = False, True
+        assert [doctor.tf32_in_effect(gpu, a) for a in ("gru", "lstm", "s4d")] == \
+            [False, False, True]
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 0))
+        assert not doctor.tf32_in_effect(gpu, "s4d")  # before Ampere TF32 does not exist
+    finally:
+        cudnn.allow_tf32, matmul.allow_tf32 = saved

@@ -9,8 +9,9 @@ import pytest
 from conftest import ROOT
 from test_sweep import AXES, TINY
 
+from perencode import grid
 from perencode.errors import UserError
-from perencode.grid import load_grid
+from perencode.grid import load_grid, paper_folder, repository_root
 from perencode.recipe import run_key
 
 TIED = """
@@ -131,3 +132,16 @@ def test_shared_settings_reach_the_cells_whose_kinds_have_them(tmp_path):
     with pytest.raises(UserError, match="task.rarity: not an option of task.name = 'reverse' "
                                         "\\(only of 'dual_frequency'\\)"):
         load_grid(path)
+
+
+def test_recipes_are_read_from_the_checkout_else_from_the_working_directory(tmp_path,
+                                                                             monkeypatch):
+    """One rule for where recipes/ lives (doctor, figures, quickstart, crosscheck)."""
+    monkeypatch.chdir(ROOT)  # the checkout itself: paths stay relative
+    assert repository_root() == Path() and paper_folder() == Path("recipes/paper")
+    monkeypatch.chdir(tmp_path)  # elsewhere: the checkout's, wherever the command runs
+    assert repository_root() == ROOT and paper_folder() == ROOT / "recipes" / "paper"
+    monkeypatch.setattr(grid, "CHECKOUT", tmp_path / "site-packages")  # a wheel install
+    assert repository_root() == Path() and paper_folder() is None
+    (tmp_path / "recipes" / "paper").mkdir(parents=True)  # run in a clone, the container
+    assert paper_folder() == Path("recipes/paper") and paper_folder().is_dir()

@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
 import torch
@@ -258,3 +258,63 @@ def test_bench_refuses_a_baseline_for_a_model_it_has_no_reference_loop_for(regis
     assert code == 2
     assert "--baseline: the bare reference loop exists for gru and lstm" in \
         text.replace("\n", "")
+
+
+def test_the_tag_fields_have_one_record():
+    """kinds.TAGS names each section's tag field; the sections' TAG and the fields recipes
+    spell (kinds.FIELDS) are read from it, and a section lacking its tag cannot be made."""
+    from perencode.recipe import EncodingConfig, TaskConfig
+    from perencode.tagged import KindConfig
+
+    assert kinds.TAGS == {"task": "name", "model": "arch", "encoding": "kind"}
+    assert [c.TAG for c in (TaskConfig, ModelConfig, EncodingConfig, ElmanConfig)] == \
+        ["name", "arch", "kind", "arch"]
+    assert kinds.FIELDS == {"task": "task.name", "model": "model.arch",
+                            "encoding": "encoding.kind"}
+    with pytest.raises(TypeError, match="Untagged: a \\[model\\] section needs the field "
+                                        "'arch'"):
+        class Untagged(KindConfig):
+            KIND: ClassVar[str] = "model"
+
+
+def test_doctor_checks_a_plugin_model_as_it_checks_a_built_in(registered):
+    """doctor iterates the model registry: a study's model is trained on both devices,
+    vanilla and with PE, and the same check fails it when its device side is off."""
+    from perencode import doctor
+
+    cpu = torch.device("cpu")
+    rows = doctor.equivalence_checks(cpu, cpu, doctor.CPU_SIZE)
+    assert [r.name for r in rows] == [f"equivalence {a} {e}" for a in
+                                      ("gru", "lstm", "s4d", "elman") for e in ("vanilla", "PE")]
+    assert all(r.verdict == doctor.PASS and r.measured.startswith("0.00e+00 apart")
+               for r in rows)
+    recipe = doctor.small_recipe("elman", "sinusoidal", doctor.CPU_SIZE)
+    assert (recipe.model.arch, recipe.model.nonlinearity) == ("elman", "tanh")
+
+    def broken(params):  # the study's recurrent weights off by about an update
+        params["rnn.weight_hh_l0"] += 10 * recipe.optim.lr * torch.ones_like(
+            params["rnn.weight_hh_l0"])
+
+    assert doctor.equivalence(recipe, cpu, cpu, perturb=broken) > doctor.TOLERANCE["tf32"]
+
+
+def test_a_tasks_capabilities_are_its_registrations_own(registered, monkeypatch):
+    """Which tasks `stability` analyses and `bench --baseline` times are registration
+    fields: a study's task of reverse's layout gets the bare loop by declaring it."""
+    import dataclasses
+
+    from perencode.bench import bench
+
+    assert kinds.having("task", "stability") == ["dual_frequency"]
+    assert kinds.having("task", "baseline") == ["reverse", "sort"]
+    recipe = validate({"task": {"name": "copy", "vocab_size": 4, "length": 3, "held_out": 8},
+                       "model": {"hidden_size": 8, "embed_size": 8},
+                       "train": {"batch_size": 4}}, "test")
+    cpu = torch.device("cpu")
+    with pytest.raises(UserError, match="on the fixed-length reverse and sort tasks only"):
+        bench(recipe, cpu, iterations=1, warmup=0, baseline=True)
+    monkeypatch.setitem(kinds.TASKS, "copy", dataclasses.replace(kinds.TASKS["copy"],
+                                                                 baseline=True))
+    assert kinds.having("task", "baseline") == ["reverse", "sort", "copy"]
+    result = bench(recipe, cpu, iterations=1, warmup=0, baseline=True)
+    assert result["ratio_to_bare"] > 0 and result["bare_seconds_per_iteration"] > 0

@@ -10,6 +10,7 @@ import torch
 from conftest import ROOT
 from fake_runs import SEEDS, fake_run
 
+from perencode import grid
 from perencode.errors import UserError
 from perencode.figures import make_figures
 from perencode.grid import load_grid
@@ -30,7 +31,9 @@ def test_auto_picks_the_gpu_demo_only_where_cuda_is_present():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
 def test_without_cuda_the_cli_chooses_the_cpu_demo(cli, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # no recipes/ here: the chosen demo's grid is reported
+    # No recipes/ here nor in the checkout: the chosen demo's grid is reported.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(grid, "CHECKOUT", tmp_path)
     code, text = cli("quickstart", "--device", "auto")
     assert code == 2 and "recipes/quick/quickstart.toml: not found" in text
     code, text = cli("quickstart", "--device", "cuda")

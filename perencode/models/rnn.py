@@ -98,7 +98,7 @@ GATES = {"gru": 3, "lstm": 4}
 # gates from input and state, their activations, the cell state and its tanh.
 register_model(ModelKind("gru", build, label="GRU", summary="single-layer nn.GRU",
                          flops_per_step=flops_per_step, jacobians=rnn_jacobians,
-                         saved_per_step=10))
+                         saved_per_step=10, tf32="cudnn"))
 register_model(ModelKind("lstm", build, label="LSTM", summary="single-layer nn.LSTM",
                          flops_per_step=flops_per_step, jacobians=rnn_jacobians,
-                         saved_per_step=15))
+                         saved_per_step=15, tf32="cudnn"))

@@ -167,4 +167,4 @@ def results(row: dict, metrics: list[dict], tables: dict) -> None:
 register_task(TaskKind(
     "dual_frequency", DualFrequencyTask, label="Dual-frequency reverse",
     summary="reverse with a dual-frequency vocabulary (Fig. 3, 5)", config=DualFrequencyConfig,
-    results=results))
+    results=results, stability=True))

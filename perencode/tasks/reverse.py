@@ -135,7 +135,8 @@ class VariableLengthConfig(HeldOutConfig):
 
 
 register_task(TaskKind("reverse", ReverseTask, label="Reverse",
-                       summary="reverse ordering (Fig. 2)", config=HeldOutConfig))
+                       summary="reverse ordering (Fig. 2)", config=HeldOutConfig,
+                       baseline=True))
 register_task(TaskKind(
     "variable_length", VariableLengthReverseTask, label="Variable-length reverse",
     summary="reverse with lengths min_length..length (Fig. 11, 14)",

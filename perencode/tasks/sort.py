@@ -21,4 +21,4 @@ class SortTask(ReverseTask):
 
 
 register_task(TaskKind("sort", SortTask, label="Sort", summary="sorting (Fig. 8, 12)",
-                       config=HeldOutConfig))
+                       config=HeldOutConfig, baseline=True))
