@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -182,7 +183,7 @@ def test_the_disk_full_message_names_the_newest_checkpoint_by_iteration(cli, fin
     _unfinish(run)
     future = 1_900_000_000  # 2030: a copy or a `touch` makes an old checkpoint look newest
     os.utime(run / "checkpoints/step-10.pt", (future, future))
-    real = perencode.io.tempfile.mkstemp
+    real: Callable[..., tuple[int, str]] = perencode.io.tempfile.mkstemp
 
     def full(*args, prefix="", **kwargs):
         if prefix == ".step-30.pt.":

@@ -149,10 +149,10 @@ def test_a_rerun_ends_a_live_trainer_of_a_dead_lm_prepare_before_it_builds(tmp_p
              if lm_prepare.is_paragraph(line))
     (build / "train.txt").write_text("".join(lines), encoding="utf-8")
     options = {**lm_prepare.trainer_options(8000), "num_threads": 1}
-    code = ("import os, sys; from perencode.lm.prepare import _train_child; "
-            f"_train_child({str(build / 'train.txt')!r}, {str(build)!r}, {options!r}, "
-            "os.getppid())")
-    trainer = subprocess.Popen([PYTHON, "-c", code], env=subprocess_env())
+    script = ("import os, sys; from perencode.lm.prepare import _train_child; "
+              f"_train_child({str(build / 'train.txt')!r}, {str(build)!r}, {options!r}, "
+              "os.getppid())")
+    trainer = subprocess.Popen([PYTHON, "-c", script], env=subprocess_env())
     try:
         t0 = time.time()
         while not (build / lm_prepare.TRAINER_PID).exists() or \

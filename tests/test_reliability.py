@@ -284,7 +284,7 @@ def test_verify_clears_what_a_killed_verify_left_and_shares_the_figures_lock(
          "    print('held', flush=True); time.sleep(60)", str(out)],
         env=subprocess_env(), stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == "held"
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         line = _one_line(*cli("verify", paper_like, "--out", out, "--report-only"))
         assert f"{out}: in use by `figures` (pid {holder.pid}" in line
     finally:
@@ -311,6 +311,7 @@ def read_only(folder: Path):
                                     capture_output=True).returncode == 0
     if not done:
         pytest.skip("cannot make a read-only folder here (root without mount)")
+    assert mount is not None
     try:
         if subprocess.run([mount, "-o", "remount,ro,bind", str(folder)],
                           capture_output=True).returncode != 0:
@@ -440,7 +441,7 @@ def test_workers_of_a_killed_sweep_checkpoint_and_stop(tmp_path):
     while not all((c / "metrics.jsonl").exists() and _lock_pid(c) for c in cells):
         assert time.time() - t0 < 120 and sweep.poll() is None
         time.sleep(0.1)
-    workers = [_lock_pid(c) for c in cells]
+    workers = [pid for pid in map(_lock_pid, cells) if pid is not None]
     sweep.kill()
     sweep.wait()
     t0 = time.time()
@@ -612,6 +613,7 @@ def test_ctrl_c_stops_lm_prepare_within_seconds_and_leaves_nothing(tmp_path):
                             stderr=subprocess.STDOUT, text=True,
                             preexec_fn=_ctrl_c_as_in_a_terminal)
     lines = []
+    assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line)
         if "its log:" in line or "(kept as" in line:

@@ -94,7 +94,9 @@ def test_the_runs_behind_a_figure(report):
 
 def test_the_claims_not_run_with_their_reasons(report):
     _, page = report
-    summary = re.search(r'<div class="summary">(.*?)<br>', page).group(1)
+    found = re.search(r'<div class="summary">(.*?)<br>', page)
+    assert found, page
+    summary = found.group(1)
     assert re.fullmatch(r"49 claims; \d+ concern the \d+ finished runs given \(1 unfinished\): "
                         r"\d+ pass, \d+ fail, \d+ inconclusive; \d+ not run \(reasons below\)\.",
                         summary)
@@ -166,8 +168,10 @@ def test_a_browser_draws_the_page_offline(report, tmp_path):
 
     out, _ = report
     shot = tmp_path / "report.png"
+    browser = chromium()
+    assert browser is not None
     # No network, no profile, no GPU: the page must draw from the file alone.
-    subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
                     "--disable-background-networking", "--disable-component-update",
                     "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'p'}",
                     f"--screenshot={shot}", "--window-size=1200,2000",

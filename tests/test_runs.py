@@ -27,7 +27,7 @@ def _recipe(keep=None, vocab=8, seed=111):
                      "encoding": {"kind": "none"}, "train": train}, "test")
 
 
-def _state(seed=0):
+def _state(seed: int = 0) -> tuple[nn.Linear, torch.optim.Adam, torch.Generator]:
     """A model, its Adam optimizer after one step, and a batch generator."""
     torch.manual_seed(seed)
     model = nn.Linear(3, 2)

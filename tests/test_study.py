@@ -295,7 +295,7 @@ def test_a_global_option_after_the_command_says_where_it_goes(cli):
 
 def plugin_run(root: Path, name: str = "run", **recipe) -> Path:
     """A finished fake minGRU run recording the example's plugin as an installed one."""
-    data = {"task": {"name": "reverse", "vocab_size": 8, "length": 4},
+    data: dict[str, dict] = {"task": {"name": "reverse", "vocab_size": 8, "length": 4},
             "model": {"arch": "mingru", "hidden_size": 16, "embed_size": 16},
             "train": {"iterations": 10}}
     for key, value in recipe.items():
@@ -539,9 +539,11 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
     monkeypatch.setattr(figures, "_save", colours_then_save)
     figures.make_figures([root], tmp_path / "fig")
     assert list(drawn) == ["fig02_reverse_vocabulary__nonpaper"]  # no other_ figure
+    my_pe = figures._colour("encoding.kind", "my_pe")
+    assert my_pe is not None
     assert drawn["fig02_reverse_vocabulary__nonpaper"] == {
         "Vanilla": to_hex("tab:blue"), "Position-Encoded": to_hex("tab:orange"),
-        "my_pe": to_hex(figures._colour("encoding.kind", "my_pe"))}
+        "my_pe": to_hex(my_pe)}
     builtin = {figures._colour("encoding.kind", n) for n in kinds.names("encoding")}
     assert figures._colour("encoding.kind", "my_pe") not in builtin
 

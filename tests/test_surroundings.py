@@ -270,7 +270,7 @@ def test_a_dense_held_out_set_is_drawn_from_the_rows_left(held_out):
     def no_redraws(n, generator):
         raise AssertionError("a dense held-out set is not redrawn row by row")
 
-    task.draw = no_redraws  # type: ignore[method-assign]
+    task.draw = no_redraws
     held = {tuple(r) for r in task.held_out.tolist()}
     seen: set = set()
     generator = torch.Generator().manual_seed(0)

@@ -149,7 +149,9 @@ def test_analyses_run_after_training_until_their_output_is_complete(swept):
     planned = plan(load_grid(after, only=["seed=222"]), out)
     assert [r.state for r in planned] == ["reuse"] * 4
     assert all(r.commands == [["stability", str(r.dir)]] for r in planned)
-    csv = planned[0].twin / "stability.csv"
+    twin = planned[0].twin
+    assert twin is not None
+    csv = twin / "stability.csv"
     csv.write_text("iteration,stability\n10,1.0\n")  # covers the run's one checkpoint
     try:
         again = plan(load_grid(after, only=["seed=222"]), out)
@@ -296,6 +298,7 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
                               "--only", "vocab_size=8", "--only", "seed=111", "--device",
                               "cpu", "--no-progress"], env=subprocess_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert first.stdout is not None
     lock = out / "tiny" / ".perencode.lock"
     deadline = time.monotonic() + 60
     while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:

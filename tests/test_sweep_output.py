@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer.main
@@ -100,7 +101,8 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new
     assert re.fullmatch(rf"interrupted: 1 run\(s\) stopped with a checkpoint \({CELLS[0]} at "
                         rf"step \d+\); 1 not started; 0 of 2 finished\. Run the same command "
                         r"again to resume \(finished runs are skipped\)\.", lines[0]), lines
-    assert int(re.search(r"at step (\d+)", lines[0])[1]) == step  # its last logged step
+    at = re.search(r"at step (\d+)", lines[0])
+    assert at and int(at[1]) == step  # its last logged step
     # The never-started cell is not listed as a problem ("new: DIR: "), only counted.
     assert not [line for line in output.splitlines() if line.startswith(("new:", "partial:"))]
     assert (first / "checkpoints/resume.pt").exists()
@@ -168,7 +170,7 @@ def test_run_names_are_whole_in_the_tables_printed_off_a_terminal(tmp_path):
     assert [row.split("│")[1].strip() for row in rows] == CELLS[:1], done.stderr
 
 
-def _commands(group, path=()) -> list[tuple[tuple[str, ...], object]]:
+def _commands(group, path=()) -> list[tuple[tuple[str, ...], Any]]:
     found = []
     for name, command in group.commands.items():
         found.append(((*path, name), command))

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,9 +77,10 @@ def _spawn(args: list[str]) -> subprocess.Popen:
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
-    t0 = time.time()
+    t0, stdout = time.time(), proc.stdout
+    assert stdout is not None
     while not path.exists():
-        assert proc.poll() is None, proc.stdout.read().decode()
+        assert proc.poll() is None, stdout.read().decode()
         assert time.time() - t0 < timeout
         time.sleep(0.02)
 
@@ -288,6 +290,7 @@ def test_chunked_loss_equals_full_loss_and_gradients(mask):
     chunked, chunk_hits = loss_fn(model, batch, count_hits=True, chunk_logits=30)  # 3 rows
     chunked.backward()
     torch.testing.assert_close(chunked, full)
+    assert chunk_hits is not None and hits is not None
     assert int(chunk_hits) == int(hits)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[n], msg=n)
@@ -314,6 +317,7 @@ def test_padding_row_of_a_task_is_zero_and_frozen(arch):
                                        pad_id=5))
     assert model.embedding.weight[5].abs().sum() == 0
     model(torch.tensor([[5, 1, 5, 2]])).sum().backward()
+    assert model.embedding.weight.grad is not None
     assert model.embedding.weight.grad[5].abs().sum() == 0
     assert model.embedding.weight.grad[1].abs().sum() > 0
 
@@ -383,7 +387,7 @@ def test_two_train_processes_on_one_run_dir_train_once(tmp_path):
 
 def _refuse_writes_of(monkeypatch, name: str, code: int = errno.ENOSPC) -> None:
     """Make the filesystem refuse atomic writes of `name` (as a full disk would)."""
-    real = perencode.io.tempfile.mkstemp
+    real: Callable[..., tuple[int, str]] = perencode.io.tempfile.mkstemp
 
     def mkstemp(*args, prefix="", **kwargs):
         if prefix == f".{name}.":
