@@ -13,7 +13,7 @@ import time
 import pandas as pd
 import pytest
 import torch
-from conftest import PYTHON, ROOT, subprocess_env
+from conftest import PYTHON, ROOT, subprocess_env, tiny_toml
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
@@ -24,27 +24,7 @@ from perencode.cli import app
 from perencode.grid import load_grid
 from perencode.sweep import TrainJob, run_sweep
 
-TINY = """
-[task]
-name = "reverse"
-length = 4
-held_out = 16
-
-[model]
-hidden_size = 16
-embed_size = 8
-
-[optim]
-lr = 1e-2
-warmup = 2
-
-[train]
-iterations = 10
-batch_size = 8
-checkpoint_every = 10
-log_every = 5
-eval_batch_size = 16
-"""
+TINY = tiny_toml(optim={"lr": 1e-2, "warmup": 2}, train={"checkpoint_every": 10})
 AXES = """
 [grid]
 "task.vocab_size" = [8, 16]

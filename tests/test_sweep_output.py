@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 import typer.main
-from conftest import PYTHON, run_cli, subprocess_env
+from conftest import PYTHON, run_cli, subprocess_env, tiny_toml
+from conftest import flat as _flat
 from typer.testing import CliRunner
 
 from perencode import doctor, runs
@@ -25,43 +26,17 @@ from perencode.cli import app
 from perencode.grid import load_grid
 from perencode.sweep.plan import RunState, plan, prepare
 
-GRID = """
-[task]
-name = "reverse"
-length = 4
-held_out = 16
-
-[model]
-hidden_size = 16
-embed_size = 8
-
-[optim]
-lr = 1e-2
-warmup = 2
-
-[train]
-iterations = {iterations}
-batch_size = 8
-checkpoint_every = {iterations}
-log_every = 10
-eval_batch_size = 16
-
-[grid]
-"task.vocab_size" = [8]
-"encoding.kind" = ["sinusoidal"]
-"train.seed" = [111, 222]
-"""
 CELLS = ["vocab_size=8/encoding=sinusoidal/seed=111", "vocab_size=8/encoding=sinusoidal/seed=222"]
 
 
 def _grid(tmp_path: Path, iterations: int = 10) -> Path:
     path = tmp_path / "g.toml"
-    path.write_text(GRID.format(iterations=iterations))
+    path.write_text(tiny_toml(optim={"lr": 1e-2, "warmup": 2},
+                              train={"iterations": iterations, "checkpoint_every": iterations,
+                                     "log_every": 10},
+                              grid={"task.vocab_size": [8], "encoding.kind": ["sinusoidal"],
+                                    "train.seed": [111, 222]}))
     return path
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _piped(*args) -> subprocess.CompletedProcess:

@@ -13,20 +13,21 @@ import pytest
 import torch
 from conftest import (
     PYTHON,
+    RECIPE,
     ROOT,
     TINY_MODEL,
     assert_scores_consistent,
     subprocess_env,
     tiny_model,
     tiny_overrides,
+    tmpfs,
+    train_args,
 )
 
 import perencode.io
 from perencode import runs
 from perencode.recipe import OptimConfig
 from perencode.train import learning_rate
-
-RECIPE = ROOT / "recipes/gru_vocab256.toml"
 
 
 def test_timm_schedule_known_values():
@@ -54,10 +55,8 @@ def test_cosine_schedule_reaches_zero_at_last_iteration():
 
 def _train_args(out: Path, iterations: int = 30, every: int = 10,
                 recipe: Path = RECIPE) -> list[str]:
-    return ["train", str(recipe), "--run-dir", str(out), "--device", "cpu", "--no-progress",
-            *tiny_overrides(f"train.iterations={iterations}",
-                            f"train.checkpoint_every={every}", "task.vocab_size=8",
-                            "task.length=6", "optim.warmup=5", recipe=recipe)]
+    return train_args(out, f"train.iterations={iterations}", f"train.checkpoint_every={every}",
+                      "task.vocab_size=8", "task.length=6", "optim.warmup=5", recipe=recipe)
 
 
 def _final_model(run_dir: Path) -> dict:
@@ -426,16 +425,7 @@ def test_a_read_only_run_dir_before_any_checkpoint(cli, tmp_path, monkeypatch):
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs (root and a mount that works: a container may forbid it)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
-                           capture_output=True, text=True)
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
-    yield disk
-    subprocess.run(["umount", str(disk)], check=True)
+    yield from tmpfs(tmp_path / "disk", "2m")
 
 
 def test_disk_full_on_a_real_small_filesystem(cli, tmp_path, small_disk):
