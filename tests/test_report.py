@@ -49,6 +49,7 @@ def test_runs_at_the_paper_settings_say_nothing_of_a_demo(tmp_path):
     assert "Demo settings" not in page
 
 
+@pytest.mark.slow
 def test_every_figure_is_inline_and_nothing_is_fetched(report):
     out, page = report
     pngs = sorted(out.glob("*.png"))
@@ -62,6 +63,7 @@ def test_every_figure_is_inline_and_nothing_is_fetched(report):
     assert (out / f"{stem}.pdf").is_file() and (out / "results.csv").is_file()
 
 
+@pytest.mark.slow
 def test_each_claim_stands_beside_the_figure_of_its_runs(report):
     _, page = report
     found = sections(page)
@@ -79,6 +81,7 @@ def test_each_claim_stands_beside_the_figure_of_its_runs(report):
     assert ">pass</span>" in row
 
 
+@pytest.mark.slow
 def test_the_runs_behind_a_figure(report):
     _, page = report
     fig2 = sections(page)["fig02_reverse_vocabulary__nonpaper"]
@@ -92,6 +95,7 @@ def test_the_runs_behind_a_figure(report):
     assert f"<dt>device-hours</dt><dd>{17 * 20 / 3600:.3g}</dd>" in box
 
 
+@pytest.mark.slow
 def test_the_claims_not_run_with_their_reasons(report):
     _, page = report
     found = re.search(r'<div class="summary">(.*?)<br>', page)

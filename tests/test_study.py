@@ -59,6 +59,7 @@ def test_the_suite_runs_with_entry_point_loading_off():
     assert plugins.load_entry_points() == []  # the example may be installed beside it
 
 
+@pytest.mark.slow
 def test_the_autoload_switch_turns_entry_points_off_and_leaves_explicit_plugins_on(tmp_path):
     env = installed_fake(tmp_path)
     code, text = show(autoloading(env))
@@ -551,6 +552,7 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
 # -- a plugin's labels without the plugin: as its runs recorded them ------------------------------
 
 
+@pytest.mark.slow
 def test_figures_without_the_plugin_label_its_kind_as_its_runs_recorded(tmp_path, monkeypatch):
     from test_plugins import LIN_RAMP, perencode
 

@@ -52,6 +52,7 @@ def _ctrl_c_as_in_a_terminal():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new(tmp_path):
     grid = _grid(tmp_path, iterations=1_000_000)
     out = tmp_path / "runs"
@@ -133,6 +134,7 @@ def test_a_sweep_names_the_field_of_a_conflict(tmp_path):
         "0.02 there vs 0.01 in the grid)" in _flat(text), text
 
 
+@pytest.mark.slow
 def test_run_names_are_whole_in_the_tables_printed_off_a_terminal(tmp_path):
     grid, out = _conflicting(tmp_path)
     done = _piped("sweep", grid, "--runs", out, "--dry-run", "--device", "cpu")
