@@ -1,4 +1,6 @@
-"""Shared test helpers: the repository root, the tiny overrides, the in-process CLI."""
+"""Shared test helpers: the repository root, the one tiny recipe (as a dict, a TOML file, `--set`
+overrides, a `perencode train` command line), the in-process CLI, console-output checks, a
+tmpfs and the processes a command spawned."""
 
 import functools
 import os
