@@ -13,7 +13,7 @@ import time
 import pandas as pd
 import pytest
 import torch
-from conftest import PYTHON, ROOT, subprocess_env, tiny_toml
+from conftest import PYTHON, ROOT, assert_scores_consistent, subprocess_env, tiny_toml
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
@@ -48,6 +48,17 @@ def swept(tmp_path_factory):
     grid.write_text(TINY + AXES)
     code, output = sweep(grid, "--runs", root / "runs", "--jobs", "2")
     return grid, root / "runs", code, output
+
+
+def test_a_one_cell_sweep_trains_and_scores_its_run(tmp_path):
+    """The fast set's sweep: one tiny cell trained by the local executor's child process."""
+    grid = tmp_path / "one.toml"
+    grid.write_text(TINY + '[grid]\n"train.seed" = [111]\n')
+    code, output = sweep(grid, "--runs", tmp_path / "runs")
+    assert code == 0, output
+    [run] = runs.find_runs([tmp_path / "runs"])
+    assert runs.Run(run).is_complete()
+    assert_scores_consistent(json.loads((run / "eval.json").read_text()))
 
 
 @pytest.mark.slow

@@ -124,6 +124,7 @@ def test_a_dry_run_that_finds_a_conflict_names_the_field_and_exits_2(tmp_path):
     assert code == 0, text  # the other cell alone: no conflict
 
 
+@pytest.mark.slow
 def test_a_sweep_names_the_field_of_a_conflict(tmp_path):
     grid, out = _conflicting(tmp_path)
     done = _piped("sweep", grid, "--runs", out, "--device", "cpu", "--no-progress",
