@@ -1,8 +1,12 @@
-"""Shared test helpers: the repository root, the tiny overrides, the in-process CLI."""
+"""Shared test helpers: the repository root, the one tiny recipe (as a dict, a TOML file, `--set`
+overrides, a `perencode train` command line), the in-process CLI, console-output checks, a
+tmpfs and the processes a command spawned."""
 
 import functools
 import os
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 # The suite tests the package's own kinds, isolated from plugins installed beside it (the
@@ -13,6 +17,7 @@ os.environ["PERENCODE_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 os.environ.pop("PERENCODE_PLUGINS", None)
 
 import pytest
+import tomli_w
 import torch
 import typer.main
 import typer.testing
@@ -30,13 +35,43 @@ typer.testing._get_command = functools.lru_cache(maxsize=None)(typer.main.get_co
 ROOT = Path(__file__).resolve().parents[1]
 
 # The one tiny configuration of the tests: small enough to train in a second or two on one
-# CPU core. `tiny_model(arch)` is the [model] table of a tiny recipe dict, TINY the `--set`
-# overrides of a tiny run through the CLI (a test adds what its own case needs); an option
-# of some kinds only (the S4D's state, a held-out count) is left out where the recipe's
-# kinds do not have it (`fitting`).
+# CPU core, in three forms. `tiny_recipe(**tables)` is a whole tiny recipe as a dict (TINY_RECIPE
+# with a test's own keys over each table), `tiny_toml(**tables)` the same as the text of a
+# recipe or grid file; TINY is the `--set` overrides that make a recipe of recipes/ tiny
+# (`train_args` runs one), `tiny_model(arch)` a tiny [model] table. An option of some kinds
+# only (the S4D's state, a held-out count) is left out where the recipe's kinds do not have it
+# (`fitting`). The embedding is 8 wide in TINY_RECIPE and 16 in TINY: the sizes the tests of
+# each were written and timed at.
+TINY_RECIPE: dict[str, dict] = {
+    "task": {"name": "reverse", "length": 4, "held_out": 16},
+    "model": {"hidden_size": 16, "embed_size": 8},
+    "train": {"iterations": 10, "batch_size": 8, "log_every": 5, "eval_batch_size": 16}}
 TINY_MODEL = {"hidden_size": 16, "embed_size": 16}
 TINY = [*(f"model.{key}={value}" for key, value in TINY_MODEL.items()), "model.d_state=8",
         "train.batch_size=8", "task.held_out=32", "train.log_every=5"]
+# The recipe `train_args` makes tiny unless a test names another.
+RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
+
+
+def tiny_recipe(**tables: dict) -> dict:
+    """TINY_RECIPE with each named table's keys over its own (a new table as given; `grid`
+    for a grid file's axes)."""
+    out = {name: dict(table) for name, table in TINY_RECIPE.items()}
+    for name, table in tables.items():
+        out[name] = {**out.get(name, {}), **table}
+    return out
+
+
+def tiny_toml(**tables: dict) -> str:
+    """`tiny_recipe(**tables)` as the text of a recipe (or, with `grid`, a grid) file."""
+    return tomli_w.dumps(tiny_recipe(**tables))
+
+
+def train_args(run_dir: Path | str, *sets: str, recipe: Path = RECIPE) -> list[str]:
+    """The arguments of `perencode train` of a tiny `recipe` into `run_dir` on the CPU:
+    TINY and `sets` (a test's own `section.key=value`s) as `--set` options."""
+    return ["train", str(recipe), "--run-dir", str(run_dir), "--device", "cpu",
+            "--no-progress", *tiny_overrides(*sets, recipe=recipe)]
 
 
 # The time limit of a test marked slow (pyproject's `timeout` is the others'): end-to-end
@@ -87,6 +122,19 @@ def assert_scores_consistent(result: dict) -> None:
         assert wrong_sequences - 1e-9 <= result["dl_distance"] <= wrong_tokens_per_sequence + 1e-9
 
 
+def flat(text: str) -> str:
+    """Console output without the line breaks a narrow terminal puts in."""
+    return " ".join(text.split())
+
+
+def one_line(code: int, text: str) -> str:
+    """The one line of a refused command (exit 2, `error: ...`, no traceback), flattened."""
+    lines = text.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), text
+    assert "Traceback" not in text
+    return flat(lines[0])
+
+
 def run_cli(*args) -> tuple[int, str]:
     """Run `perencode ARGS...` in-process: (exit code, output). Exceptions propagate."""
     result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
@@ -97,6 +145,43 @@ def run_cli(*args) -> tuple[int, str]:
 def cli():
     """`run_cli` as a fixture."""
     return run_cli
+
+
+def finished_run(run_dir: Path, *sets: str, recipe: Path = RECIPE) -> Path:
+    """`run_dir`, a tiny run of `recipe` trained to its end in-process (`train_args`)."""
+    code, text = run_cli(*train_args(run_dir, *sets, recipe=recipe))
+    assert code == 0, text
+    return run_dir
+
+
+def tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """For a fixture to `yield from`: a tmpfs of `size` (mount's `size=`: "64k", "2m")
+    mounted on `folder` for the test, unmounted after it. Skips the test where no tmpfs can
+    be mounted (not root, or a container forbids it)."""
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                           capture_output=True, text=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The processes multiprocessing spawned from `pid` to run a function (not its resource
+    tracker, which ends by itself once its parent has gone)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"spawn_main" in command:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def subprocess_env() -> dict:

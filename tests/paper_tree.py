@@ -26,7 +26,8 @@ from perencode.recipe import Recipe
 from perencode.runs import Run, eval_identity
 from perencode.stability import COLUMNS
 from perencode.sweep.plan import RunState, plan, prepare
-from perencode.tasks.dual_frequency import TYPES
+from perencode.tasks.dual_frequency import TYPES, DualFrequencyConfig
+from perencode.tasks.reverse import VariableLengthConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = sorted((ROOT / "recipes" / "paper").glob("*.toml"))
@@ -91,8 +92,11 @@ def band_accuracy(recipe: Recipe, target: str, disturbants: str, band: int) -> f
 
 def dual_frequency_eval(recipe: Recipe) -> dict:
     """DualFrequencyTask.score's keys: target_accuracy, by_condition, by_band."""
-    length, per_cell = recipe.task.length, recipe.task.held_out_per_cell
-    by_condition, by_band = [], []
+    task = recipe.task
+    assert isinstance(task, DualFrequencyConfig)
+    length, per_cell = task.length, task.held_out_per_cell
+    by_condition: list[dict] = []
+    by_band: list[dict] = []
     for target in TYPES:
         for disturbants in TYPES:
             names = {"target": target, "disturbants": disturbants}
@@ -114,7 +118,9 @@ def dual_frequency_eval(recipe: Recipe) -> dict:
 
 
 def variable_length_eval(recipe: Recipe, token_accuracy: float) -> dict:
-    lengths = range(recipe.task.min_length, recipe.task.length + 1)
+    task = recipe.task
+    assert isinstance(task, VariableLengthConfig) and task.min_length is not None
+    lengths = range(task.min_length, task.length + 1)
     by_length = [{"length": n, "token_accuracy": token_accuracy,
                   "sequence_accuracy": token_accuracy ** n,
                   "dl_distance": (1 - token_accuracy) * n, "n": 1024} for n in lengths]
@@ -135,7 +141,7 @@ def lm_loss(recipe: Recipe, step: int) -> float:
 def lm_eval(recipe: Recipe) -> dict:
     """LanguageModelTask.evaluate's keys for the valid and test splits."""
     test = TEST_PERPLEXITY[recipe.encoding.kind][SEEDS.index(recipe.train.seed)]
-    out = {}
+    out: dict[str, float] = {}
     for split, ppl in (("valid", test + 0.6), ("test", test)):
         out |= {f"{split}_perplexity": ppl, f"{split}_cross_entropy": math.log(ppl),
                 f"{split}_tokens": 240_000, f"{split}_paragraphs": 2_400}

@@ -36,7 +36,9 @@ def test_license_is_mit():
 def test_readme_cites_the_paper_in_bibtex():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Citing", 1)[1]
-    bibtex = re.search(r"```bibtex\n(@article\{.*?\n\})\n```", section, flags=re.S).group(1)
+    found = re.search(r"```bibtex\n(@article\{.*?\n\})\n```", section, flags=re.S)
+    assert found, section
+    bibtex = found.group(1)
     fields = dict(re.findall(r"^\s+(\w+)\s+= \{(.*)\},?$", bibtex, flags=re.M))
     assert fields == {"title": TITLE, "author": "Morita, Takashi",
                       "journal": "Transactions on Machine Learning Research", "url": URL}

@@ -2,6 +2,7 @@ import json
 import re
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -81,7 +82,8 @@ def test_bench_baseline_scope_is_checked_by_the_library():
 
 
 def _commands() -> dict:
-    return dict(typer.main.get_command(app).commands)
+    group: Any = typer.main.get_command(app)  # a group: its commands by name
+    return dict(group.commands)
 
 
 def _help(*args: str, columns: int) -> str:
@@ -247,8 +249,13 @@ def test_train_out_is_the_old_spelling_of_run_dir(cli, tmp_path):
 
 
 def test_sweep_out_is_the_old_spelling_of_runs(monkeypatch, tmp_path):
-    called = []
-    monkeypatch.setattr(sweep, "run_sweep", lambda grid, out, **kw: called.append(out) or 0)
+    called: list = []
+
+    def run_sweep(grid, out, **kw):
+        called.append(out)
+        return 0
+
+    monkeypatch.setattr(sweep, "run_sweep", run_sweep)
     grid = ROOT / "recipes/quick/quickstart.toml"
     assert run_cli("sweep", grid)[0] == 0
     code, text = run_cli("sweep", grid, "--out", tmp_path / "old")
@@ -264,7 +271,7 @@ def test_sweep_out_is_the_old_spelling_of_runs(monkeypatch, tmp_path):
     (["--figures", "f"], "runs", "f", True),
 ])
 def test_quickstart_folders(monkeypatch, args, runs, out, note):
-    called = {}
+    called: dict = {}
 
     def fake(device, out, figures, jobs, progress):
         called.update(runs=out, out=figures)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import typer.main
-from conftest import ROOT
+from conftest import ROOT, tiny_toml
 from fake_runs import fake_run
 from typer.testing import CliRunner
 
@@ -145,23 +145,7 @@ def test_tensorboard_without_any_events_is_an_error(cli, tmp_path):
     assert "none of the 1 run(s) has TensorBoard event files" in " ".join(text.split())
 
 
-TINY_GRID = """
-[task]
-name = "reverse"
-length = 4
-held_out = 16
-
-[model]
-hidden_size = 16
-embed_size = 8
-
-[train]
-iterations = 10
-batch_size = 8
-
-[grid]
-"task.vocab_size" = [128, 256, 32, 64]
-"""
+TINY_GRID = tiny_toml(grid={"task.vocab_size": [128, 256, 32, 64]})
 
 
 def test_sweep_dry_run_of_a_tiny_grid_prints_real_units(cli, tmp_path):

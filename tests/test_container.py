@@ -45,7 +45,9 @@ class Instruction:
 def parse_dockerfile(text: str) -> list[Instruction]:
     """Instructions of a Dockerfile: comments and blank lines dropped, `\\` continuations
     joined (comment lines inside a continued instruction are dropped, as Docker does)."""
-    instructions, parts, start = [], [], 0
+    instructions: list[Instruction] = []
+    parts: list[str] = []
+    start = 0
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -348,7 +350,8 @@ def test_constraints_pin_every_dependency():
 
 def apptainer_sections() -> dict[str, str]:
     """The header (`""`) and each %section of apptainer.def."""
-    sections, name = {"": []}, ""
+    sections: dict[str, list[str]] = {"": []}
+    name = ""
     for line in (ROOT / "apptainer.def").read_text().splitlines():
         match = re.match(r"^%(\w+)", line)
         if match:

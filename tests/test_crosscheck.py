@@ -1,6 +1,7 @@
 """`perencode crosscheck`: the checks against the authors' repository (when it is on disk),
 their sensitivity to one changed constant on our side, the report and the exit codes."""
 
+import functools
 import json
 import math
 import os
@@ -179,7 +180,7 @@ def test_without_timm_only_the_scheduler_checks_are_not_run(monkeypatch):
     before = sys.modules.get("timm")
     with au.authors_code(au.locate(AUTHORS)) as a:
         for fn in (schedule.check_schedule, models.check_trajectory):
-            (check,) = crosscheck._run("x", "x", "x", lambda fn=fn: fn(a))
+            (check,) = crosscheck._run("x", "x", "x", functools.partial(fn, a))
             assert check.verdict == NOT_RUN
             assert "pip install timm==0.9.12 --no-deps" in check.reason
         # Their scripts still import: the task checks run their test methods.
@@ -301,6 +302,7 @@ def test_variable_length_distribution_and_targets_are_seen(authors, monkeypatch)
 
     def unreversed(self, rows):  # the output in input order
         batch = build(self, rows)
+        assert batch.output_mask is not None
         batch.output_targets = batch.sequences.masked_fill(~batch.output_mask, -1)
         return batch
 

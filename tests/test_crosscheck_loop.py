@@ -227,7 +227,12 @@ def test_their_syntax_error_is_not_run_and_nothing_compared_exits_2(tmp_path, mo
 
 def test_unwritable_out_fails_before_any_work(tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr(crosscheck, "GROUPS", (("a", "x", "y", lambda a: ran.append(1) or []),))
+
+    def group(a):
+        ran.append(1)
+        return []
+
+    monkeypatch.setattr(crosscheck, "GROUPS", (("a", "x", "y", group),))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for out in (blocker, blocker / "sub"):

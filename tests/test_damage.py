@@ -13,45 +13,39 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, ROOT, subprocess_env, tiny_overrides
+from conftest import (
+    PYTHON,
+    RECIPE,
+    ROOT,
+    finished_run,
+    flat,
+    one_line,
+    subprocess_env,
+    tmpfs,
+    train_args,
+)
 
 import perencode.io
 from perencode import runs
 from perencode.errors import UserError
 from perencode.io import WriteError, append_line
 
-RECIPE = ROOT / "recipes/gru_vocab256.toml"
+SETS = ("train.iterations=30", "train.checkpoint_every=10", "task.vocab_size=8", "task.length=6",
+        "optim.warmup=2", "train.keep_checkpoints=\"all\"")
 
 
 def _args(out: Path) -> list[str]:
-    return ["train", str(RECIPE), "--run-dir", str(out), "--device", "cpu", "--no-progress",
-            *tiny_overrides("train.iterations=30", "train.checkpoint_every=10",
-                            "task.vocab_size=8", "task.length=6", "optim.warmup=2",
-                            "train.keep_checkpoints=\"all\"")]
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _one_line(code: int, text: str) -> str:
-    lines = text.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), text
-    return _flat(lines[0])
+    return train_args(out, *SETS)
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A finished tiny run: 30 iterations, a row every 5, a checkpoint every 10."""
-    from conftest import run_cli
-
-    run = tmp_path_factory.mktemp("finished") / "run"
-    code, text = run_cli(*_args(run))
-    assert code == 0, text
-    return run
+    return finished_run(tmp_path_factory.mktemp("finished") / "run", *SETS)
 
 
 def _copy(finished: Path, tmp_path: Path) -> Path:
@@ -75,16 +69,7 @@ def _rows(run: Path) -> list[dict]:
 @pytest.fixture
 def full_disk(tmp_path):
     """A 64 KiB tmpfs (root and a mount that works), filled later by the test."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
-                           capture_output=True, text=True)
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
-    yield disk
-    subprocess.run(["umount", str(disk)], check=True)
+    yield from tmpfs(tmp_path / "disk", "64k")
 
 
 def test_a_row_appended_to_a_full_disk_is_absent_not_half_written(full_disk):
@@ -151,8 +136,8 @@ def test_a_zeroed_row_is_skipped_with_a_note_and_the_resume_keeps_the_rows_after
     code, text = cli(*_args(run))
     assert code == 0, text
     assert f"note: {run / 'metrics.jsonl'}: skipped damaged line 2 (not JSON); kept the 5 " \
-        "valid rows" in _flat(text)
-    assert "resuming from iteration 20 of 30" in _flat(text)
+        "valid rows" in flat(text)
+    assert "resuming from iteration 20 of 30" in flat(text)
     rows = _rows(run)
     assert [r["step"] for r in rows] == [5, 15, 20, 25, 30]
     # The redone rows are those of the uninterrupted run (bit-identical on CPU).
@@ -167,7 +152,7 @@ def test_figures_of_a_finished_run_with_a_damaged_row_use_its_last_row(cli, fini
     (run / "metrics.jsonl").write_bytes(b"\n".join(lines))
     code, text = cli("figures", run, "--out", tmp_path / "figures")
     assert code == 0, text
-    assert "skipped damaged line 2 (not JSON)" in _flat(text)
+    assert "skipped damaged line 2 (not JSON)" in flat(text)
     import pandas as pd
 
     table = pd.read_csv(tmp_path / "figures/results.csv")
@@ -182,7 +167,7 @@ def test_the_disk_full_message_names_the_newest_checkpoint_by_iteration(cli, fin
     _unfinish(run)
     future = 1_900_000_000  # 2030: a copy or a `touch` makes an old checkpoint look newest
     os.utime(run / "checkpoints/step-10.pt", (future, future))
-    real = perencode.io.tempfile.mkstemp
+    real: Callable[..., tuple[int, str]] = perencode.io.tempfile.mkstemp
 
     def full(*args, prefix="", **kwargs):
         if prefix == ".step-30.pt.":
@@ -191,7 +176,7 @@ def test_the_disk_full_message_names_the_newest_checkpoint_by_iteration(cli, fin
 
     monkeypatch.setattr(perencode.io.tempfile, "mkstemp", full)
     code, text = cli(*_args(run))
-    line = _flat(text.strip().splitlines()[-1])
+    line = flat(text.strip().splitlines()[-1])
     assert code == 2, text
     assert line == (f"error: {run}/checkpoints/step-30.pt: cannot write: no space left on "
                     f"device; step-30.pt was not written; the last complete checkpoint is "
@@ -242,12 +227,12 @@ def test_a_damaged_metrics_line_is_a_note_in_every_reader(cli, finished, tmp_pat
                     ["report", run, "--claims", "quick", "--out", tmp_path / "r"]):
         code, text = cli(*command)
         assert code == 0 and "Traceback" not in text, (command, text)
-        assert _flat(text).count(note) == 1, (command, text)
+        assert flat(text).count(note) == 1, (command, text)
     _unfinish(run)
     code, text = cli(*_args(run))
     # The resume reads the same line (the last two rows gone with step-30.pt), and rewrites
     # the file without it.
-    assert code == 0 and f"note: {path}: {says.split('; kept')[0]}" in _flat(text), text
+    assert code == 0 and f"note: {path}: {says.split('; kept')[0]}" in flat(text), text
     assert [r["step"] for r in _rows(run)][-2:] == [25, 30]
 
 
@@ -270,7 +255,7 @@ def test_a_damaged_eval_json_is_one_line_in_every_reader(cli, finished, tmp_path
     for command in (["figures", run, "--out", tmp_path / "f"],
                     ["verify", run, "--claims", "quick", "--out", tmp_path / "v"],
                     ["report", run, "--claims", "quick", "--out", tmp_path / "r"]):
-        line = _one_line(*cli(*command))
+        line = one_line(*cli(*command))
         assert line.startswith(f"error: {path}: {says}"), (command, line)
         assert line.endswith(f"`perencode eval {run}` writes it again from the final "
                              "checkpoint"), line
@@ -286,13 +271,13 @@ def test_a_damaged_env_json_is_a_note_in_report_and_set_aside_on_resume(cli, fin
     path.write_bytes(data)
     code, text = cli("report", run, "--claims", "quick", "--out", tmp_path / "r")
     assert code == 0, text
-    assert f"note: {path}: {says}" in _flat(text)
+    assert f"note: {path}: {says}" in flat(text)
     assert "not recorded" in (tmp_path / "r/report.html").read_text()
     _unfinish(run)
     code, text = cli(*_args(run))
     assert code == 0, text
-    assert f"note: {path}: {says}" in _flat(text) and "kept aside as env.json.corrupt" in \
-        _flat(text)
+    assert f"note: {path}: {says}" in flat(text) and "kept aside as env.json.corrupt" in \
+        flat(text)
     assert (run / "env.json.corrupt").read_bytes() == data
     assert len(runs.read_json(path)["starts"]) == 1
 
@@ -314,7 +299,7 @@ def test_a_recipe_with_a_byte_order_mark_loads_and_a_bad_byte_is_one_line(cli, f
                     ["verify", run, "--claims", "quick", "--out", tmp_path / "v"],
                     ["report", run, "--claims", "quick", "--out", tmp_path / "r"],
                     ["eval", run, "--device", "cpu"], _args(run)):
-        line = _one_line(*cli(*command))
+        line = one_line(*cli(*command))
         assert line == (f"error: {path}: not a UTF-8 text file (byte 0xe9 on line "
                         f"{line_no}); save it as UTF-8"), (command, line)
 
@@ -337,7 +322,7 @@ def test_a_damaged_plugins_json_is_a_note_and_ignored(cli, finished, tmp_path, d
     (run / "plugins.json").write_bytes(data)
     code, text = cli("eval", run, "--device", "cpu")
     assert code == 0, text
-    assert f"note: {run / 'plugins.json'}: {says}" in _flat(text)
+    assert f"note: {run / 'plugins.json'}: {says}" in flat(text)
 
 
 def test_a_corpus_that_is_not_utf8_is_one_line_naming_file_and_line(cli, tmp_path):
@@ -350,7 +335,7 @@ def test_a_corpus_that_is_not_utf8_is_one_line_naming_file_and_line(cli, tmp_pat
     lines = path.read_bytes().split(b"\n")
     lines[6] = lines[6] + b" caf\xe9"
     path.write_bytes(b"\n".join(lines))
-    line = _one_line(*cli("lm-prepare", "--source", source, "--out", tmp_path / "data",
+    line = one_line(*cli("lm-prepare", "--source", source, "--out", tmp_path / "data",
                           "--vocab-size", 96, "--threads", 1, "--no-progress"))
     column = len(lines[6]) - 1 + 1
     assert line == (f"error: {path}: line 7 is not UTF-8 text (byte 0xe9 at column {column}); "
@@ -390,7 +375,7 @@ def test_a_plugin_whose_import_ends_the_process_is_one_line_and_exit_2(tmp_path,
                               capture_output=True, text=True, env=subprocess_env(),
                               timeout=120)
         text = done.stdout + done.stderr
-        line = _one_line(done.returncode, text)
+        line = one_line(done.returncode, text)
         assert line.startswith(f"error: plugin {plugin}: importing it failed: {says}"), line
         assert "usage:" not in text
     assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()

@@ -52,6 +52,7 @@ def test_trainability_per_kind():
 
 def test_random_is_fixed_unit_norm_and_saved():
     enc = PositionalEncoding(EncodingConfig(kind="random"), 8, 10)
+    assert enc.table is not None
     torch.testing.assert_close(enc.table.norm(dim=1), torch.ones(10))
     assert "table" in enc.state_dict()  # the draw must survive a checkpoint
     assert "table" not in PositionalEncoding(EncodingConfig(), 8, 10).state_dict()
@@ -60,6 +61,7 @@ def test_random_is_fixed_unit_norm_and_saved():
 def test_learnable_receives_gradient_and_duplicate_copies_embedding():
     enc = PositionalEncoding(EncodingConfig(kind="learnable"), 8, 10)
     enc(torch.randn(2, 4, 8)).sum().backward()
+    assert enc.table is not None and enc.table.grad is not None
     assert enc.table.grad[:4].abs().sum() > 0 and enc.table.grad[4:].abs().sum() == 0
 
     dup = PositionalEncoding(EncodingConfig(kind="duplicate"), 8, 10)

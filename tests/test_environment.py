@@ -6,7 +6,7 @@ from importlib import metadata
 
 import pytest
 import torch
-from conftest import ROOT, tiny_overrides
+from conftest import ROOT, train_args
 from typer.testing import CliRunner
 
 from perencode import environment
@@ -62,10 +62,7 @@ def test_env_json_of_a_run_is_the_report(cli, tmp_path, monkeypatch):
     monkeypatch.setattr(environment, "PACKAGE_DIR", tmp_path)  # as if installed from a wheel
     monkeypatch.setenv(environment.GIT_COMMIT_VARIABLE, COMMIT)
     run = tmp_path / "run"
-    code, text = cli("train", ROOT / "recipes/gru_vocab256.toml", "--run-dir", run,
-                     "--device", "cpu", "--no-progress",
-                     *tiny_overrides("train.iterations=2", "task.vocab_size=8",
-                                     "task.length=4"))
+    code, text = cli(*train_args(run, "train.iterations=2", "task.vocab_size=8", "task.length=4"))
     assert code == 0, text
     recorded = json.loads((run / "env.json").read_text())
     report = environment.report(torch.device("cpu"))

@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT
 from fake_runs import fake_run
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from matplotlib.image import imread
 
 from perencode import figures
@@ -19,10 +20,10 @@ from perencode.grid import load_grid
 from perencode.recipe import validate
 
 
-def drawing(runs: list[Path], out: Path) -> tuple[list[Path], dict[str, object]]:
+def drawing(runs: list[Path], out: Path) -> tuple[list[Path], dict[str, Figure]]:
     """make_figures, and each matplotlib figure it saved by file stem (read back: axes'
     limits, titles, legends)."""
-    saved = {}
+    saved: dict[str, Figure] = {}
     save = figures._save
 
     def keep(fig, stem, note=""):
@@ -35,12 +36,16 @@ def drawing(runs: list[Path], out: Path) -> tuple[list[Path], dict[str, object]]
     return written, saved
 
 
+# The figures `drawn` saved, by file stem (read by `drawing_saved`).
+SAVED: dict[str, Figure] = {}
+
+
 @pytest.fixture(scope="module")
 def drawn(paper_like, tmp_path_factory) -> tuple[Path, list[Path]]:
     """Every figure of `paper_like`, drawn once for the module: (folder, written files)."""
     out = tmp_path_factory.mktemp("figures")
     written, saved = drawing([paper_like], out)
-    drawn.saved = saved
+    SAVED.update(saved)
     return out, written
 
 
@@ -121,8 +126,8 @@ def _saved(drawn, prefix: str):
     return drawing_saved()[name]
 
 
-def drawing_saved() -> dict:
-    return drawn.saved
+def drawing_saved() -> dict[str, Figure]:
+    return SAVED
 
 
 @pytest.mark.slow
@@ -174,7 +179,7 @@ def test_a_point_of_one_seed_is_marked_as_having_no_ci(tmp_path):
     ax = fig.axes[0]
     assert ax.get_title() == "GRU\n1-2 seeds per point\nopen markers: 1 seed, no CI"
     open_points = [line for line in ax.get_lines() if line.get_markerfacecolor() == "white"]
-    assert len(open_points) == 1 and list(open_points[0].get_ydata()) == [0.5]
+    assert len(open_points) == 1 and list(open_points[0].get_ydata()) == [0.5]  # type: ignore[arg-type]
 
 
 def _paper_cell_runs(root: Path, grid: str, hidden: int | None = None) -> Path:
@@ -196,12 +201,13 @@ def test_runs_of_the_papers_settings_get_the_papers_name_and_others_say_how_they
                              tmp_path / "a")
     assert sorted(p.name for p in written if p.suffix == ".png") == [
         "fig02_reverse_vocabulary.png"]
-    assert saved["fig02_reverse_vocabulary"]._suptitle is None
+    assert saved["fig02_reverse_vocabulary"]._suptitle is None  # type: ignore[attr-defined]
     written, saved = drawing([_paper_cell_runs(tmp_path / "small", "fig02_gru_reverse.toml",
                                                hidden=32)], tmp_path / "b")
     assert sorted(p.name for p in written if p.suffix == ".png") == [
         "fig02_reverse_vocabulary__nonpaper.png"]
-    subtitle = saved["fig02_reverse_vocabulary__nonpaper"]._suptitle.get_text()
+    title = saved["fig02_reverse_vocabulary__nonpaper"]._suptitle  # type: ignore[attr-defined]
+    subtitle = title.get_text()
     assert subtitle == "Not the paper's settings: hidden_size 32 (paper: 512)"
     assert "fig02_reverse_vocabulary__nonpaper: Not the paper's settings: hidden_size 32 " \
         "(paper: 512)" in " ".join(capsys.readouterr().err.split())
@@ -219,7 +225,7 @@ def test_comparable_panels_share_their_y_axis(drawn, tmp_path):
                      metrics={"token_accuracy": 0.5, "dl_distance": distance})
     _, saved = drawing([tmp_path / "runs"], tmp_path / "figs")
     (fig,) = saved.values()
-    rows = {}
+    rows: dict = {}
     for ax in _panels(fig):
         rows.setdefault(ax.get_ylabel(), set()).add(ax.get_ylim())
     assert all(len(limits) == 1 for limits in rows.values()), rows

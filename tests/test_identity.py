@@ -10,7 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, fitting, run_cli, tiny_overrides
+from conftest import RECIPE, ROOT, finished_run, fitting, run_cli, tiny_overrides
+from conftest import train_args as tiny_train_args
 from test_lm import MAX_TOKENS, VOCAB, prepare_cli
 from test_plugins import error_line, perencode
 from test_stability import TINY_DUAL
@@ -19,7 +20,6 @@ from perencode import identity, kinds
 from perencode.errors import UserError
 from perencode.rehearsal import write_corpus as make_corpus
 
-RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
 SHORT = ["train.iterations=10", "train.checkpoint_every=5", "task.vocab_size=16",
          "task.length=6"]
 
@@ -43,17 +43,13 @@ register_encoding(EncodingKind("sinusoidal", label="Zeros", table=lambda t, d: t
 
 
 def train_args(run: Path, *extra: str) -> list:
-    return ["train", RECIPE, "--run-dir", run, "--device", "cpu", "--no-progress",
-            *tiny_overrides(*SHORT, *extra)]
+    return tiny_train_args(run, *SHORT, *extra)
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> Path:
     """A finished tiny run of a built-in recipe (sinusoidal GRU)."""
-    run = tmp_path_factory.mktemp("made") / "run"
-    code, text = run_cli(*train_args(run))
-    assert code == 0, text
-    return run
+    return finished_run(tmp_path_factory.mktemp("made") / "run", *SHORT)
 
 
 @pytest.fixture

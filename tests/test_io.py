@@ -122,7 +122,7 @@ def test_disk_error_is_refused_write_and_what_is_kept(tmp_path):
         f"{tmp_path / 'a.csv'}: cannot write: no space left on device; a.csv was not written"
     assert refused_write(full) == "a file: cannot write: no space left on device"
     no_lock = OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
-    assert "refuses file locks" in refused_write(no_lock)
+    assert "refuses file locks" in str(refused_write(no_lock))
     assert io.disk_error(no_lock, tmp_path / "a.csv", "kept") is None  # a lock, not a write
 
 

@@ -50,7 +50,7 @@ def deferred(target: str) -> bool:
     return any(target == d or target.startswith(d + ".") for d in DEFERRED)
 
 
-def is_cli_command(module: str, func: ast.AST) -> bool:
+def is_cli_command(module: str, func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """A function of perencode/cli.py decorated with `@app.command(...)` (or a sub-app's,
     `@rehearsal_app.command(...)`): it imports the library code it runs inside itself, so
     the CLI starts fast (lazy loading)."""
@@ -60,7 +60,7 @@ def is_cli_command(module: str, func: ast.AST) -> bool:
         and d.func.value.id.endswith("app") for d in func.decorator_list)
 
 
-def is_app_callback(module: str, func: ast.AST) -> bool:
+def is_app_callback(module: str, func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """The CLI's `@app.callback()`: it loads the plugins its global options name, and only
     then (a command that needs no kind starts without torch)."""
     return module == "perencode.cli" and any(
@@ -184,7 +184,7 @@ def test_models_and_tasks_do_not_know_each_other():
 
 def module_level_imports(tree: ast.Module) -> set[str]:
     """What importing a module imports itself: its imports outside function bodies."""
-    found, todo = set(), list(tree.body)
+    found, todo = set(), list[ast.AST](tree.body)
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -25,7 +25,7 @@ from perencode.lm import prepare as lm_prepare
 from perencode.lm.data import SPLITS, load
 from perencode.recipe import TaskConfig
 from perencode.rehearsal import write_corpus as make_corpus
-from perencode.tasks.lm import LanguageModelTask, model_ids
+from perencode.tasks.lm import LanguageModelConfig, LanguageModelTask, model_ids
 
 VOCAB = 96
 MAX_TOKENS = 16
@@ -63,8 +63,11 @@ def prepared(corpus, tmp_path_factory) -> Path:
     return out
 
 
-def task_config(out: Path, **changes) -> TaskConfig:
-    return TaskConfig.of(name="lm", vocab_size=VOCAB, length=MAX_TOKENS, data=str(out), **changes)
+def task_config(out: Path, **changes) -> LanguageModelConfig:
+    config = TaskConfig.of(name="lm", vocab_size=VOCAB, length=MAX_TOKENS, data=str(out),
+                           **changes)
+    assert isinstance(config, LanguageModelConfig)
+    return config
 
 
 def test_prepare_cleans_truncates_and_counts(corpus, prepared):
@@ -181,13 +184,16 @@ def test_sample_comes_from_the_generator_alone(prepared):
     assert torch.equal(batch.sequences, again.sequences)
 
     B, T = batch.inputs.shape
+    assert batch.lengths is not None and batch.output_mask is not None
     assert B == 32 and T == int(batch.lengths.max()) - 1 <= MAX_TOKENS
     assert torch.equal(batch.inputs, batch.sequences[:, :-1])
     assert torch.equal(batch.output_targets, batch.sequences[:, 1:])
     steps = torch.arange(T)[None, :]
     # No <unk> in this corpus: the mask is exactly "inside the paragraph".
     assert torch.equal(batch.output_mask, steps < batch.lengths[:, None] - 1)
-    assert bool((batch.inputs[steps >= batch.lengths[:, None]] == task.shapes.pad_id).all())
+    pad_id = task.shapes.pad_id
+    assert pad_id is not None
+    assert bool((batch.inputs[steps >= batch.lengths[:, None]] == pad_id).all())
 
 
 def test_uniform_logits_give_a_perplexity_of_the_class_count(prepared):

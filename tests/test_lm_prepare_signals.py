@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, run_cli, subprocess_env
+from conftest import PYTHON, flat, one_line, run_cli, spawned_children, subprocess_env
 from wikitext_like import write_wikitext_like
 
 from perencode.lm import prepare as lm_prepare
@@ -28,16 +28,6 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="finds processes through /proc")
 
 
-def _flat(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _one_line(code: int, text: str) -> str:
-    lines = text.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), text
-    return _flat(lines[0])
-
-
 def _alive(pid: int) -> bool:
     """Running (a zombie waiting for its new parent to reap it has ended)."""
     try:
@@ -45,21 +35,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _children(pid: int) -> list[int]:
-    """The processes multiprocessing spawned from `pid` to run a function (the trainer; not
-    its resource tracker, which ends by itself once its parent has gone)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            command = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and b"spawn_main" in command:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def _gone(pids: list[int], seconds: float = 10.0) -> bool:
@@ -97,7 +72,7 @@ def _start(source: Path, out: Path) -> tuple[subprocess.Popen, list[int]]:
                             stderr=subprocess.STDOUT, text=True)
     t0 = time.time()
     while True:
-        trainers = _children(proc.pid)
+        trainers = spawned_children(proc.pid)  # the trainer
         builds = list(out.parent.glob(f".{out.name}.build-*"))
         if trainers and builds and (builds[0] / lm_prepare.TRAINER_PID).exists():
             return proc, trainers
@@ -133,7 +108,7 @@ def test_sigkill_of_lm_prepare_ends_its_trainer_and_the_rerun_cleans_up(tmp_path
     code, text = _prepare("--source", small, "--out", out, "--vocab-size", 96, "--threads", 1,
                           "--no-progress")
     assert code == 0, text
-    assert f"note: removed {build}, left by an lm-prepare that was killed" in _flat(text)
+    assert f"note: removed {build}, left by an lm-prepare that was killed" in flat(text)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
 
 
@@ -149,10 +124,10 @@ def test_a_rerun_ends_a_live_trainer_of_a_dead_lm_prepare_before_it_builds(tmp_p
              if lm_prepare.is_paragraph(line))
     (build / "train.txt").write_text("".join(lines), encoding="utf-8")
     options = {**lm_prepare.trainer_options(8000), "num_threads": 1}
-    code = ("import os, sys; from perencode.lm.prepare import _train_child; "
-            f"_train_child({str(build / 'train.txt')!r}, {str(build)!r}, {options!r}, "
-            "os.getppid())")
-    trainer = subprocess.Popen([PYTHON, "-c", code], env=subprocess_env())
+    script = ("import os, sys; from perencode.lm.prepare import _train_child; "
+              f"_train_child({str(build / 'train.txt')!r}, {str(build)!r}, {options!r}, "
+              "os.getppid())")
+    trainer = subprocess.Popen([PYTHON, "-c", script], env=subprocess_env())
     try:
         t0 = time.time()
         while not (build / lm_prepare.TRAINER_PID).exists() or \
@@ -164,7 +139,7 @@ def test_a_rerun_ends_a_live_trainer_of_a_dead_lm_prepare_before_it_builds(tmp_p
         assert code == 0, text
         assert trainer.wait(timeout=10) == -signal.SIGKILL
         assert f"note: removed {build} and ended its SentencePiece trainer (pid " \
-            f"{trainer.pid}), left by an lm-prepare that was killed" in _flat(text)
+            f"{trainer.pid}), left by an lm-prepare that was killed" in flat(text)
         assert not build.exists() and (out / "manifest.json").is_file()
     finally:
         if trainer.poll() is None:
@@ -183,7 +158,7 @@ def _copy(small: Path, tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_a_vocabulary_too_large_for_the_corpus_names_the_largest_that_fits(tmp_path, small):
     out = tmp_path / "data"
-    line = _one_line(*_prepare("--source", small, "--out", out, "--vocab-size", 5000,
+    line = one_line(*_prepare("--source", small, "--out", out, "--vocab-size", 5000,
                                "--threads", 1, "--no-progress"))
     log = tmp_path / "data.sentencepiece.log"
     most = int(line.split("at most ")[1].split()[0])
@@ -203,7 +178,7 @@ def test_a_vocabulary_too_large_for_the_corpus_names_the_largest_that_fits(tmp_p
 @pytest.mark.slow
 def test_a_sample_too_small_names_the_smallest_sentencepiece_takes(tmp_path, small):
     out = tmp_path / "data"
-    line = _one_line(*_prepare("--source", small, "--out", out, "--vocab-size", 96,
+    line = one_line(*_prepare("--source", small, "--out", out, "--vocab-size", 96,
                                "--sample", 1, "--threads", 1, "--no-progress"))
     log = tmp_path / "data.sentencepiece.log"
     assert line == ("error: --sample 1 is too small: SentencePiece samples at least 101 "
@@ -215,7 +190,7 @@ def test_a_sample_too_small_names_the_smallest_sentencepiece_takes(tmp_path, sma
 def test_a_corpus_without_paragraphs_is_named_as_such(tmp_path, small):
     source = _copy(small, tmp_path)
     (source / "wiki.train.raw").write_text(" = Title = \n \n = = Section = = \n")
-    line = _one_line(*_prepare("--source", source, "--out", tmp_path / "data",
+    line = one_line(*_prepare("--source", source, "--out", tmp_path / "data",
                                "--vocab-size", 96, "--threads", 1, "--no-progress"))
     assert line == (f"error: {source}: the training split has no paragraph (its 3 lines are "
                     "blank or headings): nothing to train the vocabulary on; pass --source a "
@@ -229,7 +204,7 @@ def test_a_corpus_of_one_long_line_is_named_as_such(tmp_path, small):
     text = " ".join(line.strip() for line in (small / "wiki.train.raw").open()
                     if lm_prepare.is_paragraph(line))
     (source / "wiki.train.raw").write_text(" " + text + "\n")
-    line = _one_line(*_prepare("--source", source, "--out", tmp_path / "data",
+    line = one_line(*_prepare("--source", source, "--out", tmp_path / "data",
                                "--vocab-size", 96, "--threads", 1, "--no-progress"))
     log = tmp_path / "data.sentencepiece.log"
     assert line == (f"error: no training paragraph is short enough for SentencePiece: the "
@@ -308,8 +283,8 @@ def test_a_read_only_parent_still_confirms_an_up_to_date_build(tmp_path, small):
     manifest = json.loads((out / "manifest.json").read_text())
     with _read_only(parent):
         code, text = _prepare(*args)
-        assert code == 0 and f"prepared {out} (up to date)" in _flat(text), text
-        line = _one_line(*_prepare(*args[:-5], "--vocab-size", 64, "--threads", 1,
+        assert code == 0 and f"prepared {out} (up to date)" in flat(text), text
+        line = one_line(*_prepare(*args[:-5], "--vocab-size", 64, "--threads", 1,
                                    "--no-progress"))
         why = "read-only file system" if os.geteuid() == 0 else "permission denied"
         assert line == (f"error: {parent}: cannot write: {why}; {out} is not an up-to-date "

@@ -29,11 +29,13 @@ def start_holder(directory, purpose="train", **env) -> subprocess.Popen:
     proc = subprocess.Popen([PYTHON, "-c", HOLDER, str(directory), purpose],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env={**subprocess_env(), **env})
+    assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "held"
     return proc
 
 
 def release(proc: subprocess.Popen) -> None:
+    assert proc.stdin is not None
     proc.stdin.write("\n")
     proc.stdin.flush()
     assert proc.wait(timeout=30) == 0

@@ -105,8 +105,8 @@ def test_gradients_stay_finite_over_a_long_sequence():
     layer = MinGRU(4, 8)
     x = (10 * torch.randn(2, 2048, 4)).requires_grad_()
     layer(x).sum().backward()
-    assert torch.isfinite(x.grad).all()
-    assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
 
 
 def test_the_stability_hook_is_the_jacobian_of_the_last_state():

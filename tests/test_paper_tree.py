@@ -55,13 +55,14 @@ def test_every_paper_figure_is_drawn_once_beside_its_claims(tree):
         assert drawn == expected, figure.name
     assert not [n for n in names if n.startswith("other_")]
     # Each claim stands beside the figure (or table) its source cites, and only there.
-    beside = {}
+    beside: dict[str, list[str]] = {}
     for part in re.split(r"<h2[^>]*>", page)[1:]:
         heading, body = part.split("</h2>", 1)
         for claim in re.findall(r"<td><b>([^<]+)</b>", body):
             beside.setdefault(claim, []).append(heading)
     for claim in load_claims("paper"):
         cited = re.search(r"(Fig\.|Table) (\d+)", claim.source)
+        assert cited, claim.source
         prefix = ("fig" if cited.group(1) == "Fig." else "table") + \
             cited.group(2).zfill(2 if cited.group(1) == "Fig." else 1)
         assert [h.split("_")[0] for h in beside[claim.id]] == [prefix], claim.id

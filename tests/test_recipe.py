@@ -1,4 +1,5 @@
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT
@@ -127,7 +128,7 @@ def test_every_field_is_documented():
 def test_schema_lists_every_field_and_the_registered_kinds():
     rows = {key: (kind, description) for key, kind, _, description in schema_rows()}
     for section in ("task", "model", "encoding", "optim", "train"):
-        base = Recipe.model_fields[section].annotation
+        base: Any = Recipe.model_fields[section].annotation
         kinds_own = base.options() if section in ("task", "model", "encoding") else {}
         assert {k for k in rows if k.startswith(section + ".")} == {
             f"{section}.{name}" for name in [*base.model_fields, *kinds_own]}

@@ -11,7 +11,10 @@ from conftest import ROOT, TINY, assert_scores_consistent, fitting
 from typer.testing import CliRunner
 
 from perencode.cli import app
+from perencode.models.s4d import S4DConfig
 from perencode.recipe import load_recipe
+from perencode.tasks.base import HeldOutConfig
+from perencode.tasks.dual_frequency import DualFrequencyConfig
 
 RECIPES = sorted((ROOT / "recipes").glob("*.toml"))
 PE_VARIANTS = ("_random_pe", "_learnable_pe", "_double_vanilla")
@@ -49,11 +52,12 @@ def test_recipe_has_paper_settings(path):
         return
     assert r.task.length == (16 if r.task.name in ("reverse_add", "predecessor") else 64)
     if r.task.name == "dual_frequency":
+        assert isinstance(r.task, DualFrequencyConfig)
         assert (r.task.held_out_per_cell, r.task.rarity) == (16, 0.125)
     else:
-        assert r.task.held_out == 1024
+        assert isinstance(r.task, HeldOutConfig) and r.task.held_out == 1024
     if r.model.arch == "s4d":
-        assert r.model.d_state == 64
+        assert isinstance(r.model, S4DConfig) and r.model.d_state == 64
     if path.stem.endswith("_vanilla") and not path.stem.endswith("_double_vanilla"):
         assert r.encoding.kind == "none"
         twin = load_recipe(path.with_name(path.stem.removesuffix("_vanilla") + ".toml"))

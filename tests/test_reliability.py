@@ -23,7 +23,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PYTHON, ROOT, subprocess_env, tiny_overrides
+from conftest import (
+    PYTHON,
+    RECIPE,
+    ROOT,
+    one_line,
+    spawned_children,
+    subprocess_env,
+    tiny_toml,
+    train_args,
+)
+from conftest import (
+    flat as _flat,
+)
 from wikitext_like import write_wikitext_like
 
 import perencode.lock
@@ -32,28 +44,14 @@ from perencode.grid import load_grid
 from perencode.io import atomic_torch_save
 from perencode.lm import prepare as lm_prepare
 
-RECIPE = ROOT / "recipes/gru_vocab256.toml"
 DUALFREQ = ROOT / "recipes/gru_dualfreq_vocab64.toml"
 
 
 def _args(out: Path, *extra: str, iterations: int = 10, every: int = 5,
           recipe: Path = RECIPE) -> list[str]:
-    return ["train", str(recipe), "--run-dir", str(out), "--device", "cpu", "--no-progress",
-            *tiny_overrides(f"train.iterations={iterations}", f"train.checkpoint_every={every}",
-                            "task.vocab_size=8", "task.length=6", "optim.warmup=2",
-                            "train.keep_checkpoints=\"all\"", *extra, recipe=recipe)]
-
-
-def _flat(text: str) -> str:
-    """Console output without the line breaks a narrow terminal puts in."""
-    return " ".join(text.split())
-
-
-def _one_line(code: int, text: str) -> str:
-    lines = text.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), text
-    assert "Traceback" not in text
-    return lines[0]
+    return train_args(out, f"train.iterations={iterations}", f"train.checkpoint_every={every}",
+                      "task.vocab_size=8", "task.length=6", "optim.warmup=2",
+                      "train.keep_checkpoints=\"all\"", *extra, recipe=recipe)
 
 
 def _weights(path: Path) -> dict:
@@ -119,9 +117,9 @@ def test_eval_and_stability_apply_the_same_test(cli, tmp_path):
     assert cli(*_args(theirs, "train.seed=5", recipe=DUALFREQ))[0] == 0
     shutil.copy(theirs / "checkpoints/step-10.pt", ours / "checkpoints/step-10.pt")
     want = "not a checkpoint of the run in"
-    line = _one_line(*cli("eval", ours, "--device", "cpu"))
+    line = one_line(*cli("eval", ours, "--device", "cpu"))
     assert want in line and "(train.seed: 5 in the checkpoint vs 111 in the run)" in line
-    line = _one_line(*cli("stability", ours, "--device", "cpu", "--triplets", 4,
+    line = one_line(*cli("stability", ours, "--device", "cpu", "--triplets", 4,
                           "--no-progress"))
     assert want in line and "train.seed: 5 in the checkpoint" in line
 
@@ -134,7 +132,7 @@ def test_an_empty_recipe_is_one_line(cli, tmp_path, monkeypatch, text, command):
     monkeypatch.chdir(tmp_path)
     recipe = tmp_path / "empty.toml"
     recipe.write_text(text)
-    line = _one_line(*cli(command, recipe, "--device", "cpu") if command == "train"
+    line = one_line(*cli(command, recipe, "--device", "cpu") if command == "train"
                      else cli(command, recipe))
     assert line == (f"error: {recipe}: names no task; a recipe needs at least [task] name = "
                     f"... (`perencode recipe-schema` lists every field and its default)")
@@ -153,7 +151,7 @@ def test_an_empty_recipe_is_one_line(cli, tmp_path, monkeypatch, text, command):
 ])
 def test_edge_values_are_refused_before_anything_is_written(cli, tmp_path, setting, says):
     out = tmp_path / "run"
-    line = _one_line(*cli(*_args(out, setting)))
+    line = one_line(*cli(*_args(out, setting)))
     assert says in line and line.count("(got") <= 1, line
     assert not out.exists()
 
@@ -164,7 +162,7 @@ def test_the_largest_seed_trains(cli, tmp_path):
 
 
 def test_a_folder_given_as_the_recipe_says_so(cli, tmp_path):
-    line = _one_line(*cli("train", tmp_path, "--device", "cpu"))
+    line = one_line(*cli("train", tmp_path, "--device", "cpu"))
     assert line == f"error: {tmp_path}: is a folder; give a recipe file (e.g. " \
         "recipes/gru_vocab256.toml)"
 
@@ -172,7 +170,7 @@ def test_a_folder_given_as_the_recipe_says_so(cli, tmp_path):
 def test_a_train_that_fails_before_its_first_step_claims_nothing(cli, tmp_path):
     out = tmp_path / "run"
     lm = ROOT / "recipes/lstm_wikitext103.toml"
-    line = _one_line(*cli("train", lm, "--run-dir", out, "--device", "cpu", "--force",
+    line = one_line(*cli("train", lm, "--run-dir", out, "--device", "cpu", "--force",
                           "--set", f"task.data={tmp_path / 'nowhere'}"))
     assert "nowhere" in line
     assert not out.exists()  # nothing claimed: the fixed command is not "a different recipe"
@@ -207,7 +205,7 @@ def test_a_filesystem_without_locks_is_one_line_with_the_way_out(cli, tmp_path, 
 
     monkeypatch.setattr(perencode.lock.fcntl, "lockf", no_locks)
     out = tmp_path / "run"
-    line = _one_line(*cli(*_args(out)))
+    line = one_line(*cli(*_args(out)))
     assert f"{out / '.perencode.lock'}: the filesystem refuses file locks (ENOLCK" in line
     assert "PERENCODE_NO_LOCK=1" in line and "local or lock-capable filesystem" in line
     assert not (out / ".perencode.lock").exists()
@@ -222,7 +220,7 @@ def test_a_corrupt_final_checkpoint_gets_advice_that_works(cli, tmp_path):
     out = tmp_path / "run"
     assert cli(*_args(out))[0] == 0
     (out / "checkpoints/step-10.pt").write_bytes(b"cut short")
-    line = _one_line(*cli("eval", out, "--device", "cpu"))
+    line = one_line(*cli("eval", out, "--device", "cpu"))
     older = out / "checkpoints/step-5.pt"
     advice = f"`perencode eval {out} --checkpoint {older}`"
     assert line.endswith(f"score the older step-5.pt with {advice}"), line
@@ -232,7 +230,7 @@ def test_a_corrupt_final_checkpoint_gets_advice_that_works(cli, tmp_path):
     only = tmp_path / "only"  # one kept checkpoint: a new run directory is the way
     assert cli(*_args(only, "train.keep_checkpoints=1"))[0] == 0
     (only / "checkpoints/step-10.pt").write_bytes(b"cut short")
-    line = _one_line(*cli("eval", only, "--device", "cpu"))
+    line = one_line(*cli("eval", only, "--device", "cpu"))
     assert line.endswith("no other checkpoint is kept: train the recipe again into a new run "
                          f"directory, `perencode train {only / 'recipe.toml'} --run-dir "
                          "NEW_DIR`"), line
@@ -284,8 +282,8 @@ def test_verify_clears_what_a_killed_verify_left_and_shares_the_figures_lock(
          "    print('held', flush=True); time.sleep(60)", str(out)],
         env=subprocess_env(), stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == "held"
-        line = _one_line(*cli("verify", paper_like, "--out", out, "--report-only"))
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        line = one_line(*cli("verify", paper_like, "--out", out, "--report-only"))
         assert f"{out}: in use by `figures` (pid {holder.pid}" in line
     finally:
         holder.kill()
@@ -311,6 +309,7 @@ def read_only(folder: Path):
                                     capture_output=True).returncode == 0
     if not done:
         pytest.skip("cannot make a read-only folder here (root without mount)")
+    assert mount is not None
     try:
         if subprocess.run([mount, "-o", "remount,ro,bind", str(folder)],
                           capture_output=True).returncode != 0:
@@ -371,7 +370,7 @@ def test_a_command_writing_into_a_read_only_folder_says_so_in_one_line(
     if command == "quickstart":  # its first line says what the demo runs, then it stops
         assert text.startswith("quick demo (cpu)"), text
         text = text.split("\n", 1)[1]
-    line = _one_line(code, text)
+    line = one_line(code, text)
     assert str(ro) in line and "read-only file system" in line.lower(), line
 
 
@@ -382,32 +381,17 @@ def test_eval_and_stability_of_a_run_on_a_read_only_mount_say_so_in_one_line(
     args = ["stability", run, "--triplets", 4, "--no-progress"] if command == "stability" \
         else ["eval", run]
     with read_only(run):
-        line = _one_line(*cli(*args, "--device", "cpu"))
+        line = one_line(*cli(*args, "--device", "cpu"))
     assert str(run) in line and "read-only file system" in line.lower(), line
 
 
 # -- 3: a sweep's workers die with it ---------------------------------------------------------
 
-SWEEP_GRID = """
-[task]
-name = "reverse"
-length = 4
-vocab_size = 8
-held_out = 16
-[model]
-hidden_size = 16
-embed_size = 8
-[optim]
-warmup = 2
-[train]
-iterations = {iterations}
-batch_size = 8
-checkpoint_every = {iterations}
-log_every = 10
-eval_batch_size = 16
-[grid]
-"train.seed" = [1, 2]
-"""
+def _sweep_grid(iterations: int) -> str:
+    """Two seeds of a tiny recipe, each `iterations` long (a checkpoint only at the end)."""
+    return tiny_toml(task={"vocab_size": 8}, optim={"warmup": 2},
+                     train={"iterations": iterations, "checkpoint_every": iterations,
+                            "log_every": 10}, grid={"train.seed": [1, 2]})
 
 
 def _lock_pid(run_dir: Path) -> int | None:
@@ -430,7 +414,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_workers_of_a_killed_sweep_checkpoint_and_stop(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(SWEEP_GRID.format(iterations=1_000_000))
+    grid.write_text(_sweep_grid(1_000_000))
     sweep = subprocess.Popen([PYTHON, "-m", "perencode", "sweep", str(grid), "--runs",
                               str(tmp_path / "runs"), "--jobs", "2", "--device", "cpu",
                               "--no-progress"], env=subprocess_env(),
@@ -440,7 +424,7 @@ def test_workers_of_a_killed_sweep_checkpoint_and_stop(tmp_path):
     while not all((c / "metrics.jsonl").exists() and _lock_pid(c) for c in cells):
         assert time.time() - t0 < 120 and sweep.poll() is None
         time.sleep(0.1)
-    workers = [_lock_pid(c) for c in cells]
+    workers = [pid for pid in map(_lock_pid, cells) if pid is not None]
     sweep.kill()
     sweep.wait()
     t0 = time.time()
@@ -455,7 +439,7 @@ def test_workers_of_a_killed_sweep_checkpoint_and_stop(tmp_path):
 @pytest.mark.slow
 def test_a_rerun_waits_for_a_live_worker_and_keeps_to_its_jobs(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(SWEEP_GRID.format(iterations=3000))
+    grid.write_text(_sweep_grid(3000))
     cells = load_grid(grid).cells
     first = tmp_path / "runs/g" / cells[0].name
     recipe = tmp_path / "cell.toml"
@@ -506,7 +490,7 @@ def test_lm_prepare_refuses_what_cannot_fit_with_the_way_out(tmp_path, monkeypat
     monkeypatch.setenv("SLURM_MEM_PER_NODE", "210")  # MB: SLURM's --mem=210M
     args = ["--source", corpus_1mb, "--out", out, "--vocab-size", 500, "--threads", 1,
             "--no-progress"]
-    line = _one_line(*_prepare(*args))
+    line = one_line(*_prepare(*args))
     paragraphs = sum(1 for line in (corpus_1mb / "wiki.train.raw").open()
                      if line.strip() and not line.startswith(" ="))
     size = sum(len(line.encode()) for line in (corpus_1mb / "wiki.train.raw").open()
@@ -580,21 +564,6 @@ def test_lm_prepare_removes_a_killed_runs_build_folder(tmp_path, corpus_1mb):
     assert f"removed {stale}, left by an lm-prepare that was killed" in _flat(text)
 
 
-def _trainers(pid: int) -> list[int]:
-    """The child processes of `pid` that multiprocessing spawned to run a function (not its
-    resource tracker, which ends by itself once its parent has gone)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            command = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and b"spawn_main" in command:
-            found.append(int(stat.parent.name))
-    return found
-
-
 def _ctrl_c_as_in_a_terminal():
     """A job started with `&` by a non-interactive shell (as CI may start the tests) ignores
     SIGINT, and Python then installs no KeyboardInterrupt handler: give the child the
@@ -612,6 +581,7 @@ def test_ctrl_c_stops_lm_prepare_within_seconds_and_leaves_nothing(tmp_path):
                             stderr=subprocess.STDOUT, text=True,
                             preexec_fn=_ctrl_c_as_in_a_terminal)
     lines = []
+    assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line)
         if "its log:" in line or "(kept as" in line:
@@ -621,7 +591,7 @@ def test_ctrl_c_stops_lm_prepare_within_seconds_and_leaves_nothing(tmp_path):
     while not (log.exists() and log.stat().st_size > 0):
         assert time.time() - t0 < 60, "".join(lines)
         time.sleep(0.1)
-    trainers = _trainers(proc.pid)
+    trainers = spawned_children(proc.pid)
     assert trainers, "the tokenizer trains in a child process"
     sent = time.time()
     proc.send_signal(signal.SIGINT)

@@ -49,6 +49,7 @@ def test_runs_at_the_paper_settings_say_nothing_of_a_demo(tmp_path):
     assert "Demo settings" not in page
 
 
+@pytest.mark.slow
 def test_every_figure_is_inline_and_nothing_is_fetched(report):
     out, page = report
     pngs = sorted(out.glob("*.png"))
@@ -62,6 +63,7 @@ def test_every_figure_is_inline_and_nothing_is_fetched(report):
     assert (out / f"{stem}.pdf").is_file() and (out / "results.csv").is_file()
 
 
+@pytest.mark.slow
 def test_each_claim_stands_beside_the_figure_of_its_runs(report):
     _, page = report
     found = sections(page)
@@ -79,6 +81,7 @@ def test_each_claim_stands_beside_the_figure_of_its_runs(report):
     assert ">pass</span>" in row
 
 
+@pytest.mark.slow
 def test_the_runs_behind_a_figure(report):
     _, page = report
     fig2 = sections(page)["fig02_reverse_vocabulary__nonpaper"]
@@ -92,9 +95,12 @@ def test_the_runs_behind_a_figure(report):
     assert f"<dt>device-hours</dt><dd>{17 * 20 / 3600:.3g}</dd>" in box
 
 
+@pytest.mark.slow
 def test_the_claims_not_run_with_their_reasons(report):
     _, page = report
-    summary = re.search(r'<div class="summary">(.*?)<br>', page).group(1)
+    found = re.search(r'<div class="summary">(.*?)<br>', page)
+    assert found, page
+    summary = found.group(1)
     assert re.fullmatch(r"49 claims; \d+ concern the \d+ finished runs given \(1 unfinished\): "
                         r"\d+ pass, \d+ fail, \d+ inconclusive; \d+ not run \(reasons below\)\.",
                         summary)
@@ -166,8 +172,10 @@ def test_a_browser_draws_the_page_offline(report, tmp_path):
 
     out, _ = report
     shot = tmp_path / "report.png"
+    browser = chromium()
+    assert browser is not None
     # No network, no profile, no GPU: the page must draw from the file alone.
-    subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
                     "--disable-background-networking", "--disable-component-update",
                     "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'p'}",
                     f"--screenshot={shot}", "--window-size=1200,2000",

@@ -13,43 +13,28 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import PYTHON, ROOT, run_cli, subprocess_env, tiny_overrides
+from conftest import (
+    PYTHON,
+    RECIPE,
+    ROOT,
+    flat,
+    run_cli,
+    subprocess_env,
+    tiny_toml,
+    train_args,
+)
 
 import perencode.train as train_module
 from perencode import runs
 
-RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
 DUAL = ROOT / "recipes" / "gru_dualfreq_vocab64.toml"
-GRID = """
-[task]
-name = "reverse"
-length = 4
-vocab_size = 8
-held_out = 16
-[model]
-hidden_size = 16
-embed_size = 8
-[train]
-iterations = 10
-batch_size = 8
-checkpoint_every = 5
-log_every = 5
-eval_batch_size = 16
-[grid]
-"train.seed" = [1]
-"""
+GRID = tiny_toml(task={"vocab_size": 8}, train={"checkpoint_every": 5}, grid={"train.seed": [1]})
 
 
 def _train_args(run_dir: Path, *extra: str, recipe: Path = RECIPE) -> list[str]:
-    return ["train", str(recipe), "--run-dir", str(run_dir), "--device", "cpu",
-            "--no-progress", *tiny_overrides("train.iterations=10", "train.checkpoint_every=5",
-                                             "task.vocab_size=8", "task.length=6",
-                                             "train.keep_checkpoints=\"all\"", *extra,
-                                             recipe=recipe)]
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
+    return train_args(run_dir, "train.iterations=10", "train.checkpoint_every=5",
+                      "task.vocab_size=8", "task.length=6", "train.keep_checkpoints=\"all\"",
+                      *extra, recipe=recipe)
 
 
 def _perencode(*args, cwd: Path | None = None, timeout: float = 120) -> tuple[int, str]:
@@ -94,23 +79,29 @@ def test_a_finished_run_whose_checkpoints_were_deleted_stays_finished(trained, t
     assert table["complete"].tolist() == [True] and table["status"].tolist() == ["finished"]
     code, text = run_cli("verify", tmp_path / "nock", "--out", tmp_path / "figs",
                          "--claims", "quick", "--report-only")
-    assert code == 0 and "1 finished run given" in _flat(text), text
+    assert code == 0 and "1 finished run given" in flat(text), text
 
     code, text = run_cli(*_train_args(run))  # never retrained over its results
-    assert code == 0 and "run is already complete" in _flat(text), text
+    assert code == 0 and "run is already complete" in flat(text), text
     code, text = run_cli("eval", run, "--device", "cpu")
-    assert code == 2 and "the run is finished but its model was deleted" in _flat(text), text
+    assert code == 2 and "the run is finished but its model was deleted" in flat(text), text
     assert {name: (run / name).read_bytes() for name in before} == before
     assert not (run / "checkpoints").exists()
 
 
-@pytest.mark.slow
-def test_a_sweep_over_a_finished_grid_without_checkpoints_retrains_nothing(tmp_path):
+def _swept(tmp_path: Path) -> tuple[list, Path]:
+    """GRID swept into tmp_path/sw in a subprocess: (the sweep's arguments, its one run)."""
     grid = tmp_path / "tiny.toml"
     grid.write_text(GRID)
     sweep = ["sweep", grid, "--runs", tmp_path / "sw", "--device", "cpu", "--no-progress"]
     assert _perencode(*sweep)[0] == 0
     [run] = runs.find_runs([tmp_path / "sw"])
+    return sweep, run
+
+
+@pytest.mark.slow
+def test_a_sweep_over_a_finished_grid_without_checkpoints_retrains_nothing(tmp_path):
+    sweep, run = _swept(tmp_path)
     shutil.rmtree(run / "checkpoints")
     before = {name: (run / name).read_bytes() for name in ("eval.json", "metrics.jsonl")}
     code, text = _perencode(*sweep, "--dry-run")
@@ -131,7 +122,7 @@ def test_a_run_of_an_earlier_perencode_is_recognised_without_status_json(trained
     assert code == 0 and "unfinished" not in text, text
     assert pd.read_csv(tmp_path / "figs" / "results.csv")["complete"].tolist() == [True]
     code, text = run_cli(*_train_args(run))
-    assert code == 0 and "run is already complete" in _flat(text), text
+    assert code == 0 and "run is already complete" in flat(text), text
     assert not (run / "checkpoints").exists()
 
 
@@ -147,7 +138,7 @@ def test_prune_frees_the_checkpoints_and_keeps_what_the_results_need(trained, tm
 
     code, text = run_cli("prune", tmp_path / "runs", "--dry-run")
     assert code == 0, text
-    text = _flat(text)
+    text = flat(text)
     assert f"{done}: would delete 2 checkpoint(s)" in text
     assert ("would record status.json first (no record: finished inferred from eval.json of "
             "the final iteration)") in text
@@ -157,7 +148,7 @@ def test_prune_frees_the_checkpoints_and_keeps_what_the_results_need(trained, tm
     assert {p: p.stat().st_size for p in kept if p.exists()} == kept  # nothing deleted
 
     code, text = run_cli("prune", tmp_path / "runs")
-    assert code == 0 and f"{done}: deleted 2 checkpoint(s)" in _flat(text), text
+    assert code == 0 and f"{done}: deleted 2 checkpoint(s)" in flat(text), text
     assert runs.Run(done).checkpoints() == [] and len(runs.Run(partial).checkpoints()) == 2
     status = json.loads((done / "status.json").read_text())
     assert status["state"] == "finished" and status["pruned"]["deleted"] == [
@@ -169,7 +160,7 @@ def test_prune_frees_the_checkpoints_and_keeps_what_the_results_need(trained, tm
     assert run_cli("stability", dual, "--triplets", 4, "--device", "cpu",
                    "--no-progress")[0] == 0
     code, text = run_cli("prune", dual)  # now stability.csv covers them: they go too
-    assert code == 0 and f"{dual}: deleted 2 checkpoint(s)" in _flat(text), text
+    assert code == 0 and f"{dual}: deleted 2 checkpoint(s)" in flat(text), text
     code, text = run_cli("stability", dual, "--triplets", 4, "--device", "cpu")
     assert code == 0, text  # every checkpoint it analysed is in stability.csv already
 
@@ -207,12 +198,12 @@ def test_the_first_non_finite_loss_is_named_and_the_last_finite_checkpoint_kept(
     code, text = run_cli(*_train_args(run))
     assert code == runs.DIVERGED_EXIT and len(calls) == 10, text  # found at the log step 10
     assert (f"{run}: diverged at iteration 7: loss is nan; training stopped and the last "
-            f"finite checkpoint is {run / 'checkpoints' / 'step-5.pt'}") in _flat(text)
+            f"finite checkpoint is {run / 'checkpoints' / 'step-5.pt'}") in flat(text)
     assert [k for k, _ in runs.Run(run).checkpoints()] == [5]
     assert [row["step"] for row in _strict_json_lines(run / "metrics.jsonl")] == [5]
 
     code, text = run_cli("eval", run, "--device", "cpu")
-    assert code == 2 and "its final model is not a result" in _flat(text), text
+    assert code == 2 and "its final model is not a result" in flat(text), text
     assert not (run / "eval.json").exists()
     code, text = run_cli("eval", run, "--device", "cpu", "--checkpoint",
                          run / "checkpoints" / "step-5.pt")
@@ -233,14 +224,14 @@ def test_diverged_runs_are_shown_as_such_never_as_numbers(trained, tmp_path):
 
     code, text = run_cli("figures", tmp_path / "runs", "--out", tmp_path / "figs")
     assert code == 0 and f"1 diverged run(s) listed in results.csv (status = diverged, no " \
-        f"metrics) and never plotted: {old} (iteration 10)" in _flat(text), text
+        f"metrics) and never plotted: {old} (iteration 10)" in flat(text), text
     table = pd.read_csv(tmp_path / "figs" / "results.csv").set_index("run")
     assert table.loc[str(old), "status"] == "diverged"
     assert pd.isna(table.loc[str(old), "token_accuracy"])
     assert table.loc[str(good), "token_accuracy"] >= 0
     code, text = run_cli("verify", tmp_path / "runs", "--out", tmp_path / "figs",
                          "--claims", "quick", "--report-only")
-    assert code == 0 and "1 finished run given (1 diverged)" in _flat(text), text
+    assert code == 0 and "1 finished run given (1 diverged)" in flat(text), text
 
 
 # -- 7: duplicates and links -----------------------------------------------------------------
@@ -252,7 +243,7 @@ def test_of_two_runs_of_one_recipe_the_finished_one_is_used(trained, tmp_path):
     complete = _copy(trained, tmp_path / "runs" / "b_complete")
     code, text = run_cli("figures", tmp_path / "runs", "--out", tmp_path / "figs")
     assert code == 0 and (f"{partial}: ignored, unfinished (iteration 10); the same recipe's "
-                          f"finished run {complete} is used") in _flat(text), text
+                          f"finished run {complete} is used") in flat(text), text
     table = pd.read_csv(tmp_path / "figs" / "results.csv")
     assert table["run"].tolist() == [str(complete)] and table["complete"].all()
 
@@ -263,16 +254,12 @@ def test_of_two_runs_of_one_recipe_the_finished_one_is_used(trained, tmp_path):
     code, text = run_cli("verify", tmp_path / "runs", "--out", tmp_path / "figs",
                          "--claims", "quick", "--report-only")
     assert code == 0 and (f"{other} and {complete}: two finished runs of the same recipe with "
-                          "different results (token_accuracy differ)") in _flat(text), text
+                          "different results (token_accuracy differ)") in flat(text), text
 
 
 @pytest.mark.slow
 def test_a_dangling_link_is_named_and_the_sweep_recreates_the_cell(tmp_path):
-    grid = tmp_path / "tiny.toml"
-    grid.write_text(GRID)
-    sweep = ["sweep", grid, "--runs", tmp_path / "sw", "--device", "cpu", "--no-progress"]
-    assert _perencode(*sweep)[0] == 0
-    [cell] = runs.find_runs([tmp_path / "sw"])
+    sweep, cell = _swept(tmp_path)
     shutil.move(cell, tmp_path / "elsewhere")  # linked from a grid deleted since
     cell.symlink_to(tmp_path / "gone", target_is_directory=True)
     (tmp_path / "sw" / "keep").mkdir()
@@ -282,10 +269,10 @@ def test_a_dangling_link_is_named_and_the_sweep_recreates_the_cell(tmp_path):
         code, text = run_cli(command, tmp_path / "sw", "--out", tmp_path / "figs",
                              *(["--report-only"] if command == "verify" else []))
         assert code == 0 and (f"{cell}: a link to {tmp_path / 'gone'}, which does not exist "
-                              "(its run was moved or deleted); skipped") in _flat(text), text
+                              "(its run was moved or deleted); skipped") in flat(text), text
     code, text = _perencode(*sweep, "--dry-run")
     assert code == 0 and f"a link to {tmp_path / 'gone'}, which does not exist" in \
-        _flat(text), text
+        flat(text), text
     code, text = _perencode(*sweep)
     assert code == 0 and "File exists" not in text, text
     assert not cell.is_symlink() and runs.Run(cell).is_complete()
@@ -300,7 +287,7 @@ def test_symlink_loops_do_not_hang_the_run_search(trained, tmp_path):
     (lp / "grid" / "back").symlink_to("..", target_is_directory=True)
     code, text = _perencode("figures", lp, "--out", tmp_path / "figs", timeout=60)
     assert code == 0, text
-    text = _flat(text)
+    text = flat(text)
     for link in (lp / "self", lp / "self2", lp / "grid" / "back"):
         assert text.count(f"note: {link}: a link back to") == 1, text
     assert pd.read_csv(tmp_path / "figs" / "results.csv")["run"].tolist() == [
@@ -316,12 +303,12 @@ def test_a_sweep_reports_a_diverged_cell_and_does_not_train_it_again(tmp_path):
     sweep = ["sweep", grid, "--runs", tmp_path / "sw", "--device", "cpu", "--no-progress"]
     code, text = _perencode(*sweep)
     [cell] = runs.find_runs([tmp_path / "sw"])
-    assert code == 1 and f"diverged: {cell}: a loss or weight was not finite" in _flat(text), \
+    assert code == 1 and f"diverged: {cell}: a loss or weight was not finite" in flat(text), \
         text
     assert runs.Run(cell).status()["state"] == "diverged"
     code, text = _perencode(*sweep, "--dry-run")
     assert code == 0 and "diverged at iteration 2 (loss is nan); not trained again" in \
-        _flat(text), text
+        flat(text), text
     code, text = _perencode(*sweep)
     assert code == 1 and "diverged at iteration 2 (loss is nan); not trained again" in \
-        _flat(text) and not (cell / "train.log").read_text().count("resuming"), text
+        flat(text) and not (cell / "train.log").read_text().count("resuming"), text

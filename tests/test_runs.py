@@ -6,6 +6,7 @@ import json
 import pytest
 import tomli_w
 import torch
+from conftest import tiny_recipe
 from torch import nn
 
 from perencode import runs
@@ -18,16 +19,15 @@ from perencode.train import training_generator
 
 
 def _recipe(keep=None, vocab=8, seed=111):
-    train = {"iterations": 30, "checkpoint_every": 10, "seed": seed, "log_every": 5}
+    train = {"iterations": 30, "checkpoint_every": 10, "seed": seed}
     if keep is not None:
         train["keep_checkpoints"] = keep
-    return validate({"task": {"name": "reverse", "vocab_size": vocab, "length": 6,
-                              "held_out": 32},
-                     "model": {"arch": "gru", "hidden_size": 16, "embed_size": 16},
-                     "encoding": {"kind": "none"}, "train": train}, "test")
+    return validate(tiny_recipe(task={"vocab_size": vocab, "length": 6, "held_out": 32},
+                                model={"arch": "gru", "embed_size": 16},
+                                encoding={"kind": "none"}, train=train), "test")
 
 
-def _state(seed=0):
+def _state(seed: int = 0) -> tuple[nn.Linear, torch.optim.Adam, torch.Generator]:
     """A model, its Adam optimizer after one step, and a batch generator."""
     torch.manual_seed(seed)
     model = nn.Linear(3, 2)

@@ -168,7 +168,7 @@ def test_time_limit_signals_checkpoints_requeues_and_resumes(tmp_path):
                                          "checkpoint_every = 10": f"checkpoint_every = {n // 2}",
                                          "log_every = 5": "log_every = 500"})
     out = tmp_path / "runs"
-    holder = {}
+    holder: dict = {}
     thread = threading.Thread(target=lambda: holder.update(result=sweep(grid, out, 900)))
     thread.start()
     run_dir = out / "long" / "seed=111"
@@ -197,7 +197,7 @@ def test_cancelled_job_resumes_with_the_next_sweep(tmp_path):
                                "checkpoint_every = 10": f"checkpoint_every = {n // 4}",
                                "log_every = 5": "log_every = 500"})
     out = tmp_path / "runs"
-    holder = {}
+    holder: dict = {}
     thread = threading.Thread(target=lambda: holder.update(result=sweep(grid, out)))
     thread.start()
     run_dir = out / "cancel" / "seed=222"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import math
 import shutil
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -135,8 +136,8 @@ def test_batch_dims_and_slow_reference():
     for i in range(2):
         for j in range(3):
             ref = slow_metrics(A[i, j], B[i, j])
-            for key, value in ref.items():
-                assert together[key][i, j].item() == pytest.approx(value, rel=1e-10,
+            for key, expected in ref.items():
+                assert together[key][i, j].item() == pytest.approx(expected, rel=1e-10,
                                                                    abs=1e-12), key
 
 
@@ -285,7 +286,7 @@ def test_jacobians_match_autograd_and_finite_differences(arch, target_step):
     torch.manual_seed(1)
     tokens = torch.randint(6, (2, 12))
     J, out = st.jacobians(model, tokens, target_step, chunk_size=2)  # chunked on purpose
-    reference = reference_s4d if arch == "s4d" else reference_rnn
+    reference: Callable = reference_s4d if arch == "s4d" else reference_rnn
     z, f = reference(model, tokens, target_step)
     width = {"gru": 3, "lstm": 6, "s4d": 3 * 2 * 2}[arch]  # h; [h; c]; H x N/2 x (re, im)
     assert J.shape == (2, 3, width) and out.shape == (2, 3) and z.shape == (2, width)
@@ -344,7 +345,7 @@ def test_csv_has_every_checkpoint_condition_and_comparison(analysed):
     run, rows, _ = analysed
     assert tuple(rows[0]) == st.COLUMNS
     assert len(rows) == 3 * 16 * 2
-    cells = {}
+    cells: dict[tuple[str, str, str, str], int] = {}
     for r in rows:
         key = (r["iteration"], r["comparison"], r["target"], r["disturbants"])
         cells[key] = cells.get(key, 0) + 1
@@ -357,8 +358,8 @@ def test_csv_has_every_checkpoint_condition_and_comparison(analysed):
         assert r["model"] == arch and r["encoding"] == "sinusoidal"
         assert r["seed"] == "111" and r["metric"] == "weighted"
         assert r["stability"] == r["stability_weighted"]
-        for key in ("stability", "stability_mean", "stability_frobenius", "forward_cosine"):
-            assert -1.0 <= float(r[key]) <= 1.0, key
+        for column in ("stability", "stability_mean", "stability_frobenius", "forward_cosine"):
+            assert -1.0 <= float(r[column]) <= 1.0, column
         assert float(r["frobenius_distance"]) >= 0 and float(r["forward_distance"]) >= 0
 
 

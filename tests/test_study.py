@@ -59,6 +59,7 @@ def test_the_suite_runs_with_entry_point_loading_off():
     assert plugins.load_entry_points() == []  # the example may be installed beside it
 
 
+@pytest.mark.slow
 def test_the_autoload_switch_turns_entry_points_off_and_leaves_explicit_plugins_on(tmp_path):
     env = installed_fake(tmp_path)
     code, text = show(autoloading(env))
@@ -295,7 +296,7 @@ def test_a_global_option_after_the_command_says_where_it_goes(cli):
 
 def plugin_run(root: Path, name: str = "run", **recipe) -> Path:
     """A finished fake minGRU run recording the example's plugin as an installed one."""
-    data = {"task": {"name": "reverse", "vocab_size": 8, "length": 4},
+    data: dict[str, dict] = {"task": {"name": "reverse", "vocab_size": 8, "length": 4},
             "model": {"arch": "mingru", "hidden_size": 16, "embed_size": 16},
             "train": {"iterations": 10}}
     for key, value in recipe.items():
@@ -539,9 +540,11 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
     monkeypatch.setattr(figures, "_save", colours_then_save)
     figures.make_figures([root], tmp_path / "fig")
     assert list(drawn) == ["fig02_reverse_vocabulary__nonpaper"]  # no other_ figure
+    my_pe = figures._colour("encoding.kind", "my_pe")
+    assert my_pe is not None
     assert drawn["fig02_reverse_vocabulary__nonpaper"] == {
         "Vanilla": to_hex("tab:blue"), "Position-Encoded": to_hex("tab:orange"),
-        "my_pe": to_hex(figures._colour("encoding.kind", "my_pe"))}
+        "my_pe": to_hex(my_pe)}
     builtin = {figures._colour("encoding.kind", n) for n in kinds.names("encoding")}
     assert figures._colour("encoding.kind", "my_pe") not in builtin
 
@@ -549,6 +552,7 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
 # -- a plugin's labels without the plugin: as its runs recorded them ------------------------------
 
 
+@pytest.mark.slow
 def test_figures_without_the_plugin_label_its_kind_as_its_runs_recorded(tmp_path, monkeypatch):
     from test_plugins import LIN_RAMP, perencode
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PYTHON, ROOT, subprocess_env, tiny_overrides
+from conftest import PYTHON, ROOT, subprocess_env, tiny_overrides, tiny_toml
 
 from perencode import doctor, runs
 from perencode.recipe import Recipe
@@ -141,26 +141,11 @@ def test_under_nohup_a_hang_up_changes_nothing(tmp_path):
     assert runs.Run(out).is_complete() and not (out / "checkpoints/resume.pt").exists()
 
 
-GRID = """
-[task]
-name = "reverse"
-length = 4
-vocab_size = 8
-held_out = 16
-[model]
-hidden_size = 16
-embed_size = 8
-[optim]
-warmup = 2
-[train]
-iterations = {iterations}
-batch_size = 8
-checkpoint_every = {iterations}
-log_every = 10
-eval_batch_size = 16
-[grid]
-"train.seed" = [1]
-"""
+def _grid(iterations: int) -> str:
+    """One seed of a tiny recipe, `iterations` long (a checkpoint only at the end)."""
+    return tiny_toml(task={"vocab_size": 8}, optim={"warmup": 2},
+                     train={"iterations": iterations, "checkpoint_every": iterations,
+                            "log_every": 10}, grid={"train.seed": [1]})
 
 
 def _sweep(grid: Path, runs_dir: Path) -> list[str]:
@@ -171,7 +156,7 @@ def _sweep(grid: Path, runs_dir: Path) -> list[str]:
 @pytest.mark.slow
 def test_a_hang_up_stops_a_sweep_and_its_worker_with_a_checkpoint(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(iterations=1_000_000))
+    grid.write_text(_grid(1_000_000))
     cell = tmp_path / "runs/g/seed=1"
     # Its own session: the hang-up reaches the sweep and its worker, as a terminal's does.
     sweep = subprocess.Popen(_sweep(grid, tmp_path / "runs"), start_new_session=True,
@@ -190,7 +175,7 @@ def test_a_hang_up_stops_a_sweep_and_its_worker_with_a_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_a_sweep_whose_board_cannot_be_written_finishes_its_runs(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(iterations=20))
+    grid.write_text(_grid(20))
     with open("/dev/full", "w") as full:
         done = subprocess.run(_sweep(grid, tmp_path / "runs"), stderr=full,
                               stdout=subprocess.PIPE, text=True, env=subprocess_env(),
@@ -270,7 +255,7 @@ def test_a_dense_held_out_set_is_drawn_from_the_rows_left(held_out):
     def no_redraws(n, generator):
         raise AssertionError("a dense held-out set is not redrawn row by row")
 
-    task.draw = no_redraws  # type: ignore[method-assign]
+    task.draw = no_redraws
     held = {tuple(r) for r in task.held_out.tolist()}
     seen: set = set()
     generator = torch.Generator().manual_seed(0)

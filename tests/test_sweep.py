@@ -13,7 +13,7 @@ import time
 import pandas as pd
 import pytest
 import torch
-from conftest import PYTHON, ROOT, subprocess_env
+from conftest import PYTHON, ROOT, assert_scores_consistent, subprocess_env, tiny_toml
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
@@ -24,27 +24,7 @@ from perencode.cli import app
 from perencode.grid import load_grid
 from perencode.sweep import SweepOptions, TrainJob, run_sweep
 
-TINY = """
-[task]
-name = "reverse"
-length = 4
-held_out = 16
-
-[model]
-hidden_size = 16
-embed_size = 8
-
-[optim]
-lr = 1e-2
-warmup = 2
-
-[train]
-iterations = 10
-batch_size = 8
-checkpoint_every = 10
-log_every = 5
-eval_batch_size = 16
-"""
+TINY = tiny_toml(optim={"lr": 1e-2, "warmup": 2}, train={"checkpoint_every": 10})
 AXES = """
 [grid]
 "task.vocab_size" = [8, 16]
@@ -68,6 +48,17 @@ def swept(tmp_path_factory):
     grid.write_text(TINY + AXES)
     code, output = sweep(grid, "--runs", root / "runs", "--jobs", "2")
     return grid, root / "runs", code, output
+
+
+def test_a_one_cell_sweep_trains_and_scores_its_run(tmp_path):
+    """The fast set's sweep: one tiny cell trained by the local executor's child process."""
+    grid = tmp_path / "one.toml"
+    grid.write_text(TINY + '[grid]\n"train.seed" = [111]\n')
+    code, output = sweep(grid, "--runs", tmp_path / "runs")
+    assert code == 0, output
+    [run] = runs.find_runs([tmp_path / "runs"])
+    assert runs.Run(run).is_complete()
+    assert_scores_consistent(json.loads((run / "eval.json").read_text()))
 
 
 @pytest.mark.slow
@@ -150,7 +141,9 @@ def test_analyses_run_after_training_until_their_output_is_complete(swept):
     planned = plan(load_grid(after, only=["seed=222"]), out)
     assert [r.state for r in planned] == ["reuse"] * 4
     assert all(r.commands == [["stability", str(r.dir)]] for r in planned)
-    csv = planned[0].twin / "stability.csv"
+    twin = planned[0].twin
+    assert twin is not None
+    csv = twin / "stability.csv"
     csv.write_text("iteration,stability\n10,1.0\n")  # covers the run's one checkpoint
     try:
         again = plan(load_grid(after, only=["seed=222"]), out)
@@ -297,6 +290,7 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
                               "--only", "vocab_size=8", "--only", "seed=111", "--device",
                               "cpu", "--no-progress"], env=subprocess_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert first.stdout is not None
     lock = out / "tiny" / ".perencode.lock"
     deadline = time.monotonic() + 60
     while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:

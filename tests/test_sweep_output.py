@@ -13,10 +13,12 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer.main
-from conftest import PYTHON, run_cli, subprocess_env
+from conftest import PYTHON, run_cli, subprocess_env, tiny_toml
+from conftest import flat as _flat
 from typer.testing import CliRunner
 
 from perencode import doctor, runs
@@ -24,43 +26,17 @@ from perencode.cli import app
 from perencode.grid import load_grid
 from perencode.sweep.plan import RunState, plan, prepare
 
-GRID = """
-[task]
-name = "reverse"
-length = 4
-held_out = 16
-
-[model]
-hidden_size = 16
-embed_size = 8
-
-[optim]
-lr = 1e-2
-warmup = 2
-
-[train]
-iterations = {iterations}
-batch_size = 8
-checkpoint_every = {iterations}
-log_every = 10
-eval_batch_size = 16
-
-[grid]
-"task.vocab_size" = [8]
-"encoding.kind" = ["sinusoidal"]
-"train.seed" = [111, 222]
-"""
 CELLS = ["vocab_size=8/encoding=sinusoidal/seed=111", "vocab_size=8/encoding=sinusoidal/seed=222"]
 
 
 def _grid(tmp_path: Path, iterations: int = 10) -> Path:
     path = tmp_path / "g.toml"
-    path.write_text(GRID.format(iterations=iterations))
+    path.write_text(tiny_toml(optim={"lr": 1e-2, "warmup": 2},
+                              train={"iterations": iterations, "checkpoint_every": iterations,
+                                     "log_every": 10},
+                              grid={"task.vocab_size": [8], "encoding.kind": ["sinusoidal"],
+                                    "train.seed": [111, 222]}))
     return path
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _piped(*args) -> subprocess.CompletedProcess:
@@ -76,6 +52,7 @@ def _ctrl_c_as_in_a_terminal():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new(tmp_path):
     grid = _grid(tmp_path, iterations=1_000_000)
     out = tmp_path / "runs"
@@ -100,7 +77,8 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new
     assert re.fullmatch(rf"interrupted: 1 run\(s\) stopped with a checkpoint \({CELLS[0]} at "
                         rf"step \d+\); 1 not started; 0 of 2 finished\. Run the same command "
                         r"again to resume \(finished runs are skipped\)\.", lines[0]), lines
-    assert int(re.search(r"at step (\d+)", lines[0])[1]) == step  # its last logged step
+    at = re.search(r"at step (\d+)", lines[0])
+    assert at and int(at[1]) == step  # its last logged step
     # The never-started cell is not listed as a problem ("new: DIR: "), only counted.
     assert not [line for line in output.splitlines() if line.startswith(("new:", "partial:"))]
     assert (first / "checkpoints/resume.pt").exists()
@@ -146,6 +124,7 @@ def test_a_dry_run_that_finds_a_conflict_names_the_field_and_exits_2(tmp_path):
     assert code == 0, text  # the other cell alone: no conflict
 
 
+@pytest.mark.slow
 def test_a_sweep_names_the_field_of_a_conflict(tmp_path):
     grid, out = _conflicting(tmp_path)
     done = _piped("sweep", grid, "--runs", out, "--device", "cpu", "--no-progress",
@@ -156,6 +135,7 @@ def test_a_sweep_names_the_field_of_a_conflict(tmp_path):
         "0.02 there vs 0.01 in the grid)" in _flat(text), text
 
 
+@pytest.mark.slow
 def test_run_names_are_whole_in_the_tables_printed_off_a_terminal(tmp_path):
     grid, out = _conflicting(tmp_path)
     done = _piped("sweep", grid, "--runs", out, "--dry-run", "--device", "cpu")
@@ -168,7 +148,7 @@ def test_run_names_are_whole_in_the_tables_printed_off_a_terminal(tmp_path):
     assert [row.split("│")[1].strip() for row in rows] == CELLS[:1], done.stderr
 
 
-def _commands(group, path=()) -> list[tuple[tuple[str, ...], object]]:
+def _commands(group, path=()) -> list[tuple[tuple[str, ...], Any]]:
     found = []
     for name, command in group.commands.items():
         found.append(((*path, name), command))

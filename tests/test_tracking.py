@@ -177,8 +177,9 @@ def test_tensorboard_serves_every_run_of_a_sweep(cli, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"http://localhost:{port}/data/plugin/scalars"
+    tags: dict = {}
     try:
-        t0, tags = time.time(), {}
+        t0 = time.time()
         while len(tags) < 2:
             assert proc.poll() is None and time.time() - t0 < 60
             time.sleep(0.5)
@@ -214,14 +215,24 @@ def test_truncating_rewrites_through_io_and_clears_a_killed_rewrite(tmp_path, mo
     stale, foreign = folder / ".truncating.abcdefgh.tmp", folder / ".notes.abcdefgh.tmp"
     stale.write_bytes(b"cut")
     foreign.write_bytes(b"kept")
-    made, synced = [], []
+    made: list[tuple[int, str]] = []
+    synced: list[Path] = []
     mkstemp, fsync_dir = io.tempfile.mkstemp, io.fsync_dir
-    monkeypatch.setattr(io.tempfile, "mkstemp", lambda **kw: made.append(mkstemp(**kw))
-                        or made[-1])
-    monkeypatch.setattr(io, "fsync_dir", lambda p: synced.append(Path(p)) or fsync_dir(p))
+
+    def made_temporary(**kw):
+        made.append(mkstemp(**kw))
+        return made[-1]
+
+    def synced_folder(p):
+        synced.append(Path(p))
+        return fsync_dir(p)
+
+    monkeypatch.setattr(io.tempfile, "mkstemp", made_temporary)
+    monkeypatch.setattr(io, "fsync_dir", synced_folder)
     tracking.truncate_events(folder, 3)
     assert [e.step for e in EventFileLoader(str(path)).Load()] == [1, 2, 3]
     name = os.path.basename(made[0][1])  # io's temporary name, without "tfevents"
-    assert io.TEMP_RE.match(name).group("target") == tracking.TRUNCATING
+    matched = io.TEMP_RE.match(name)
+    assert matched and matched.group("target") == tracking.TRUNCATING
     assert synced == [folder]
     assert sorted(p.name for p in folder.iterdir()) == [foreign.name, path.name]

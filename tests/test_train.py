@@ -6,26 +6,28 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import (
     PYTHON,
+    RECIPE,
     ROOT,
     TINY_MODEL,
     assert_scores_consistent,
     subprocess_env,
     tiny_model,
     tiny_overrides,
+    tmpfs,
+    train_args,
 )
 
 import perencode.io
 from perencode import runs
 from perencode.recipe import OptimConfig
 from perencode.train import learning_rate
-
-RECIPE = ROOT / "recipes/gru_vocab256.toml"
 
 
 def test_timm_schedule_known_values():
@@ -53,10 +55,8 @@ def test_cosine_schedule_reaches_zero_at_last_iteration():
 
 def _train_args(out: Path, iterations: int = 30, every: int = 10,
                 recipe: Path = RECIPE) -> list[str]:
-    return ["train", str(recipe), "--run-dir", str(out), "--device", "cpu", "--no-progress",
-            *tiny_overrides(f"train.iterations={iterations}",
-                            f"train.checkpoint_every={every}", "task.vocab_size=8",
-                            "task.length=6", "optim.warmup=5", recipe=recipe)]
+    return train_args(out, f"train.iterations={iterations}", f"train.checkpoint_every={every}",
+                      "task.vocab_size=8", "task.length=6", "optim.warmup=5", recipe=recipe)
 
 
 def _final_model(run_dir: Path) -> dict:
@@ -76,9 +76,10 @@ def _spawn(args: list[str]) -> subprocess.Popen:
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
-    t0 = time.time()
+    t0, stdout = time.time(), proc.stdout
+    assert stdout is not None
     while not path.exists():
-        assert proc.poll() is None, proc.stdout.read().decode()
+        assert proc.poll() is None, stdout.read().decode()
         assert time.time() - t0 < timeout
         time.sleep(0.02)
 
@@ -288,6 +289,7 @@ def test_chunked_loss_equals_full_loss_and_gradients(mask):
     chunked, chunk_hits = loss_fn(model, batch, count_hits=True, chunk_logits=30)  # 3 rows
     chunked.backward()
     torch.testing.assert_close(chunked, full)
+    assert chunk_hits is not None and hits is not None
     assert int(chunk_hits) == int(hits)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[n], msg=n)
@@ -314,6 +316,7 @@ def test_padding_row_of_a_task_is_zero_and_frozen(arch):
                                        pad_id=5))
     assert model.embedding.weight[5].abs().sum() == 0
     model(torch.tensor([[5, 1, 5, 2]])).sum().backward()
+    assert model.embedding.weight.grad is not None
     assert model.embedding.weight.grad[5].abs().sum() == 0
     assert model.embedding.weight.grad[1].abs().sum() > 0
 
@@ -383,7 +386,7 @@ def test_two_train_processes_on_one_run_dir_train_once(tmp_path):
 
 def _refuse_writes_of(monkeypatch, name: str, code: int = errno.ENOSPC) -> None:
     """Make the filesystem refuse atomic writes of `name` (as a full disk would)."""
-    real = perencode.io.tempfile.mkstemp
+    real: Callable[..., tuple[int, str]] = perencode.io.tempfile.mkstemp
 
     def mkstemp(*args, prefix="", **kwargs):
         if prefix == f".{name}.":
@@ -422,16 +425,7 @@ def test_a_read_only_run_dir_before_any_checkpoint(cli, tmp_path, monkeypatch):
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs (root and a mount that works: a container may forbid it)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
-                           capture_output=True, text=True)
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
-    yield disk
-    subprocess.run(["umount", str(disk)], check=True)
+    yield from tmpfs(tmp_path / "disk", "2m")
 
 
 def test_disk_full_on_a_real_small_filesystem(cli, tmp_path, small_disk):
