@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import ROOT, assert_scores_consistent, run_cli, tiny_overrides
 
-from perencode import doctor
+from perencode import doctor, kinds
 from perencode.recipe import load_recipe
 
 pytestmark = [pytest.mark.gpu,
@@ -51,15 +51,14 @@ def test_train_eval_stability_on_cuda(arch, tmp_path):
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
-@pytest.mark.parametrize("arch", doctor.ARCHS)
-@pytest.mark.parametrize("encoding", doctor.ENCODINGS)
+@pytest.mark.parametrize("arch,encoding", doctor.equivalence_models())
 def test_training_steps_on_cuda_match_the_cpu(arch, encoding):
     recipe = doctor.small_recipe(arch, encoding, doctor.EQUIVALENCE_SIZE)
     precision = "tf32" if doctor.tf32_in_effect(CUDA, arch) else "fp32"
     assert doctor.equivalence(recipe, CUDA, CPU) < doctor.TOLERANCE[precision]
 
 
-@pytest.mark.parametrize("arch", doctor.ARCHS)
+@pytest.mark.parametrize("arch", kinds.names("model"))
 def test_training_steps_on_cuda_in_strict_fp32_match_the_cpu(arch, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)

@@ -144,4 +144,5 @@ def test_recipes_are_read_from_the_checkout_else_from_the_working_directory(tmp_
     monkeypatch.setattr(grid, "CHECKOUT", tmp_path / "site-packages")  # a wheel install
     assert repository_root() == Path() and paper_folder() is None
     (tmp_path / "recipes" / "paper").mkdir(parents=True)  # run in a clone, the container
-    assert paper_folder() == Path("recipes/paper") and paper_folder().is_dir()
+    folder = paper_folder()
+    assert folder == Path("recipes/paper") and folder.is_dir()

@@ -289,7 +289,7 @@ def test_doctor_checks_a_plugin_model_as_it_checks_a_built_in(registered):
     assert all(r.verdict == doctor.PASS and r.measured.startswith("0.00e+00 apart")
                for r in rows)
     recipe = doctor.small_recipe("elman", "sinusoidal", doctor.CPU_SIZE)
-    assert (recipe.model.arch, recipe.model.nonlinearity) == ("elman", "tanh")
+    assert (recipe.model.arch, recipe.model.model_dump()["nonlinearity"]) == ("elman", "tanh")
 
     def broken(params):  # the study's recurrent weights off by about an update
         params["rnn.weight_hh_l0"] += 10 * recipe.optim.lr * torch.ones_like(
