@@ -44,12 +44,12 @@ import torch
 from perencode import preflight, runs
 from perencode.bench import bench
 from perencode.console import console
+from perencode.cost import Estimates, device_label
 from perencode.evaluate import evaluate_model
 from perencode.experiment import build
 from perencode.grid import load_grid
 from perencode.models import SequenceModel, build_model
 from perencode.recipe import Recipe, load_recipe, validate
-from perencode.sweep.cost import Estimates, device_label
 from perencode.tasks import Batch, make
 from perencode.train import CHUNK_LOGITS, make_optimizer, train, train_step, training_generator
 
@@ -506,7 +506,7 @@ def speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_r
     each grid from the `sweep --estimate` cache under `runs_root`, which this fills: the
     recipe's shape from that bench, an architecture not yet measured from its grid's first
     cell (3 iterations, as `--estimate` times it); the other shapes extrapolated by FLOPs
-    (perencode.sweep.cost). A cell shared by two grids counts in each."""
+    (perencode.cost). A cell shared by two grids counts in each."""
 
     label = device_label(device, torch.get_num_threads())
     m, t = recipe.model, recipe.task

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from perencode.cost import COSTLESS_TRAIN_FIELDS
 from perencode.errors import UserError
 from perencode.recipe import (
     BOOKKEEPING,
@@ -15,7 +16,6 @@ from perencode.recipe import (
     parse_value,
 )
 from perencode.schema import schema_rows
-from perencode.sweep.cost import COSTLESS_TRAIN_FIELDS
 
 
 def write(tmp_path, text: str) -> Path:

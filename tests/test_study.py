@@ -17,10 +17,10 @@ from test_sweep import TINY
 
 from perencode import kinds, plugins
 from perencode import runs as runs_module
+from perencode.cost import held_out_iterations
 from perencode.errors import UserError
 from perencode.grid import axis_options, load_grid
 from perencode.recipe import read_toml, tomllib, validate
-from perencode.sweep.cost import held_out_iterations
 from perencode.verify import Claim
 
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
