@@ -354,8 +354,8 @@ def claims_schema(
     """Print every field of a claims file's claim tables as a Markdown table
     (docs/claims.md)."""
     from perencode.schema import model_rows
-    from perencode.verify import Claim
-    from perencode.verify import claims_schema as schema
+    from perencode.verdicts import Claim
+    from perencode.verdicts import claims_schema as schema
 
     if as_json:
         print(json.dumps(schema(), indent=2))

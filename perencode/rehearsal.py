@@ -15,7 +15,7 @@ from pathlib import Path
 
 from perencode.errors import UserError
 from perencode.figures import FIGURES
-from perencode.verify import VERDICTS, claims_file, load_claims
+from perencode.verdicts import VERDICTS, claims_file, load_claims
 
 
 def write_corpus(folder: str | Path, seed: int = 0) -> dict[str, dict]:

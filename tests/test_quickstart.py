@@ -14,7 +14,8 @@ from perencode.errors import UserError
 from perencode.figures import make_figures
 from perencode.grid import load_grid
 from perencode.quickstart import DEMOS, choose_demo
-from perencode.verify import load_claims, verify_runs
+from perencode.verdicts import load_claims
+from perencode.verify import verify_runs
 
 
 def test_auto_picks_the_gpu_demo_only_where_cuda_is_present():

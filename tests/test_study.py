@@ -21,7 +21,7 @@ from perencode.cost import held_out_iterations
 from perencode.errors import UserError
 from perencode.grid import axis_options, load_grid
 from perencode.recipe import read_toml, tomllib, validate
-from perencode.verify import Claim
+from perencode.verdicts import Claim
 
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
 
