@@ -413,3 +413,12 @@ def explain(grid: Grid) -> list[tuple[str, str, str]]:
                     seen.append(format_value(value))
     return [(key, ", ".join(shown), grid.origins.get(key, "default"))
             for key, shown in values.items()]
+
+
+def paper_folder() -> Path | None:
+    """recipes/paper/ of the checkout this package runs from, or of the working directory
+    (the container's /work); None where neither has it."""
+    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
+        if (root / "recipes" / "paper").is_dir():
+            return root / "recipes" / "paper"
+    return None

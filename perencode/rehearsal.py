@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 from perencode.errors import UserError
-from perencode.figures import FIGURES
+from perencode.plots import FIGURES
 from perencode.verdicts import VERDICTS, claims_file, load_claims
 
 

@@ -1,6 +1,6 @@
 """One page for a reviewer (`perencode report`): report.html beside the figures.
 
-`make_report` draws the figures (perencode.figures, into the same folder), checks the
+`make_report` draws the figures (perencode.plots, into the same folder), checks the
 claims (perencode.verdicts, nothing written but the page) and writes `report.html`: a
 summary of the verdicts; then each figure with the claims it supports beside it (a claim
 stands beside the figure drawing the largest share of the runs its verdict rests on, the
@@ -27,16 +27,16 @@ from perencode import plugins
 from perencode import runs as run_dirs
 from perencode.console import console
 from perencode.errors import UserError
-from perencode.figures import (
-    FIGURES,
-    Figure,
-    figure_parts,
-    make_figures,
-    other_figures,
-)
 from perencode.io import atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.naming import format_value, short_key
+from perencode.plots import (
+    FIGURES,
+    Figure,
+    draw_figures,
+    figure_parts,
+    other_figures,
+)
 from perencode.results import Results, collect
 from perencode.verdicts import (
     BUNDLED_CLAIMS,
@@ -351,7 +351,7 @@ def make_report(runs: list[Path], claims: str | Path = "paper",
     out = Path(out)
     results = collect(run_paths, "report", accept_code_change)
     checked = check_claims(run_paths, claims, results=results)  # a bad claims file stops it here
-    written = make_figures(run_paths, out=out, results=results)
+    written = draw_figures(results, out)
     others = [] if checked.decided else other_claims(checked, run_paths, results)
     if others:
         console.print(f"no claim of {checked.claims_path.name} concerns these runs; "

@@ -10,7 +10,7 @@ import re
 import pytest
 from paper_tree import paper_tree
 
-from perencode.figures import FIGURES
+from perencode.plots import FIGURES
 from perencode.report import make_report
 from perencode.verdicts import load_claims
 from perencode.verify import verify_runs

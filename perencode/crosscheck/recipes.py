@@ -24,8 +24,7 @@ from typing import Any
 from perencode.crosscheck.authors import Authors, NotRun
 from perencode.crosscheck.models import script_literals
 from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN, Check
-from perencode.figures import paper_folder
-from perencode.grid import load_grid
+from perencode.grid import load_grid, paper_folder
 from perencode.recipe import Recipe
 
 # The script that trains each (task, architecture); "s4d" selects the SSM scripts.
