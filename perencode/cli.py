@@ -570,16 +570,29 @@ def quickstart(
     progress: bool = typer.Option(True, help="Show the live run table."),
 ) -> None:
     """The paper's headline effect in about 15 minutes: sweep, figures, claims."""
-    from perencode.quickstart import run_quickstart
+    import time
+
+    from perencode.quickstart import finish, start
+    from perencode.report import make_report
+    from perencode.sweep import run_sweep
+    from perencode.verify import verify_runs
 
     if old_figures is not None:  # the old spelling `[--out RUNS] --figures FIGURES`
         if runs is not None:
             raise UserError("--figures is the old spelling of --out; use --runs and --out")
         runs, out = out, renamed(None, old_figures, "--out (and the old --out is --runs)",
                                  "--figures")
-    raise typer.Exit(run_quickstart(device, out=runs or Path("runs"),
-                                    figures=out or Path("figures"), jobs=jobs,
-                                    progress=progress))
+    runs = runs or Path("runs")
+    demo, runs_dir, figures_dir = start(device, runs, out or Path("figures"))
+    began = time.monotonic()
+    code = run_sweep(demo.grid, out=runs, jobs=jobs or demo.jobs,
+                     runs_per_gpu=demo.runs_per_gpu, device=demo.device, progress=progress)
+    swept = code == 0
+    if swept:  # verify.md, then the page a reviewer opens: each figure beside its claims
+        code = verify_runs([runs_dir], claims=demo.claims, out=figures_dir)
+        make_report([runs_dir], claims=demo.claims, out=figures_dir)
+    finish(demo, figures_dir, time.monotonic() - began, drawn=swept)
+    raise typer.Exit(code)
 
 
 @app.command()
