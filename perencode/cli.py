@@ -758,9 +758,9 @@ def rehearsal_check(
 ) -> None:
     """Check that every claim was decided or reported and every figure was drawn."""
 
-    from perencode.rehearsal import check
+    from perencode.rehearsal import check_outputs
 
-    for line in check(figures_dir, claims):
+    for line in check_outputs(figures_dir, claims):
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"rehearsal check passed: {figures_dir}")
 
