@@ -28,7 +28,6 @@ from perencode.grid import SlurmConfig, explain, load_grid
 from perencode.lock import hold
 from perencode.sweep import slurm as slurm_executor
 from perencode.sweep.board import Board, interrupted_line
-from perencode.sweep.check import check_in_worker
 from perencode.sweep.cost import measure, print_plan
 from perencode.sweep.local import run_local
 from perencode.sweep.plan import (
@@ -41,6 +40,7 @@ from perencode.sweep.plan import (
     prepare,
 )
 from perencode.sweep.slurm import TrainJob
+from perencode.sweep.validate import validate_in_worker
 from perencode.validation import validate_table
 
 __all__ = ["PlannedRun", "RunState", "TrainJob", "plan", "run_sweep"]
@@ -73,7 +73,7 @@ def run_sweep(grid: str | Path, out: str | Path = "runs", executor: str = "local
         raise UserError(f"{grid}: --only leaves no cell to run")
     # The workers get this process's plugins; each cell is validated as they will.
     handed = plugins.handed_on([c.recipe for c in g.cells])
-    check_in_worker({f"{grid} [grid] {c.name}": c.recipe for c in g.cells}, handed)
+    validate_in_worker({f"{grid} [grid] {c.name}": c.recipe for c in g.cells}, handed)
     planned = plan(g, out, tensorboard)
     if estimate:
         measure(planned, out, device, jobs, handed)
