@@ -376,8 +376,8 @@ def claims_schema(
     """Print every field of a claims file's claim tables as a Markdown table
     (docs/claims.md)."""
     from perencode.schema import model_rows
-    from perencode.verify import Claim
-    from perencode.verify import claims_schema as schema
+    from perencode.verdicts import Claim
+    from perencode.verdicts import claims_schema as schema
 
     if as_json:
         print(json.dumps(schema(), indent=2))
@@ -599,16 +599,30 @@ def quickstart(
     progress: LiveTable = True,
 ) -> None:
     """The paper's headline effect in about 15 minutes: sweep, figures, claims."""
-    from perencode.quickstart import run_quickstart
+    import time
+
+    from perencode.quickstart import finish, start
+    from perencode.report import make_report
+    from perencode.sweep import SweepOptions, run_sweep
+    from perencode.verify import verify_runs
 
     if old_figures is not None:  # the old spelling `[--out RUNS] --figures FIGURES`
         if runs is not None:
             raise UserError("--figures is the old spelling of --out; use --runs and --out")
         runs, out = out, renamed(None, old_figures, "--out (and the old --out is --runs)",
                                  "--figures")
-    raise typer.Exit(run_quickstart(device, out=runs or defaults.RUNS,
-                                    figures=out or defaults.FIGURES, jobs=jobs,
-                                    progress=progress))
+    runs = runs or defaults.RUNS
+    demo, runs_dir, figures_dir = start(device, runs, out or defaults.FIGURES)
+    began = time.monotonic()
+    code = run_sweep(demo.grid, out=runs, options=SweepOptions(
+        jobs=jobs or demo.jobs, runs_per_gpu=demo.runs_per_gpu, device=demo.device,
+        progress=progress))
+    swept = code == 0
+    if swept:  # verify.md, then the page a reviewer opens: each figure beside its claims
+        code = verify_runs([runs_dir], claims=demo.claims, out=figures_dir)
+        make_report([runs_dir], claims=demo.claims, out=figures_dir)
+    finish(demo, figures_dir, time.monotonic() - began, drawn=swept)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -772,9 +786,9 @@ def rehearsal_check(
 ) -> None:
     """Check that every claim was decided or reported and every figure was drawn."""
 
-    from perencode.rehearsal import check
+    from perencode.rehearsal import check_outputs
 
-    for line in check(figures_dir, claims):
+    for line in check_outputs(figures_dir, claims):
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"rehearsal check passed: {figures_dir}")
 

@@ -44,12 +44,12 @@ import torch
 from perencode import kinds, preflight, runs
 from perencode.bench import bench
 from perencode.console import console
+from perencode.cost import Estimates, device_label
 from perencode.evaluate import evaluate_model
 from perencode.experiment import build
 from perencode.grid import load_grid, repository_root
 from perencode.models import SequenceModel, build_model
 from perencode.recipe import EncodingConfig, ModelConfig, Recipe, load_recipe, validate
-from perencode.sweep.cost import Estimates, device_label
 from perencode.tasks import Batch, make
 from perencode.train import CHUNK_LOGITS, make_optimizer, train, train_step, training_generator
 
@@ -106,7 +106,9 @@ PAPER_GRIDS = "recipes/paper"
 
 
 @dataclass
-class Check:
+class Finding:
+    """One row of the doctor's table: what was measured against what is expected."""
+
     name: str
     measured: str
     expected: str
@@ -123,7 +125,7 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def guarded(name: str, fn: Callable[[], list[Check]]) -> list[Check]:
+def guarded(name: str, fn: Callable[[], list[Finding]]) -> list[Finding]:
     """The rows of `fn`, or one FAIL row naming what it raised. What the check's own runs
     print (train's "RUN: resuming from iteration 2 of 4", a library's warning) is not the
     doctor's output: its rows say how the check went."""
@@ -132,7 +134,7 @@ def guarded(name: str, fn: Callable[[], list[Check]]) -> list[Check]:
             warnings.simplefilter("ignore")
             return fn()
     except Exception as exc:  # a doctor reports every failure as a row; none escapes
-        return [Check(name, one_line(exc), "no error", FAIL)]
+        return [Finding(name, one_line(exc), "no error", FAIL)]
 
 
 # --- recipes and batches --------------------------------------------------------------
@@ -381,7 +383,7 @@ def _driver() -> str:
     return out.strip().splitlines()[0] if out.strip() else "unknown"
 
 
-def omp_threads_check(value: str | None) -> list[Check]:
+def omp_threads_check(value: str | None) -> list[Finding]:
     """OMP_NUM_THREADS as OpenMP reads it: a positive count, or a comma-separated list of
     them (one per nesting level). Anything else is ignored by the runtime, which then
     starts a thread per core: on a shared login node, the limit the user meant is lost."""
@@ -389,23 +391,23 @@ def omp_threads_check(value: str | None) -> list[Check]:
         return []
     levels = value.strip().split(",")
     if all(level.strip().isdigit() and int(level) > 0 for level in levels):
-        return [Check("OMP_NUM_THREADS", value, "a positive integer", PASS)]
-    return [Check("OMP_NUM_THREADS", repr(value), "a positive integer (OpenMP ignores this "
-                  f"value and uses all {os.cpu_count()} cores): export OMP_NUM_THREADS=N "
-                  "or unset it", FAIL)]
+        return [Finding("OMP_NUM_THREADS", value, "a positive integer", PASS)]
+    return [Finding("OMP_NUM_THREADS", repr(value), "a positive integer (OpenMP ignores this "
+                    f"value and uses all {os.cpu_count()} cores): export OMP_NUM_THREADS=N "
+                    "or unset it", FAIL)]
 
 
-def stack_checks(device: torch.device, skipped: str = NO_DEVICE) -> list[Check]:
+def stack_checks(device: torch.device, skipped: str = NO_DEVICE) -> list[Finding]:
     cudnn = torch.backends.cudnn
     version = torch.__version__.split("+")[0]
-    rows = [Check("torch", torch.__version__, f"{PAPER_TORCH} (the paper's runs)",
-                  PASS if version == PAPER_TORCH else INFO)]
+    rows = [Finding("torch", torch.__version__, f"{PAPER_TORCH} (the paper's runs)",
+                    PASS if version == PAPER_TORCH else INFO)]
     if device.type != "cuda":
-        rows.append(Check("CUDA, cuDNN, driver, device", "-", PAPER_CUDA + "; " + PAPER_DEVICE,
-                          skipped))
+        rows.append(Finding("CUDA, cuDNN, driver, device", "-", PAPER_CUDA + "; " + PAPER_DEVICE,
+                            skipped))
         threads = torch.get_num_threads()
-        rows.append(Check("threads", f"{threads} torch thread{'s' * (threads != 1)} on the "
-                          "CPU", "-", INFO))
+        rows.append(Finding("threads", f"{threads} torch thread{'s' * (threads != 1)} on the "
+                            "CPU", "-", INFO))
         return rows + omp_threads_check(os.environ.get("OMP_NUM_THREADS"))
     props = torch.cuda.get_device_properties(device)
     major, minor = torch.cuda.get_device_capability(device)
@@ -413,23 +415,23 @@ def stack_checks(device: torch.device, skipped: str = NO_DEVICE) -> list[Check]:
             f"{'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'}")
     tf32 += "" if major >= 8 else f" (no effect: compute capability {major}.{minor} < 8.0)"
     rows += [
-        Check("CUDA / cuDNN", f"{torch.version.cuda} / cuDNN {cudnn.version()}", PAPER_CUDA,
-              INFO),
-        Check("driver", _driver(), "-", INFO),
-        Check("device", f"{props.name}, {props.total_memory / (1 << 30):.0f} GiB, "
-              f"sm_{major}{minor}", PAPER_DEVICE, INFO),
-        Check("TF32 (as training runs)", tf32, PAPER_TF32, INFO),
-        Check("cuDNN (as training runs)",
-              f"{'enabled' if cudnn.enabled else 'DISABLED'}, deterministic "
-              f"{'on' if cudnn.deterministic else 'off'}, benchmark "
-              f"{'on' if cudnn.benchmark else 'off'}", PAPER_CUDNN,
-              INFO if cudnn.enabled else FAIL),
+        Finding("CUDA / cuDNN", f"{torch.version.cuda} / cuDNN {cudnn.version()}", PAPER_CUDA,
+                INFO),
+        Finding("driver", _driver(), "-", INFO),
+        Finding("device", f"{props.name}, {props.total_memory / (1 << 30):.0f} GiB, "
+                f"sm_{major}{minor}", PAPER_DEVICE, INFO),
+        Finding("TF32 (as training runs)", tf32, PAPER_TF32, INFO),
+        Finding("cuDNN (as training runs)",
+                f"{'enabled' if cudnn.enabled else 'DISABLED'}, deterministic "
+                f"{'on' if cudnn.deterministic else 'off'}, benchmark "
+                f"{'on' if cudnn.benchmark else 'off'}", PAPER_CUDNN,
+                INFO if cudnn.enabled else FAIL),
     ]
     return rows + omp_threads_check(os.environ.get("OMP_NUM_THREADS"))
 
 
 def equivalence_checks(device: torch.device, reference: torch.device,
-                       size: dict = EQUIVALENCE_SIZE) -> list[Check]:
+                       size: dict = EQUIVALENCE_SIZE) -> list[Finding]:
     rows = []
     for arch, encoding in equivalence_models():
         pe = "PE" if kinds.get("encoding", encoding).adds_input else "vanilla"
@@ -440,10 +442,10 @@ def equivalence_checks(device: torch.device, reference: torch.device,
             precision = "tf32" if tf32_in_effect(device, arch) else "fp32"
             tolerance = TOLERANCE[precision]
             diff = equivalence(recipe, device, reference)
-            return [Check(name, f"{diff:.2e} apart after {EQUIVALENCE_STEPS} steps "
-                          f"({device} vs {reference})",
-                          f"< {tolerance:g} ({precision})",
-                          PASS if diff < tolerance else FAIL)]
+            return [Finding(name, f"{diff:.2e} apart after {EQUIVALENCE_STEPS} steps "
+                            f"({device} vs {reference})",
+                            f"< {tolerance:g} ({precision})",
+                            PASS if diff < tolerance else FAIL)]
         rows += guarded(name, row)
     return rows
 
@@ -466,14 +468,14 @@ def deterministic_settings():
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
-def determinism_check(device: torch.device, size: dict) -> list[Check]:
+def determinism_check(device: torch.device, size: dict) -> list[Finding]:
     name = f"determinism ({device.type}, {kinds.label('model', BASE_ARCH)} PE, twice)"
     recipe = small_recipe(BASE_ARCH, BASE_ENCODING, size)
     same, largest = determinism(recipe, device)
     if same:
-        return [Check(name, "bit-identical", "bit-identical", PASS)]
+        return [Finding(name, "bit-identical", "bit-identical", PASS)]
     if device.type == "cpu":  # resume's bit-identity on the CPU rests on this
-        return [Check(name, f"differs by {largest:.2e}", "bit-identical on the CPU", FAIL)]
+        return [Finding(name, f"differs by {largest:.2e}", "bit-identical on the CPU", FAIL)]
     # Not a failure: the paper's runs were not bit-reproducible on the GPU either. Which
     # settings make them so is measured, not assumed.
     try:
@@ -484,11 +486,11 @@ def determinism_check(device: torch.device, size: dict) -> list[Check]:
                "still differs with deterministic algorithms on")
     except RuntimeError as exc:
         fix = f"deterministic algorithms refused: {one_line(exc)}"
-    return [Check(name, f"differs by up to {largest:.2e} as training runs; {fix}",
-                  "bit-identical (training sets no deterministic mode)", INFO)]
+    return [Finding(name, f"differs by up to {largest:.2e} as training runs; {fix}",
+                    "bit-identical (training sets no deterministic mode)", INFO)]
 
 
-def resume_check(recipe: Recipe, first: torch.device, second: torch.device) -> list[Check]:
+def resume_check(recipe: Recipe, first: torch.device, second: torch.device) -> list[Finding]:
     name = f"resume {first.type} -> {second.type}"
     with tempfile.TemporaryDirectory(prefix="perencode-doctor-") as folder:
         result = resume_across(recipe, first, second, Path(folder))
@@ -498,25 +500,25 @@ def resume_check(recipe: Recipe, first: torch.device, second: torch.device) -> l
     if result["identical"] is not None:
         measured += ", bit-identical" if result["identical"] else ", NOT bit-identical"
         expected += ", bit-identical to the uninterrupted run"
-    return [Check(name, measured, expected, PASS if resume_ok(result, recipe) else FAIL)]
+    return [Finding(name, measured, expected, PASS if resume_ok(result, recipe) else FAIL)]
 
 
-def memory_check(recipe: Recipe, device: torch.device, label: str) -> list[Check]:
+def memory_check(recipe: Recipe, device: torch.device, label: str) -> list[Finding]:
     estimate, peak, ratio = memory_ratio(recipe, device)
     low, high = MEMORY_RATIO[device.type]
-    return [Check(f"memory ({label})", f"peak {_mib(peak)} / estimate {_mib(estimate)} "
-                  f"= {ratio:.2f}", f"{low:g} to {high:g}",
-                  PASS if low <= ratio <= high else FAIL)]
+    return [Finding(f"memory ({label})", f"peak {_mib(peak)} / estimate {_mib(estimate)} "
+                    f"= {ratio:.2f}", f"{low:g} to {high:g}",
+                    PASS if low <= ratio <= high else FAIL)]
 
 
 def speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_root: Path,
                  grid_overrides: list[str] | None = None, iterations: int = 20
-                 ) -> list[Check]:
+                 ) -> list[Finding]:
     """`bench --baseline` of `recipe` (the Fig. 2 GRU, K = 256), then the device-hours of
     each grid from the `sweep --estimate` cache under `runs_root`, which this fills: the
     recipe's shape from that bench, an architecture not yet measured from its grid's first
     cell (3 iterations, as `--estimate` times it); the other shapes extrapolated by FLOPs
-    (perencode.sweep.cost). A cell shared by two grids counts in each."""
+    (perencode.cost). A cell shared by two grids counts in each."""
 
     label = device_label(device, torch.get_num_threads())
     m, t = recipe.model, recipe.task
@@ -524,12 +526,12 @@ def speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_r
     cache = Estimates(runs_root)
     cache.put(label, recipe, result["seconds_per_iteration"])
     ours, bare = result["seconds_per_iteration"], result["bare_seconds_per_iteration"]
-    rows = [Check(f"speed: {m.arch.upper()} step (E={m.embed_size} H={m.hidden_size} "
-                  f"L={t.length} B={recipe.train.batch_size} K={t.vocab_size})",
-                  f"{ours * 1e3:.1f} ms vs bare loop {bare * 1e3:.1f} ms "
-                  f"(x{result['ratio_to_bare']:.2f})",
-                  f"<= x{SPEED_RATIO:g} the bare loop",
-                  PASS if result["ratio_to_bare"] <= SPEED_RATIO else FAIL)]
+    rows = [Finding(f"speed: {m.arch.upper()} step (E={m.embed_size} H={m.hidden_size} "
+                    f"L={t.length} B={recipe.train.batch_size} K={t.vocab_size})",
+                    f"{ours * 1e3:.1f} ms vs bare loop {bare * 1e3:.1f} ms "
+                    f"(x{result['ratio_to_bare']:.2f})",
+                    f"<= x{SPEED_RATIO:g} the bare loop",
+                    PASS if result["ratio_to_bare"] <= SPEED_RATIO else FAIL)]
     for path in grids:
         def hours(path=path):
             cells = load_grid(path, grid_overrides).cells
@@ -543,15 +545,15 @@ def speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_r
                 total += cell.recipe.train.iterations * seconds / 3600
                 extrapolated += not measured
             how = f"{extrapolated} of {len(cells)} by FLOPs" if extrapolated else "measured"
-            return [Check(f"device-hours {path.stem}", f"{total:,.1f} h ({how})",
-                          f"{len(cells)} runs on {label}", INFO)]
+            return [Finding(f"device-hours {path.stem}", f"{total:,.1f} h ({how})",
+                            f"{len(cells)} runs on {label}", INFO)]
         rows += guarded(f"device-hours {path.stem}", hours)
-    rows.append(Check("--estimate cache", str(cache.path), "filled for `sweep --dry-run`", INFO))
+    rows.append(Finding("--estimate cache", str(cache.path), "filled for `sweep --dry-run`", INFO))
     return rows
 
 
 def run_checks(device: torch.device, root: Path, runs_root: Path,
-               say: Callable[[str], None] = lambda line: None) -> list[Check]:
+               say: Callable[[str], None] = lambda line: None) -> list[Finding]:
     """Every check, the CPU ones always, the device ones where `device` is CUDA."""
     cpu = torch.device("cpu")
     cuda = device.type == "cuda"
@@ -561,8 +563,8 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
     if cuda:
         rows += equivalence_checks(device, cpu)
     else:
-        rows.append(Check(f"equivalence ({len(equivalence_models())} models)", "-",
-                          "device vs CPU within tolerance", skipped))
+        rows.append(Finding(f"equivalence ({len(equivalence_models())} models)", "-",
+                            "device vs CPU within tolerance", skipped))
     say("determinism")
     rows += guarded("determinism (CPU)", lambda: determinism_check(cpu, CPU_SIZE))
     if cuda:
@@ -577,8 +579,8 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
         rows += guarded(f"resume {a.type} -> {b.type}",
                         functools.partial(resume_check, resume, a, b))
     if not cuda:
-        rows.append(Check("resume cpu <-> cuda", "-", "resumes on the other device",
-                          skipped))
+        rows.append(Finding("resume cpu <-> cuda", "-", "resumes on the other device",
+                            skipped))
     say("memory")
     rows += guarded("memory (CPU)", lambda: memory_check(
         small_recipe(BASE_ARCH, BASE_ENCODING, CPU_MEMORY_SIZE), cpu,
@@ -588,21 +590,21 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
             load_recipe(root / FIG2_GRU), device,
             "Fig. 2 GRU PE, K=256, B=512"))
     else:
-        rows.append(Check("memory (device, Fig. 2 GRU)", "-",
-                          "{:g} to {:g}".format(*MEMORY_RATIO["cuda"]), skipped))
+        rows.append(Finding("memory (device, Fig. 2 GRU)", "-",
+                            "{:g} to {:g}".format(*MEMORY_RATIO["cuda"]), skipped))
     say("speed")
     if cuda:
         rows += guarded("speed", lambda: speed_checks(
             device, load_recipe(root / FIG2_GRU), sorted((root / PAPER_GRIDS).glob("*.toml")),
             runs_root))
     else:
-        rows.append(Check("speed (bench --baseline, device-hours)", "-",
-                          f"<= x{SPEED_RATIO:g} the bare cuDNN loop", skipped))
+        rows.append(Finding("speed (bench --baseline, device-hours)", "-",
+                            f"<= x{SPEED_RATIO:g} the bare cuDNN loop", skipped))
     return rows
 
 
 def doctor(device: torch.device, runs_root: Path = Path("runs"),
-           say: Callable[[str], None] = lambda line: None) -> tuple[list[Check], float]:
+           say: Callable[[str], None] = lambda line: None) -> tuple[list[Finding], float]:
     """The rows and the seconds they took."""
     t0 = time.perf_counter()
     rows = run_checks(device, repository_root(), runs_root, say)

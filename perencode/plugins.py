@@ -13,7 +13,7 @@ Three routes bring kinds in:
 
 Every kind remembers where it came from (`origin`). A sweep hands its workers and SLURM jobs
 the plugins of this process (`handed_on`: PERENCODE_PLUGINS with absolute paths) and checks
-its cells in a process started as its workers are (perencode.sweep.check). A run records the
+its cells in a process started as its workers are (perencode.sweep.validate). A run records the
 plugins its kinds came from in RUN_DIR/plugins.json; a later command that lacks one says
 which and how to load it (`require`), and never executes a file because a run names it.
 """

@@ -10,7 +10,7 @@ no data is read and the model is built on the meta device only):
   of train.CHUNK_LOGITS each when train.loss_fn chunks them);
 - or the held-out evaluation at train.eval_batch_size, without gradients, where that is
   larger (its logits are never chunked).
-`check(recipe, device)` refuses, with one line, a recipe whose estimate exceeds the memory
+`check_memory(recipe, device)` refuses, with one line, a recipe whose estimate exceeds the memory
 of the device (perencode.device.device_memory): on the CPU the tightest of this process's
 cgroup limit, its SLURM allocation and the available RAM (what a new process can take
 without swapping), the total memory of a CUDA device. The estimate leaves out allocator
@@ -109,7 +109,7 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def check(recipe: Recipe, device: torch.device, chunk_logits: int) -> Estimate:
+def check_memory(recipe: Recipe, device: torch.device, chunk_logits: int) -> Estimate:
     """Raise UserError when `recipe` cannot fit on `device`; return the estimate."""
     need = estimate(recipe, chunk_logits)
     memory = device_memory(device)

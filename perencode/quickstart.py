@@ -1,13 +1,12 @@
 """`perencode quickstart` (`make quickstart`): the paper's headline effect in about 15
 minutes. On the CPU, a small GRU at a CPU-sized vocabulary; where a CUDA device is present,
 Fig. 2's GRU at the paper's own shapes on one GPU. Each demo is a grid in recipes/quick/
-and a claims file bundled in perencode/claims/; the command sweeps the grid, checks the
-claims (verify.md), draws the figures beside them in report.html and prints the wall
-time."""
+and a claims file bundled in perencode/claims/; the command (perencode.cli) sweeps the
+grid, checks the claims (verify.md), draws the figures beside them in report.html and
+prints the wall time: `start` and `finish` here, the sweep, verify and report between."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -16,9 +15,6 @@ import torch
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.grid import repository_root
-from perencode.report import make_report
-from perencode.sweep import SweepOptions, run_sweep
-from perencode.verify import verify_runs
 
 
 @dataclass(frozen=True)
@@ -54,33 +50,30 @@ def choose_demo(device: str, cuda_available: bool) -> Demo:
     raise UserError(f"--device '{device}': expected auto, cpu or cuda")
 
 
-def run_quickstart(device: str = "auto", out: Path = Path("runs"),
-                   figures: Path = Path("figures"), jobs: int | None = None,
-                   progress: bool = True) -> int:
-    """Sweep the chosen demo's grid, draw its figures, check its claims. Returns the exit
-    code: that of the sweep if a run failed, else that of `verify` (1 if a claim fails)."""
+def start(device: str = "auto", runs: Path = Path("runs"),
+          figures: Path = Path("figures")) -> tuple[Demo, Path, Path]:
+    """The demo `device` chooses (choose_demo), announced, with the folders of its runs and
+    of its figures and claims (below `runs` and `figures`, named after its grid)."""
     demo = choose_demo(device, torch.cuda.is_available())
+    demo = replace(demo, grid=repository_root() / demo.grid)
     demo = replace(demo, grid=repository_root() / demo.grid)
     if not demo.grid.is_file():
         raise UserError(f"{demo.grid}: not found; run the quick demo from the repository root "
                         "(or /work in the container)")
-    runs_dir, figures_dir = Path(out) / demo.grid.stem, Path(figures) / demo.grid.stem
+    runs_dir, figures_dir = Path(runs) / demo.grid.stem, Path(figures) / demo.grid.stem
     console.print(f"quick demo ({demo.name}): {demo.grid} -> {runs_dir}", highlight=False)
-    start = time.monotonic()
-    code = run_sweep(demo.grid, out=out, options=SweepOptions(
-        jobs=jobs or demo.jobs, runs_per_gpu=demo.runs_per_gpu, device=demo.device,
-        progress=progress))
+    return demo, runs_dir, figures_dir
+
+
+def finish(demo: Demo, figures_dir: Path, seconds: float, drawn: bool) -> None:
+    """The closing lines: the wall time and where the figure (`drawn`: the file the runs
+    gave, named for its settings), the table, the claims and the page are."""
     figure = figures_dir / "fig02_reverse_vocabulary.png"
-    report = figures_dir / "report.html"
-    if code == 0:
-        code = verify_runs([runs_dir], claims=demo.claims, out=figures_dir)
-        # The figures and the page a reviewer opens: each figure beside its claims.
-        report = make_report([runs_dir], claims=demo.claims, out=figures_dir)
-        # The demo's settings are not the paper's: the file says so in its name.
+    if drawn:  # the demo's settings are not the paper's: the file says so in its name
         figure = next(p for p in sorted(figures_dir.glob("fig02*.png")))
-    took = int(time.monotonic() - start)
+    took = int(seconds)
     console.print(f"\nquick demo ({demo.name}) trained and checked in {took // 60} min "
                   f"{took % 60} s\nfigure: {figure} "
                   f"(and .pdf)\ntable:  {figures_dir / 'results.csv'}\nclaims: "
-                  f"{figures_dir / 'verify.md'}\nreport: {report}", highlight=False)
-    return code
+                  f"{figures_dir / 'verify.md'}\nreport: {figures_dir / 'report.html'}",
+                  highlight=False)

@@ -14,8 +14,8 @@ import random
 from pathlib import Path
 
 from perencode.errors import UserError
-from perencode.figures import FIGURES
-from perencode.verify import VERDICTS, claims_file, load_claims
+from perencode.plots import FIGURES
+from perencode.verdicts import VERDICTS, claims_file, load_claims
 
 
 def write_corpus(folder: str | Path, seed: int = 0) -> dict[str, dict]:
@@ -49,7 +49,7 @@ def write_corpus(folder: str | Path, seed: int = 0) -> dict[str, dict]:
     return written
 
 
-def check(figures: str | Path, claims: str | Path = "paper") -> list[str]:
+def check_outputs(figures: str | Path, claims: str | Path = "paper") -> list[str]:
     """What a finished reproduce-all must have left in `figures`: verify.json deciding or
     reporting every claim, and a file of every figure and table. Returns one line per item
     checked; raises UserError naming what is missing."""

@@ -1,7 +1,7 @@
 """One page for a reviewer (`perencode report`): report.html beside the figures.
 
-`make_report` draws the figures (perencode.figures, into the same folder), checks the
-claims (perencode.verify, nothing written but the page) and writes `report.html`: a
+`make_report` draws the figures (perencode.plots, into the same folder), checks the
+claims (perencode.verdicts, nothing written but the page) and writes `report.html`: a
 summary of the verdicts; then each figure with the claims it supports beside it (a claim
 stands beside the figure drawing the largest share of the runs its verdict rests on, the
 one its `source` cites first) and the runs behind it (count, seeds, sizes, devices, code
@@ -27,18 +27,18 @@ from perencode import plugins
 from perencode import runs as run_dirs
 from perencode.console import console
 from perencode.errors import UserError
-from perencode.figures import (
-    FIGURES,
-    Figure,
-    figure_parts,
-    make_figures,
-    other_figures,
-)
 from perencode.io import atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.naming import format_value, short_key
+from perencode.plots import (
+    FIGURES,
+    Figure,
+    draw_figures,
+    figure_parts,
+    other_figures,
+)
 from perencode.results import Results, collect
-from perencode.verify import (
+from perencode.verdicts import (
     BUNDLED_CLAIMS,
     FAIL,
     INCONCLUSIVE,
@@ -47,7 +47,7 @@ from perencode.verify import (
     RULE,
     Checked,
     Outcome,
-    check,
+    check_claims,
     reproduced,
 )
 
@@ -278,7 +278,7 @@ def other_claims(checked: Checked, run_paths: list[Path], results: Results
     found = []
     for path in sorted(BUNDLED_CLAIMS.glob("*.toml")):
         if path.resolve() != checked.claims_path.resolve():
-            decided = len(check(run_paths, path, results=results).decided)
+            decided = len(check_claims(run_paths, path, results=results).decided)
             if decided:
                 found.append((path.stem, decided))
     return found
@@ -350,8 +350,8 @@ def make_report(runs: list[Path], claims: str | Path = "paper",
     run_paths = [Path(p) for p in runs]
     out = Path(out)
     results = collect(run_paths, "report", accept_code_change)
-    checked = check(run_paths, claims, results=results)  # a bad claims file stops it here
-    written = make_figures(run_paths, out=out, results=results)
+    checked = check_claims(run_paths, claims, results=results)  # a bad claims file stops it here
+    written = draw_figures(results, out)
     others = [] if checked.decided else other_claims(checked, run_paths, results)
     if others:
         console.print(f"no claim of {checked.claims_path.name} concerns these runs; "

@@ -270,7 +270,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
     board = TensorBoardLog(run.dir, enabled=tensorboard)
     device = resolve_device(device) if isinstance(device, str) else device
     if not force and not run.is_complete():
-        preflight.check(recipe, device, CHUNK_LOGITS)
+        preflight.check_memory(recipe, device, CHUNK_LOGITS)
     new_dir = not run.dir.exists()
     claimed = False
     try:

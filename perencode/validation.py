@@ -1,6 +1,6 @@
 """A TOML table validated by a Pydantic model, any mistake as one line naming the file, the
 field and what is allowed: recipes (perencode.recipe), a grid's tables (perencode.grid) and
-the paper's claims (perencode.verify) share it."""
+the paper's claims (perencode.verdicts) share it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """perencode.bench (the timed training step and its bare reference; tests/test_cli.py times
-both through `perencode bench --baseline`) and the compute model of perencode.sweep.cost
+both through `perencode bench --baseline`) and the compute model of perencode.cost
 (FLOPs and parameters per iteration), on known answers."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from torch import Tensor, nn
 
 from perencode import kinds
 from perencode.bench import bare_loop, bench
+from perencode.cost import flops_per_iteration, layer_parameters
 from perencode.errors import UserError
 from perencode.experiment import build
 from perencode.models import SequenceModel, Shapes
 from perencode.models.rnn import CELLS
 from perencode.recipe import validate
-from perencode.sweep.cost import flops_per_iteration, layer_parameters
 
 CPU = torch.device("cpu")
 
@@ -77,7 +77,7 @@ def test_the_printed_ratio_is_the_ratio_of_the_printed_times():
     assert result["sequences_per_second"] == pytest.approx(4 / result["seconds_per_iteration"])
 
 
-# -- sweep.cost: FLOPs per iteration ---------------------------------------------------------
+# -- cost: FLOPs per iteration ---------------------------------------------------------
 # D = 2E = 16 (concatenated encoding), H = 12, K = 16, L = 6, B = 4; forward + backward = 3x.
 
 def test_flops_of_a_gru_on_reverse():

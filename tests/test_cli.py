@@ -273,12 +273,15 @@ def test_sweep_out_is_the_old_spelling_of_runs(monkeypatch, tmp_path):
 def test_quickstart_folders(monkeypatch, args, runs, out, note):
     called: dict = {}
 
-    def fake(device, out, figures, jobs, progress):
-        called.update(runs=out, out=figures)
-        return 0
+    def fake(device, runs, figures):
+        called.update(runs=runs, out=figures)
+        return quickstart.DEMOS["cpu"], Path(runs) / "q", Path(figures) / "q"
 
-    monkeypatch.setattr(quickstart, "run_quickstart", fake)
+    monkeypatch.setattr(quickstart, "start", fake)
+    monkeypatch.setattr(quickstart, "finish", lambda *args, **kwargs: None)
+    # A sweep with a failed run: its exit code, and nothing checked or drawn
+    monkeypatch.setattr(sweep, "run_sweep", lambda grid, out, **kw: called.update(swept=out) or 1)
     code, text = run_cli("quickstart", *args)
-    assert code == 0, text
-    assert called == {"runs": Path(runs), "out": Path(out)}
+    assert code == 1, text
+    assert called == {"runs": Path(runs), "out": Path(out), "swept": Path(runs)}
     assert ("note: --figures is now --out" in text) == note

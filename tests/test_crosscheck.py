@@ -17,7 +17,7 @@ from perencode import crosscheck, encoding
 from perencode import stability as our_stability
 from perencode.crosscheck import authors as au
 from perencode.crosscheck import models, schedule, stability, tasks, training
-from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN, UNDECIDED, Check
+from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN, UNDECIDED, Comparison
 from perencode.errors import UserError
 
 AUTHORS = Path(os.environ.get("PERENCODE_AUTHORS_REPO",
@@ -34,7 +34,7 @@ def authors():
         yield a
 
 
-def by_name(checks: list[Check]) -> dict[str, Check]:
+def by_name(checks: list[Comparison]) -> dict[str, Comparison]:
     return {c.name: c for c in checks}
 
 
@@ -191,7 +191,7 @@ def test_without_timm_only_the_scheduler_checks_are_not_run(monkeypatch):
 # -- sensitivity: one constant changed on our side turns the matching check to disagree -----
 
 
-def disagrees(checks: list[Check], name: str) -> bool:
+def disagrees(checks: list[Comparison], name: str) -> bool:
     return by_name(checks)[name].verdict == DISAGREE
 
 
@@ -332,7 +332,7 @@ def test_crosscheck_command_agrees_and_trains(tmp_path):
     assert DISAGREE not in verdicts.values()
     # 20 iterations and 2 seeds: equivalence within the margin may not be shown yet.
     assert verdicts["training: cpu"] in (AGREE, UNDECIDED)
-    reason = by_name([Check(**c) for c in data["checks"]])["training: cpu"].reason
+    reason = by_name([Comparison(**c) for c in data["checks"]])["training: cpu"].reason
     assert "TOST with margin 0.05" in reason and "seeds per side give 80% power" in reason
     assert "crosscheck --train: seed 111 took" in out
 

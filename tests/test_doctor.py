@@ -194,8 +194,8 @@ def test_cpu_stack_rows_say_what_is_not_run():
 
 
 def test_cli_exits_1_on_a_failed_check(monkeypatch):
-    rows = [doctor.Check("equivalence gru PE", "0.5 apart", "< 0.01 (fp32)", doctor.FAIL),
-            doctor.Check("torch", "2.1.1", "2.1.1", doctor.PASS)]
+    rows = [doctor.Finding("equivalence gru PE", "0.5 apart", "< 0.01 (fp32)", doctor.FAIL),
+            doctor.Finding("torch", "2.1.1", "2.1.1", doctor.PASS)]
     monkeypatch.setattr(doctor, "run_checks", lambda *args, **kw: rows)
     code, text = run_cli("doctor", "--device", "cpu")
     assert code == 1

@@ -1,4 +1,4 @@
-"""Figures (perencode.figures) on hand-made run directories: every figure kind is drawn from
+"""Figures (perencode.plots) on hand-made run directories: every figure kind is drawn from
 runs whose numbers are known, without training anything. The sweep -> figures -> verify
 path on real tiny runs is in test_sweep.py."""
 
@@ -14,7 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
-from perencode import figures
+from perencode import plots
 from perencode.figures import make_figures
 from perencode.grid import load_grid
 from perencode.recipe import validate
@@ -24,14 +24,14 @@ def drawing(runs: list[Path], out: Path) -> tuple[list[Path], dict[str, Figure]]
     """make_figures, and each matplotlib figure it saved by file stem (read back: axes'
     limits, titles, legends)."""
     saved: dict[str, Figure] = {}
-    save = figures._save
+    save = plots._save
 
     def keep(fig, stem, note=""):
         saved[stem.name] = fig
         return save(fig, stem, note)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(figures, "_save", keep)
+        patch.setattr(plots, "_save", keep)
         written = make_figures(runs, out=out)
     return written, saved
 

@@ -16,7 +16,7 @@ import torch
 from conftest import assert_scores_consistent, run_cli, tiny_overrides
 from torch import Tensor, nn
 
-from perencode import figures, kinds
+from perencode import kinds, plots
 from perencode.errors import UserError
 from perencode.models import SequenceModel, Shapes, build_model
 from perencode.recipe import ModelConfig, Recipe, validate
@@ -219,16 +219,16 @@ def test_runs_of_kinds_nobody_registered_are_still_drawn_and_verified(study, mon
 
 
 def test_unregistered_kinds_keep_their_raw_names_and_come_last():
-    assert figures._label("encoding.kind", "sinusoidal") == "Position-Encoded"
-    assert figures._label("encoding.kind", "nowhere") == "nowhere"
-    assert figures._label("model.arch", "nowhere") == "nowhere"
-    assert figures._label("task.name", "nowhere") == "nowhere"
-    assert figures._order("encoding.kind", ["zeta", "sinusoidal", "alpha", "none", "zeta"]) == [
+    assert plots._label("encoding.kind", "sinusoidal") == "Position-Encoded"
+    assert plots._label("encoding.kind", "nowhere") == "nowhere"
+    assert plots._label("model.arch", "nowhere") == "nowhere"
+    assert plots._label("task.name", "nowhere") == "nowhere"
+    assert plots._order("encoding.kind", ["zeta", "sinusoidal", "alpha", "none", "zeta"]) == [
         "none", "sinusoidal", "alpha", "zeta"]
     assert kinds.order("model", ["s4d", "mamba", "gru"]) == ["gru", "s4d", "mamba"]
     # Any kind field the same way, from kinds.FIELDS; another column as a reader expects it.
-    assert figures._order("task.name", ["sort", "copy", "reverse"]) == ["reverse", "sort", "copy"]
-    assert figures._order("task.vocab_size", [128, 32, 64, 32]) == [32, 64, 128]
+    assert plots._order("task.name", ["sort", "copy", "reverse"]) == ["reverse", "sort", "copy"]
+    assert plots._order("task.vocab_size", [128, 32, 64, 32]) == [32, 64, 128]
     assert [kinds.of_field(f) for f in ("task.name", "model.arch", "encoding.kind",
                                         "task.length")] == ["task", "model", "encoding", None]
 

@@ -10,9 +10,10 @@ import re
 import pytest
 from paper_tree import paper_tree
 
-from perencode.figures import FIGURES
+from perencode.plots import FIGURES
 from perencode.report import make_report
-from perencode.verify import load_claims, verify_runs
+from perencode.verdicts import load_claims
+from perencode.verify import verify_runs
 
 pytestmark = pytest.mark.slow  # the tree takes ~6 s, figures ~13 s, verify ~3 s on one core
 

@@ -140,7 +140,7 @@ def test_force_skips_the_check(cli, tmp_path, monkeypatch):
 def test_check_raises_a_user_error_naming_the_fields(monkeypatch):
     monkeypatch.setattr(preflight, "device_memory", lambda device: (1 << 10, "x"))
     with pytest.raises(UserError, match=r"train.batch_size \(8\)"):
-        preflight.check(recipe(batch_size=8), torch.device("cpu"), train.CHUNK_LOGITS)
+        preflight.check_memory(recipe(batch_size=8), torch.device("cpu"), train.CHUNK_LOGITS)
     monkeypatch.setattr(preflight, "device_memory", lambda device: None)  # unknown: no check
-    assert preflight.check(recipe(batch_size=8), torch.device("cpu"),
+    assert preflight.check_memory(recipe(batch_size=8), torch.device("cpu"),
                            train.CHUNK_LOGITS).total > 0

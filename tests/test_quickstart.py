@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, run_cli
 from fake_runs import SEEDS, fake_run
 
 from perencode import grid
@@ -15,7 +15,8 @@ from perencode.errors import UserError
 from perencode.figures import make_figures
 from perencode.grid import load_grid
 from perencode.quickstart import DEMOS, choose_demo
-from perencode.verify import load_claims, verify_runs
+from perencode.verdicts import load_claims
+from perencode.verify import verify_runs
 
 
 def test_auto_picks_the_gpu_demo_only_where_cuda_is_present():
@@ -108,18 +109,20 @@ def test_the_cpu_demo_is_one_figure(tmp_path, capsys):
 def test_quickstart_writes_report_html_beside_verify_md(tmp_path, monkeypatch):
     """The sweep stands in (finished runs with the demo's numbers); the rest is the command's
     own: verify.md, the figures, and report.html whose top says the settings are a demo's."""
-    from perencode import quickstart
+    from perencode import sweep as sweep_module
 
     def sweep(grid, out, **options):
         demo_runs("cpu", Path(out) / Path(grid).stem)
         return 0
 
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(quickstart, "run_sweep", sweep)
-    code = quickstart.run_quickstart("cpu", out=tmp_path / "runs", figures=tmp_path / "figs",
-                                     progress=False)
+    monkeypatch.setattr(sweep_module, "run_sweep", sweep)
+    code, text = run_cli("quickstart", "--device", "cpu", "--runs", tmp_path / "runs",
+                         "--out", tmp_path / "figs", "--no-progress")
     figs = tmp_path / "figs" / "quickstart"
-    assert code == 0 and (figs / "verify.md").is_file()
+    assert code == 0 and (figs / "verify.md").is_file(), text
+    assert f"report: {figs / 'report.html'}" in " ".join(text.split())
+    assert f"figure: {figs / 'fig02_reverse_vocabulary__nonpaper.png'}" in " ".join(text.split())
     page = (figs / "report.html").read_text(encoding="utf-8")
     summary = page.split('<div class="summary">', 1)[1].split("</div>", 1)[0]
     assert "Demo settings: direction, not magnitude" in summary

@@ -4,6 +4,7 @@ from typing import Any
 import pytest
 from conftest import ROOT
 
+from perencode.cost import COSTLESS_TRAIN_FIELDS
 from perencode.errors import UserError
 from perencode.recipe import (
     BOOKKEEPING,
@@ -16,7 +17,6 @@ from perencode.recipe import (
     parse_value,
 )
 from perencode.schema import schema_rows
-from perencode.sweep.cost import COSTLESS_TRAIN_FIELDS
 
 
 def write(tmp_path, text: str) -> Path:

@@ -17,11 +17,11 @@ from test_sweep import TINY
 
 from perencode import kinds, plugins
 from perencode import runs as runs_module
+from perencode.cost import held_out_iterations
 from perencode.errors import UserError
 from perencode.grid import axis_options, load_grid
 from perencode.recipe import read_toml, tomllib, validate
-from perencode.sweep.cost import held_out_iterations
-from perencode.verify import Claim
+from perencode.verdicts import Claim
 
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
 
@@ -348,7 +348,7 @@ def mingru(monkeypatch):
 
 
 def test_the_nonpaper_subtitle_names_the_model_not_its_options_in_a_stable_order(mingru):
-    from perencode.figures import FIGURES, paper_difference
+    from perencode.plots import FIGURES, paper_difference
     from perencode.results import flatten
 
     recipe = validate({"task": {"name": "reverse", "vocab_size": 256, "length": 64},
@@ -518,7 +518,7 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
         tmp_path, monkeypatch):
     from matplotlib.colors import to_hex
 
-    from perencode import figures
+    from perencode import figures, plots
 
     root = tmp_path / "runs"
     for kind in ("none", "sinusoidal", "my_pe"):  # my_pe: a plugin's, not loaded here
@@ -529,7 +529,7 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
             fake_run(root, f"{kind}-{seed}", recipe=recipe, metrics={
                 "token_accuracy": 0.5, "sequence_accuracy": 0.1, "dl_distance": 2.0})
     drawn: dict[str, dict[str, str]] = {}
-    save = figures._save
+    save = plots._save
 
     def colours_then_save(fig, stem, note=""):
         handles, labels = fig.axes[0].get_legend_handles_labels()
@@ -537,16 +537,16 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
                                   zip(handles, labels) if hasattr(h, "__getitem__")}
         return save(fig, stem, note)
 
-    monkeypatch.setattr(figures, "_save", colours_then_save)
+    monkeypatch.setattr(plots, "_save", colours_then_save)
     figures.make_figures([root], tmp_path / "fig")
     assert list(drawn) == ["fig02_reverse_vocabulary__nonpaper"]  # no other_ figure
-    my_pe = figures._colour("encoding.kind", "my_pe")
+    my_pe = plots._colour("encoding.kind", "my_pe")
     assert my_pe is not None
     assert drawn["fig02_reverse_vocabulary__nonpaper"] == {
         "Vanilla": to_hex("tab:blue"), "Position-Encoded": to_hex("tab:orange"),
         "my_pe": to_hex(my_pe)}
-    builtin = {figures._colour("encoding.kind", n) for n in kinds.names("encoding")}
-    assert figures._colour("encoding.kind", "my_pe") not in builtin
+    builtin = {plots._colour("encoding.kind", n) for n in kinds.names("encoding")}
+    assert plots._colour("encoding.kind", "my_pe") not in builtin
 
 
 # -- a plugin's labels without the plugin: as its runs recorded them ------------------------------
@@ -556,7 +556,7 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
 def test_figures_without_the_plugin_label_its_kind_as_its_runs_recorded(tmp_path, monkeypatch):
     from test_plugins import LIN_RAMP, perencode
 
-    from perencode import figures
+    from perencode import figures, plots
 
     # A kind of its own name and label: nothing in this process registers it.
     code = LIN_RAMP.replace("lin_ramp", "rec_ramp").replace("Linear ramp", "Recorded ramp")
@@ -573,13 +573,13 @@ def test_figures_without_the_plugin_label_its_kind_as_its_runs_recorded(tmp_path
     assert [e["labels"] for e in entries] == [{"encoding": {"rec_ramp": "Recorded ramp"}}]
     assert "rec_ramp" not in kinds.ENCODINGS
     legends: list[list[str]] = []
-    save = figures._save
+    save = plots._save
 
     def legend_then_save(fig, stem, note=""):
         legends.append(fig.axes[0].get_legend_handles_labels()[1])
         return save(fig, stem, note)
 
-    monkeypatch.setattr(figures, "_save", legend_then_save)
+    monkeypatch.setattr(plots, "_save", legend_then_save)
     figures.make_figures([tmp_path / "runs"], tmp_path / "fig")
     assert legends and all("Recorded ramp" in labels and "rec_ramp" not in labels
                            for labels in legends), legends

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 import perencode.sweep.cost as cost_module
 import perencode.train as train_module
-from perencode import runs
+from perencode import cost, runs
 from perencode.cli import app
 from perencode.grid import load_grid
 from perencode.sweep import SweepOptions, TrainJob, run_sweep
@@ -177,13 +177,13 @@ def test_disk_estimate_is_the_size_of_the_kept_checkpoints(tmp_path):
     grid.write_text(TINY + AXES)
     recipe = load_grid(grid).cells[0].recipe
     _, model = build(recipe, torch.device("cpu"))
-    assert cost_module.parameter_count(recipe) == sum(p.numel() for p in model.parameters())
+    assert cost.parameter_count(recipe) == sum(p.numel() for p in model.parameters())
     big = load_grid(ROOT / "recipes/paper/fig02_lstm_reverse.toml",
                     only=["vocab_size=16384", "encoding=sinusoidal", "seed=111"]).cells[0]
-    assert cost_module.checkpoint_bytes(big.recipe) == pytest.approx(239e6, rel=0.01)
-    assert cost_module.checkpoints_on_disk(big.recipe) == 1
+    assert cost.checkpoint_bytes(big.recipe) == pytest.approx(239e6, rel=0.01)
+    assert cost.checkpoints_on_disk(big.recipe) == 1
     stability = load_grid(ROOT / "recipes/paper/fig03_lstm_dual_frequency.toml").cells[0]
-    assert cost_module.checkpoints_on_disk(stability.recipe) == 60  # 300,000 / 5,000
+    assert cost.checkpoints_on_disk(stability.recipe) == 60  # 300,000 / 5,000
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ from conftest import ROOT
 from fake_runs import by_band, fake_run, stability_rows
 
 from perencode.errors import UserError
-from perencode.verify import check, claims_file, load_claims, verify_runs
+from perencode.verdicts import check_claims, claims_file, load_claims
+from perencode.verify import verify_runs
 
 REVERSE = '{ "task.name" = "reverse", "model.arch" = "gru" }'
 
@@ -209,10 +210,10 @@ test = "threshold"
 op = ">="
 value = 0.90
 '''
-    checked = check([tmp_path / "runs"], write(tmp_path, claim))
+    checked = check_claims([tmp_path / "runs"], write(tmp_path, claim))
     assert [o.verdict for o in checked.outcomes] == ["pass"]
     # The same runs pooled over the architectures do mix settings, and it says which field.
-    pooled = check([tmp_path / "runs"], write(tmp_path, claim.replace(
+    pooled = check_claims([tmp_path / "runs"], write(tmp_path, claim.replace(
         'by = ["model.arch"]\n', "")))
     assert pooled.outcomes[0].verdict == "not run"
     assert pooled.outcomes[0].note == ("runs of different settings match: task.vocab_size "
@@ -324,7 +325,7 @@ def test_three_way_verdicts_through_the_cli(three_way_runs, tmp_path, cli):
 
 
 def test_threshold_three_ways():
-    from perencode.verify import three_way
+    from perencode.verdicts import three_way
 
     above = lambda x: x > 0.95  # noqa: E731
     assert three_way(above, 0.96, 0.99) == "pass"
@@ -387,7 +388,7 @@ def test_an_empty_group_and_unfinished_runs_are_named(three_way_runs, tmp_path):
     claims = write(tmp_path, DIFF.format(id="random", k=32, op=">").replace(
         '"sinusoidal"', '"random"') + DIFF.format(id="later", k=512, op=">"))
     fake_run(tmp_path / "more", "512", vocab=512, finished=False)
-    checked = check([three_way_runs, tmp_path / "more"], claims)
+    checked = check_claims([three_way_runs, tmp_path / "more"], claims)
     random, later = checked.outcomes
     assert random.note == "group a needs encoding.kind = random (the nearest runs have none, " \
                           "sinusoidal)"
@@ -400,7 +401,7 @@ def test_an_empty_group_and_unfinished_runs_are_named(three_way_runs, tmp_path):
     ({"missing": True}, "unset"), (list(range(10)), "in 0, 1, 2, 3, 4, 5, 6, 7 and 2 more"),
 ])
 def test_a_filter_in_words(rule, words):
-    from perencode.verify import _rule
+    from perencode.verdicts import _rule
 
     assert _rule(rule) == words
 
@@ -408,7 +409,7 @@ def test_a_filter_in_words(rule, words):
 def test_the_nearest_runs_decide_the_reason():
     """Of runs failing one filter and runs failing two, the first are the nearest: the
     reason names their one field and their values there."""
-    from perencode.verify import excluded
+    from perencode.verdicts import excluded
 
     df = pd.DataFrame({"run": ["a", "b", "c", "d"], "model.arch": ["gru", "gru", "lstm", "gru"],
                        "model.hidden_size": [32, 64, 32, 512],

@@ -33,7 +33,7 @@ from perencode.crosscheck import (
     training,
 )
 from perencode.crosscheck.authors import KNOWN_COMMIT, Authors, NotRun, authors_code, locate
-from perencode.crosscheck.report import DISAGREE, NOT_RUN, UNDECIDED, Check, table, write
+from perencode.crosscheck.report import DISAGREE, NOT_RUN, UNDECIDED, Comparison, table, write
 from perencode.crosscheck.seeds import check_seeds
 from perencode.device import resolve_device
 from perencode.errors import UserError
@@ -42,7 +42,7 @@ from perencode.io import WriteError
 __all__ = ["GROUPS", "KNOWN_COMMIT", "run_crosscheck"]
 
 # (group, what it compares, what of theirs it runs, the function)
-GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Check]]], ...] = (
+GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Comparison]]], ...] = (
     ("encoding", "positional encodings", "model.time_encoding", models.check_encodings),
     ("schedule", "learning-rate schedule", "timm CosineLRScheduler", schedule.check_schedule),
     ("forward", "forward logits", "model.rnn.RNN, model.ssm.SSM", models.check_forward),
@@ -71,20 +71,20 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Check]]], ...] = (
 
 
 def _run(group: str, compared: str, theirs: str,
-         fn: Callable[[], list[Check]]) -> list[Check]:
+         fn: Callable[[], list[Comparison]]) -> list[Comparison]:
     try:
         return fn()
     except NotRun as exc:
-        return [Check(group, compared, theirs, verdict=NOT_RUN, reason=str(exc))]
+        return [Comparison(group, compared, theirs, verdict=NOT_RUN, reason=str(exc))]
     except UserError:
         raise
     except SyntaxError as exc:  # their code does not even compile: nothing was compared
         where = f"{exc.filename}:{exc.lineno}" if exc.filename else str(exc)
-        return [Check(group, compared, theirs, verdict=NOT_RUN,
-                      reason=f"could not run the authors' code: SyntaxError at {where}")]
+        return [Comparison(group, compared, theirs, verdict=NOT_RUN,
+                           reason=f"could not run the authors' code: SyntaxError at {where}")]
     except Exception as exc:  # a crash on either side is a disagreement, never a pass
-        return [Check(group, compared, theirs, verdict=DISAGREE,
-                      reason=f"could not compare: {type(exc).__name__}: {exc}")]
+        return [Comparison(group, compared, theirs, verdict=DISAGREE,
+                           reason=f"could not compare: {type(exc).__name__}: {exc}")]
 
 
 def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
@@ -110,7 +110,7 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
                                   "warmup": min(shape.warmup, max(1, iterations // 10))})
     dev = resolve_device(device)
     started = time.perf_counter()
-    checks: list[Check] = []
+    checks: list[Comparison] = []
     with authors_code(repo) as authors:
         for i, (group, compared, theirs, fn) in enumerate(GROUPS, start=1):
             if progress:

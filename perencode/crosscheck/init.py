@@ -18,7 +18,7 @@ from torch import Tensor
 
 from perencode.crosscheck.authors import Authors
 from perencode.crosscheck.models import ours, their_state_dict, theirs
-from perencode.crosscheck.report import AGREE, DISAGREE, Check
+from perencode.crosscheck.report import AGREE, DISAGREE, Comparison
 
 SEEDS = (0, 1, 2, 3)
 ALPHA = 1e-4  # the KS test's level: 1 in 10,000 agreeing tensors would fail by chance
@@ -75,7 +75,7 @@ def compare_tensor(a: Tensor, b: Tensor) -> list[str]:
     return wrong
 
 
-def check_case(authors: Authors, arch: str, form: str) -> Check:
+def check_case(authors: Authors, arch: str, form: str) -> Comparison:
     mine, other = _draws(authors, arch, form)
     wrong, exact = [], 0
     for name in sorted(set(mine) | set(other)):
@@ -91,7 +91,7 @@ def check_case(authors: Authors, arch: str, form: str) -> Check:
         exact += torch.equal(a, b)
         wrong += [f"{name}: {w} (ours vs theirs)" for w in compare_tensor(a, b)]
     total = len([n for n in other if not n.endswith("time_encoder.frequencies")])
-    check = Check(
+    check = Comparison(
         f"initialisation: {arch} {form}", f"{total} parameters of fresh models (seeds "
         f"{', '.join(map(str, SEEDS))}): names, shapes, mean, std, min, max, KS; {exact} of "
         f"{total} drawn identically", f"model.{'ssm.SSM' if arch == 's4d' else 'rnn.RNN'}"
@@ -103,5 +103,5 @@ def check_case(authors: Authors, arch: str, form: str) -> Check:
     return check
 
 
-def check_init(authors: Authors) -> list[Check]:
+def check_init(authors: Authors) -> list[Comparison]:
     return [check_case(authors, arch, form) for arch, form in CASES]

@@ -22,7 +22,7 @@ from perencode import train
 from perencode.crosscheck.authors import Authors
 from perencode.crosscheck.models import BATCH, DTYPES, E, H, K, L, their_learner, their_state_dict
 from perencode.crosscheck.models import theirs as their_model
-from perencode.crosscheck.report import Check, numeric
+from perencode.crosscheck.report import Comparison, numeric
 from perencode.crosscheck.tasks import Log
 from perencode.experiment import build
 from perencode.models import SequenceModel
@@ -134,7 +134,7 @@ def _their_rows(rows: Tensor, task_name: str):
     return rows
 
 
-def compare(authors: Authors, arch: str, task_name: str = "reverse") -> Check:
+def compare(authors: Authors, arch: str, task_name: str = "reverse") -> Comparison:
     rec = recipe(arch, task_name)
     errors: dict[str, float] = {}
     parts: dict[str, str] = {}
@@ -190,5 +190,5 @@ class _Holder(torch.nn.Module):
         return self._state
 
 
-def check_loop(authors: Authors) -> list[Check]:
+def check_loop(authors: Authors) -> list[Comparison]:
     return [compare(authors, arch, task) for arch, task in CASES]

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from perencode import encoding
 from perencode.crosscheck.authors import Authors
-from perencode.crosscheck.report import Check, numeric
+from perencode.crosscheck.report import Comparison, numeric
 from perencode.models import SequenceModel
 from perencode.models.rnn import RecurrentModel
 from perencode.models.s4d import S4DModel
@@ -110,7 +110,7 @@ def _tokens(seed: int, rows: int = BATCH) -> Tensor:
     return torch.cat([x, torch.full_like(x, K)], dim=1)  # [B, 2L]: inputs, command tokens
 
 
-def check_encodings(authors: Authors) -> list[Check]:
+def check_encodings(authors: Authors) -> list[Comparison]:
     te = authors.module("model.time_encoding")
     T, D = 128, 512  # the paper's 2L and E
     errors = {}
@@ -143,11 +143,11 @@ def check_encodings(authors: Authors) -> list[Check]:
     return checks
 
 
-def check_forward(authors: Authors) -> list[Check]:
+def check_forward(authors: Authors) -> list[Comparison]:
     cases = [(a, f) for a in ("gru", "lstm", "s4d") for f in ("none", "sinusoidal")]
     cases += [("gru", "random"), ("gru", "learnable"), ("gru", "duplicate")]
     tokens = _tokens(1)
-    checks: list[Check] = []
+    checks: list[Comparison] = []
     for arch, form in cases:
         mine, other = pair(authors, arch, form, seed=len(checks))
         errors = {}
@@ -187,7 +187,7 @@ def their_learner(authors: Authors, arch: str, model: nn.Module, iterations: int
     return learner, optim_config, scheduler_config
 
 
-def check_trajectory(authors: Authors, steps: int = 6) -> list[Check]:
+def check_trajectory(authors: Authors, steps: int = 6) -> list[Comparison]:
     """`steps` Adam steps with clipping and the warm-up + cosine schedule, from the same
     weights on the same batches: ours through perencode.train, theirs through their
     Learner.train_per_iteration."""

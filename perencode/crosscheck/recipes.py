@@ -23,7 +23,7 @@ from typing import Any
 
 from perencode.crosscheck.authors import Authors, NotRun
 from perencode.crosscheck.models import script_literals
-from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN, Check
+from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN, Comparison
 from perencode.grid import load_grid, paper_folder
 from perencode.recipe import Recipe
 
@@ -367,15 +367,15 @@ def _invocation(runs: list[Invocation], script: str) -> Invocation | None:
     return found[0] if found else None
 
 
-def check_defaults(authors: Authors, runs: list[Invocation]) -> Check:
+def check_defaults(authors: Authors, runs: list[Invocation]) -> Comparison:
     """The package's defaults (Recipe()) against replication.sh's Fig. 2 line."""
     recipe = Recipe()
     script = _script(recipe)
     assert script is not None  # the default task is the reverse task
     inv = _invocation(runs, script)
     if inv is None:
-        return Check("recipes: defaults", "package defaults", "replication.sh",
-                     verdict=DISAGREE, reason=f"replication.sh runs no {script}")
+        return Comparison("recipes: defaults", "package defaults", "replication.sh",
+                          verdict=DISAGREE, reason=f"replication.sh runs no {script}")
     wrong, named, n = compare_recipe(recipe, inv, script_constants(authors, script, recipe))
     # A task's own options: its defaults against the line that trains it.
     for task, fields in TASK_DEFAULTS.items():
@@ -391,11 +391,11 @@ def check_defaults(authors: Authors, runs: list[Invocation]) -> Check:
 
 
 def _check(name: str, compared: str, inv: Invocation, wrong: list[str], named: list[str]
-           ) -> Check:
-    check = Check(name, compared, f"replication.sh line {inv.line} ({inv.script}), its "
-                  "argparse defaults and literals", unit="settings that differ",
-                  error={"fp32": float(len(wrong)), "fp64": float(len(wrong))},
-                  tolerance={"fp32": 0.0, "fp64": 0.0})
+           ) -> Comparison:
+    check = Comparison(name, compared, f"replication.sh line {inv.line} ({inv.script}), its "
+                       "argparse defaults and literals", unit="settings that differ",
+                       error={"fp32": float(len(wrong)), "fp64": float(len(wrong))},
+                       tolerance={"fp32": 0.0, "fp64": 0.0})
     if wrong:
         check.verdict = DISAGREE
         check.reason = "; ".join(sorted(set(wrong)))
@@ -404,7 +404,7 @@ def _check(name: str, compared: str, inv: Invocation, wrong: list[str], named: l
     return check
 
 
-def check_grid(authors: Authors, runs: list[Invocation], path: Path) -> Check:
+def check_grid(authors: Authors, runs: list[Invocation], path: Path) -> Comparison:
     grid = load_grid(path)
     wrong: list[str] = []
     named: list[str] = []
@@ -412,11 +412,13 @@ def check_grid(authors: Authors, runs: list[Invocation], path: Path) -> Check:
     for cell in grid.cells:
         script = _script(cell.recipe)
         if script is None:
-            return Check(f"recipes: {grid.name}", f"{len(grid.cells)} cells",
-                         "replication.sh", {"fp32": 0.0, "fp64": 0.0},
-                         {"fp32": 0.0, "fp64": 0.0}, "settings that differ", AGREE, difference=(
-                             "language model training: replication.sh has no line for it; "
-                             "the recipes follow the paper (§3.3), not train_lm.py's defaults"))
+            return Comparison(f"recipes: {grid.name}", f"{len(grid.cells)} cells",
+                              "replication.sh", {"fp32": 0.0, "fp64": 0.0},
+                              {"fp32": 0.0, "fp64": 0.0}, "settings that differ", AGREE,
+                              difference=(
+                                  "language model training: replication.sh has no line for "
+                                  "it; the recipes follow the paper (§3.3), not train_lm.py's "
+                                  "defaults"))
         inv = _invocation(runs, script)
         if inv is None:
             wrong.append(f"replication.sh runs no {script}")
@@ -432,13 +434,14 @@ def check_grid(authors: Authors, runs: list[Invocation], path: Path) -> Check:
                   f"({compared} comparisons) against replication.sh", inv, wrong, named)
 
 
-def check_recipes(authors: Authors, folder: Path | None = None) -> list[Check]:
+def check_recipes(authors: Authors, folder: Path | None = None) -> list[Comparison]:
     runs = replication(authors)
     checks = [check_defaults(authors, runs)]
     folder = folder if folder is not None else paper_folder()
     if folder is None:
-        return checks + [Check("recipes: paper grids", "recipes/paper/*.toml", "replication.sh",
-                               verdict=NOT_RUN, reason="recipes/paper/ not found (run from "
-                               "the checkout): only the package's defaults were compared")]
+        return checks + [Comparison("recipes: paper grids", "recipes/paper/*.toml",
+                                    "replication.sh", verdict=NOT_RUN,
+                                    reason="recipes/paper/ not found (run from the checkout): "
+                                    "only the package's defaults were compared")]
     checks += [check_grid(authors, runs, path) for path in sorted(folder.glob("*.toml"))]
     return checks

@@ -1,5 +1,5 @@
-"""A crosscheck's result: one `Check` per comparison, shown as a table and written as
-crosscheck.md and crosscheck.json."""
+"""A crosscheck's result: one `Comparison` per quantity compared, shown as a table and
+written as crosscheck.md and crosscheck.json."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ DTYPES = ("fp32", "fp64")
 
 
 @dataclass
-class Check:
+class Comparison:
     """One comparison of perencode with the authors' code.
 
     tolerance/error: per precision ("fp32", "fp64"), the largest error allowed and the one
@@ -38,7 +38,7 @@ class Check:
     reason: str = ""
     difference: str = ""
 
-    def settle(self) -> Check:
+    def settle(self) -> Comparison:
         """Verdict from the errors: agree when each is within its tolerance."""
         if self.verdict in (NOT_RUN, UNDECIDED):
             return self
@@ -53,8 +53,8 @@ class Check:
 
 
 def numeric(name: str, compared: str, theirs: str, tolerance: dict[str, float],
-            error: dict[str, float], **extra) -> Check:
-    return Check(name, compared, theirs, tolerance, error, **extra).settle()
+            error: dict[str, float], **extra) -> Comparison:
+    return Comparison(name, compared, theirs, tolerance, error, **extra).settle()
 
 
 def _fmt(values: dict[str, float]) -> str:
@@ -65,7 +65,7 @@ def _fmt(values: dict[str, float]) -> str:
     return " / ".join(f"{values[d]:.2g}" for d in DTYPES if d in values)
 
 
-def verdict_text(check: Check) -> str:
+def verdict_text(check: Comparison) -> str:
     text = check.verdict
     if check.reason:
         text += f": {check.reason}"
@@ -74,7 +74,7 @@ def verdict_text(check: Check) -> str:
     return text
 
 
-def table(checks: list[Check], title: str) -> Table:
+def table(checks: list[Comparison], title: str) -> Table:
     t = Table(title=title, show_lines=False)
     t.add_column("check", min_width=12)
     t.add_column("compared", min_width=20, ratio=3)
@@ -88,7 +88,7 @@ def table(checks: list[Check], title: str) -> Table:
     return t
 
 
-def markdown(checks: list[Check], header: list[str]) -> str:
+def markdown(checks: list[Comparison], header: list[str]) -> str:
     lines = ["# perencode crosscheck", "", *header, "",
              "| check | compared | authors' code run | tolerance fp32 / fp64 | "
              "max error fp32 / fp64 | verdict |", "|---|---|---|---|---|---|"]
@@ -99,7 +99,7 @@ def markdown(checks: list[Check], header: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(out: Path, checks: list[Check], header: list[str], meta: dict) -> None:
+def write(out: Path, checks: list[Comparison], header: list[str], meta: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "crosscheck.md", markdown(checks, header))
     atomic_write_json(out / "crosscheck.json", meta | {"checks": [

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from perencode import experiment, train
 from perencode.crosscheck.authors import Authors
-from perencode.crosscheck.report import AGREE, DISAGREE, Check
+from perencode.crosscheck.report import AGREE, DISAGREE, Comparison
 from perencode.recipe import Recipe
 
 K, L, HELD_OUT, BATCH, STEPS = 16, 8, 32, 8, 3
@@ -64,10 +64,10 @@ def _verdict(name: str, draws: list[tuple[Tensor, list[Tensor]]]) -> list[str]:
     return wrong
 
 
-def check_seeds(authors: Authors) -> list[Check]:
+def check_seeds(authors: Authors) -> list[Comparison]:
     wrong = _verdict("ours", [ours(s) for s in SEEDS])
     wrong += _verdict("theirs", [theirs(authors, s) for s in SEEDS])
-    check = Check(
+    check = Comparison(
         "seeds: held-out set and training stream", f"reverse K={K} L={L}: the held-out set "
         f"({HELD_OUT} rows) and the first {STEPS} training batches of seeds "
         f"{', '.join(map(str, SEEDS))}: different seeds differ, the same seed repeats, on "

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from perencode.crosscheck.authors import Authors
 from perencode.crosscheck.models import DTYPES, K, L, pair
-from perencode.crosscheck.report import AGREE, DISAGREE, Check, numeric
+from perencode.crosscheck.report import AGREE, DISAGREE, Comparison, numeric
 from perencode.crosscheck.tasks import Log
 from perencode.stability import analyse_triplets, make_triplets
 
@@ -26,7 +26,7 @@ COLUMNS = (("stability_weighted", "weighted_mean_gradient_similarity"),
 THEIR_COMPARISON = {"target": "common_target", "suffix": "common_suffix"}
 
 
-def check_stability(authors: Authors) -> list[Check]:
+def check_stability(authors: Authors) -> list[Comparison]:
     ja = authors.module("model.jacobian_analysis")
     checks = []
     for arch, prefix in (("gru", 0), ("lstm", 0), ("s4d", 3)):
@@ -116,7 +116,7 @@ def their_triplets(authors: Authors, K: int, L: int, count: int, prefix: int) ->
     return torch.cat(_Recorder.seen)
 
 
-def check_triplets(authors: Authors) -> list[Check]:
+def check_triplets(authors: Authors) -> list[Comparison]:
     """The S4D's triplets with a prefix (the paper's 22 before the target), ours from
     perencode.stability.make_triplets against those their test builds."""
     K, L, count, prefix = 64, 12, 64, 3
@@ -128,7 +128,7 @@ def check_triplets(authors: Authors) -> list[Check]:
     ours_s["length"], theirs_s["length"] = mine.shape[-1], other.shape[-1]
     wrong = [f"{key}: ours {ours_s[key]}, theirs {theirs_s[key]}" for key in theirs_s
              if ours_s.get(key) != theirs_s[key]]
-    check = Check(
+    check = Comparison(
         "stability: s4d triplets", f"{count} triplets, K={K}, L={L}, prefix {prefix}: which "
         "members share the prefix, the target and the suffix, the inputs' length (2L - "
         "prefix), the rare-half share of targets and disturbants per quarter",

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from perencode.crosscheck.authors import Authors
-from perencode.crosscheck.report import Check, numeric
+from perencode.crosscheck.report import Comparison, numeric
 from perencode.recipe import TaskConfig
 from perencode.tasks import make
 from perencode.tasks.dual_frequency import DualFrequencyConfig
@@ -152,7 +152,7 @@ def _held_in(rows: Tensor, held_out: Tensor) -> int:
 
 
 def _sampling_check(name: str, ours_rows: Tensor, theirs_rows: Tensor, bins: int, what: str,
-                    theirs_what: str, stat: Callable[[Tensor], Tensor] = lambda r: r) -> Check:
+                    theirs_what: str, stat: Callable[[Tensor], Tensor] = lambda r: r) -> Comparison:
     z = _z(stat(ours_rows), stat(theirs_rows), bins)
     return numeric(f"{name}: sampling", what, theirs_what, Z_TOL, {"fp32": z, "fp64": z},
                    unit="largest two-sample z")
@@ -160,7 +160,7 @@ def _sampling_check(name: str, ours_rows: Tensor, theirs_rows: Tensor, bins: int
 
 def _scoring_checks(name: str, task, learner_of: Callable[[Oracle], Any],
                     their_held_out: Tensor | dict, K: int, dl_tester=None,
-                    theirs_what: str = "", per_length: bool = False) -> list[Check]:
+                    theirs_what: str = "", per_length: bool = False) -> list[Comparison]:
     """Targets (their test scores our targets as perfect) and scoring (the same corrupted
     predictions give the same numbers); `per_length`: their test logs one line per length
     (variable length)."""
@@ -251,7 +251,7 @@ def _dl_tester(module, held_out: Tensor, K: int):
     return build
 
 
-def check_fixed_length(authors: Authors) -> list[Check]:
+def check_fixed_length(authors: Authors) -> list[Comparison]:
     """reverse, sort and reverse + delayed addition: RandomSequence and their tests."""
     dataset = authors.module("data.dataset")
     checks = []
@@ -294,7 +294,7 @@ def check_fixed_length(authors: Authors) -> list[Check]:
     return checks
 
 
-def check_variable_length(authors: Authors) -> list[Check]:
+def check_variable_length(authors: Authors) -> list[Comparison]:
     dataset = authors.module("data.dataset")
     K, L, low = 6, 8, 4
     task = make(TaskConfig.of(name="variable_length", vocab_size=K, length=L, min_length=low,
@@ -327,7 +327,7 @@ def check_variable_length(authors: Authors) -> list[Check]:
     return checks
 
 
-def check_predecessor(authors: Authors) -> list[Check]:
+def check_predecessor(authors: Authors) -> list[Comparison]:
     dataset = authors.module("data.dataset")
     K, L = 12, 6
     task = make(TaskConfig.of(name="predecessor", vocab_size=K, length=L, held_out=64), seed=1)
@@ -383,7 +383,7 @@ def check_predecessor(authors: Authors) -> list[Check]:
     ours_q = {int(q) for q in task.held_out[:, L]}
     same_range = their_q == ours_q == set(range(1, L))
     err = 0.0 if (theirs_redraw and ours_fixed and same_range) else math.inf
-    checks.append(Check(
+    checks.append(Comparison(
         "predecessor: test queries", f"queries (0-based index 1..{L - 1} on both sides: "
         f"{'yes' if same_range else 'no'}); theirs re-drawn by a second test call: "
         f"{theirs_redraw}; ours fixed by the seed: {ours_fixed}",
@@ -402,7 +402,7 @@ def _replication_value(authors: Authors, name: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def check_dual_frequency(authors: Authors) -> list[Check]:
+def check_dual_frequency(authors: Authors) -> list[Comparison]:
     dataset = authors.module("data.dataset")
     K, L, per = 8, 8, 2
     cfg = TaskConfig.of(name="dual_frequency", vocab_size=K, length=L, held_out_per_cell=per)
@@ -454,7 +454,7 @@ def check_dual_frequency(authors: Authors) -> list[Check]:
 
     theirs_s, ours_s = spliced(theirs.held_out), spliced(ours5)
     err = 0.0 if theirs_s == 1.0 and ours_s < 0.5 else math.inf
-    checks.append(Check(
+    checks.append(Comparison(
         "dual_frequency: mixed cells", f"tokens of the mixed conditions equal to the pure "
         f"conditions' at the same place: theirs {theirs_s:.2f} (spliced), ours {ours_s:.2f} "
         f"(drawn independently, chance {2 / K:.2f})", "data.dataset.FreqentVSRare(held_out)",
@@ -468,7 +468,7 @@ def check_dual_frequency(authors: Authors) -> list[Check]:
     their_per = None if held_out is None else held_out / (4 * length)
     their_per = int(their_per) if their_per is not None and their_per.is_integer() else their_per
     err = 0.0 if their_per == 4 and ours_default == 16 else math.inf
-    checks.append(Check(
+    checks.append(Comparison(
         "dual_frequency: test-set size", f"sequences per cell: replication.sh "
         f"num_held_out={held_out and int(held_out)} at L={int(length)} gives {their_per}; "
         f"ours {ours_default} (Fig. 3 caption; task.held_out_per_cell = 4 gives theirs)",

@@ -26,7 +26,7 @@ import torch
 from perencode.console import console
 from perencode.crosscheck.authors import Authors
 from perencode.crosscheck.models import script_literals
-from perencode.crosscheck.report import AGREE, DISAGREE, UNDECIDED, Check
+from perencode.crosscheck.report import AGREE, DISAGREE, UNDECIDED, Comparison
 from perencode.crosscheck.tasks import Log
 from perencode.experiment import output_logits
 from perencode.models.rnn import RecurrentModel
@@ -244,7 +244,7 @@ def _theirs(authors: Authors, shape: Shape, seed: int, device: torch.device):
 
 
 def check_training(authors: Authors, shape: Shape, seeds: int, device: torch.device,
-                   progress: bool = True, margin: float | None = None) -> list[Check]:
+                   progress: bool = True, margin: float | None = None) -> list[Comparison]:
     margin = shape.margin if margin is None else margin
     sides = {"ours": lambda s: _ours(shape, s, device),
              "theirs": lambda s: _theirs(authors, shape, s, device)}
@@ -271,7 +271,7 @@ def check_training(authors: Authors, shape: Shape, seeds: int, device: torch.dev
     wall = time.perf_counter() - started
     result = tost(accuracies["ours"], accuracies["theirs"], margin)
     listed = "; ".join(f"{k} " + ", ".join(f"{a:.4f}" for a in v) for k, v in accuracies.items())
-    check = Check(
+    check = Comparison(
         f"training: {shape.name}", f"held-out token accuracy after training ({shape.describe()}"
         f", seeds 111..{111 * seeds}, {wall / 60:.1f} min): {listed}",
         "train_palindrome.Learner.train_per_iteration and .test, data.dataset.RandomSequence,"

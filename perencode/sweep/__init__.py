@@ -28,12 +28,12 @@ from perencode.errors import UserError
 from perencode.grid import SlurmConfig, explain, load_grid
 from perencode.lock import hold
 from perencode.sweep.board import Board
-from perencode.sweep.check import check_in_worker
 from perencode.sweep.cost import measure, print_plan
 from perencode.sweep.local import LocalExecutor
 from perencode.sweep.options import Executor, SweepOptions
 from perencode.sweep.plan import FINISHED, PlannedRun, RunState, mark_queued, plan, prepare
 from perencode.sweep.slurm import SlurmExecutor, TrainJob
+from perencode.sweep.validate import validate_in_worker
 from perencode.validation import validate_table
 
 __all__ = ["EXECUTORS", "Executor", "PlannedRun", "RunState", "SweepOptions", "TrainJob", "plan",
@@ -67,7 +67,7 @@ def run_sweep(grid: str | Path, out: str | Path = defaults.RUNS,
         raise UserError(f"{grid}: --only leaves no cell to run")
     # The workers get this process's plugins; each cell is validated as they will.
     handed = plugins.handed_on([c.recipe for c in g.cells])
-    check_in_worker({f"{grid} [grid] {c.name}": c.recipe for c in g.cells}, handed)
+    validate_in_worker({f"{grid} [grid] {c.name}": c.recipe for c in g.cells}, handed)
     planned = plan(g, out, o.tensorboard)
     if o.estimate:
         measure(planned, out, o.device, o.jobs, handed)

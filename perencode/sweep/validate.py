@@ -22,7 +22,7 @@ from perencode.sweep.local import perencode_command
 # first on sys.path, not the working directory that `python -c` puts there.
 _WORKER = ("import sys\n"
            "if {drop}: del sys.path[0]\n"
-           "from perencode.sweep.check import validate_sources\n"
+           "from perencode.sweep.validate import validate_sources\n"
            "sys.exit(validate_sources(sys.stdin.read()))\n")
 
 
@@ -40,7 +40,7 @@ def validate_sources(text: str) -> int:
     return 0
 
 
-def check_in_worker(named: dict[str, Any], handed: list[str]) -> None:
+def validate_in_worker(named: dict[str, Any], handed: list[str]) -> None:
     """Validate recipes (source -> Recipe) in a worker-like process given `handed`; a
     UserError with the worker's line if one fails. Only recipes that use a plugin's kind
     need it: the package's own kinds validate the same in any process."""
