@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from perencode import defaults
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.grid import repository_root
@@ -50,8 +51,8 @@ def choose_demo(device: str, cuda_available: bool) -> Demo:
     raise UserError(f"--device '{device}': expected auto, cpu or cuda")
 
 
-def start(device: str = "auto", runs: Path = Path("runs"),
-          figures: Path = Path("figures")) -> tuple[Demo, Path, Path]:
+def start(device: str = defaults.DEVICE, runs: Path = defaults.RUNS,
+          figures: Path = defaults.FIGURES) -> tuple[Demo, Path, Path]:
     """The demo `device` chooses (choose_demo), announced, with the folders of its runs and
     of its figures and claims (below `runs` and `figures`, named after its grid)."""
     demo = choose_demo(device, torch.cuda.is_available())

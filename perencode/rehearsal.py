@@ -13,6 +13,7 @@ import json
 import random
 from pathlib import Path
 
+from perencode import defaults
 from perencode.errors import UserError
 from perencode.plots import FIGURES
 from perencode.verdicts import VERDICTS, claims_file, load_claims
@@ -49,7 +50,7 @@ def write_corpus(folder: str | Path, seed: int = 0) -> dict[str, dict]:
     return written
 
 
-def check_outputs(figures: str | Path, claims: str | Path = "paper") -> list[str]:
+def check_outputs(figures: str | Path, claims: str | Path = defaults.CLAIMS) -> list[str]:
     """What a finished reproduce-all must have left in `figures`: verify.json deciding or
     reporting every claim, and a file of every figure and table. Returns one line per item
     checked; raises UserError naming what is missing."""

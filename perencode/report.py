@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from perencode import plugins
+from perencode import defaults, plugins
 from perencode import runs as run_dirs
 from perencode.console import console
 from perencode.errors import UserError
@@ -342,8 +342,8 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
             f'<p class="rule">{_e(RULE)}</p>' + "".join(sections) + "</body></html>\n")
 
 
-def make_report(runs: list[Path], claims: str | Path = "paper",
-                out: Path = Path("figures"), accept_code_change: bool = False,
+def make_report(runs: list[Path], claims: str | Path = defaults.CLAIMS,
+                out: Path = defaults.FIGURES, accept_code_change: bool = False,
                 title: str | None = None) -> Path:
     """Draw the figures into `out`, check the claims and write `out`/report.html (headed
     `title`, else the paper's reproduction); its path."""

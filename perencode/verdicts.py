@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from perencode import defaults
 from perencode.errors import UserError
 from perencode.naming import short_key
 from perencode.recipe import BOOKKEEPING, read_toml
@@ -670,7 +671,7 @@ class Checked:
                 "results": [o.as_dict() for o in self.outcomes]}
 
 
-def check_claims(runs: list[Path], claims: str | Path = "paper",
+def check_claims(runs: list[Path], claims: str | Path = defaults.CLAIMS,
                  results: Results | None = None, accept_code_change: bool = False) -> Checked:
     """Every claim of `claims` evaluated on the runs under `runs` (or on `results`, already
     collected from them); nothing is written."""

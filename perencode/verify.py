@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
+from perencode import defaults
 from perencode.console import console
 from perencode.io import atomic_write_json, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
@@ -58,8 +59,8 @@ def report_markdown(checked: Checked, run_paths: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def verify_runs(runs: list[Path], claims: str | Path = "paper",
-                out: Path = Path("figures"), as_json: bool = False,
+def verify_runs(runs: list[Path], claims: str | Path = defaults.CLAIMS,
+                out: Path = defaults.FIGURES, as_json: bool = False,
                 accept_code_change: bool = False) -> int:
     """Evaluate every claim; print a summary, the decided claims and the reasons of those
     not run (`as_json`: the whole verify.json document on stdout instead), and write

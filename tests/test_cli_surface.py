@@ -212,7 +212,7 @@ CLI_DEFAULTS = [
     ("tensorboard", "perencode.tracking:tensorboard_command", "port"),
     ("sweep", "perencode.sweep:SweepOptions", "executor jobs runs_per_gpu device"),
     ("eval", "perencode.evaluate:evaluate_run", "device"),
-    ("quickstart", "perencode.quickstart:run_quickstart", "device"),
+    ("quickstart", "perencode.quickstart:start", "device"),
     ("doctor", "perencode.doctor:doctor", "runs=runs_root"),
     ("figures", "perencode.figures:make_figures", "out"),
     ("verify", "perencode.verify:verify_runs", "claims out"),
