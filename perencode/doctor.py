@@ -44,14 +44,13 @@ import torch
 from perencode import preflight, runs
 from perencode.bench import bench
 from perencode.console import console
-from perencode.evaluate import evaluate_model
-from perencode.experiment import build
 from perencode.grid import load_grid
-from perencode.models import SequenceModel, build_model
+from perencode.models import SequenceModel
 from perencode.recipe import Recipe, load_recipe, validate
+from perencode.session import CHUNK_LOGITS, Session
 from perencode.sweep.cost import Estimates, device_label
-from perencode.tasks import Batch, make
-from perencode.train import CHUNK_LOGITS, make_optimizer, train, train_step, training_generator
+from perencode.tasks import Batch
+from perencode.train import train
 
 PASS, FAIL, INFO = "pass", "FAIL", "info"
 NO_DEVICE = "not run: no CUDA device"
@@ -155,31 +154,24 @@ def batch_to(batch: Batch, device: torch.device) -> Batch:
     return Batch(**moved)
 
 
-def cpu_batches(recipe: Recipe, steps: int) -> list[Batch]:
-    """`steps` training batches drawn on the CPU from the recipe's training stream."""
-    cpu = torch.device("cpu")
-    task = make(recipe.task, recipe.train.seed, cpu)
-    generator = training_generator(recipe, cpu)
-    return [task.sample(recipe.train.batch_size, generator) for _ in range(steps)]
-
-
-def initial_model(recipe: Recipe) -> SequenceModel:
-    """The recipe's model as training initialises it, on the CPU."""
-    task = make(recipe.task, recipe.train.seed, torch.device("cpu"))
-    torch.manual_seed(recipe.train.seed)
-    return build_model(recipe, task.shapes)
+def cpu_start(recipe: Recipe, steps: int) -> tuple[SequenceModel, list[Batch]]:
+    """The recipe's model as training initialises it and its first `steps` training
+    batches, on the CPU."""
+    session = Session(recipe, torch.device("cpu"))
+    return session.model, [session.batch() for _ in range(steps)]
 
 
 def trained_parameters(model: SequenceModel, recipe: Recipe, batches: list[Batch],
                        device: torch.device) -> dict[str, torch.Tensor]:
-    """A copy of `model` on `device` after one Adam step per batch at the recipe's peak
-    learning rate (the warm-up's first steps are nearly 0 and would compare nothing); the
-    parameters on the CPU."""
-    model = copy.deepcopy(model).to(device)
-    optimizer = make_optimizer(model, recipe.optim)
+    """A copy of `model` on `device` after one training step per batch at the recipe's
+    peak learning rate (the warm-up's first steps are nearly 0 and would compare nothing);
+    the parameters on the CPU."""
+    session = Session(recipe, device, copy.deepcopy(model).to(device))
+    session.iteration = recipe.optim.warmup  # the schedule's peak comes after the warm-up
     for batch in batches:
-        train_step(model, optimizer, batch_to(batch, device), recipe.optim.clip_norm)
-    return {name: p.detach().to("cpu", torch.float64) for name, p in model.named_parameters()}
+        session.step(batch_to(batch, device))
+    return {name: p.detach().to("cpu", torch.float64)
+            for name, p in session.model.named_parameters()}
 
 
 def parameter_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
@@ -216,7 +208,7 @@ def equivalence(recipe: Recipe, device: torch.device, reference: torch.device,
     """`parameter_difference` of `steps` training steps on `device` against `reference`,
     from the same initial weights and batches. `perturb` edits the `device` side's result
     (the tests' broken device)."""
-    model, batches = initial_model(recipe), cpu_batches(recipe, steps)
+    model, batches = cpu_start(recipe, steps)
     ours = trained_parameters(model, recipe, batches, device)
     theirs = trained_parameters(model, recipe, batches, reference)
     if perturb is not None:
@@ -227,7 +219,7 @@ def equivalence(recipe: Recipe, device: torch.device, reference: torch.device,
 def determinism(recipe: Recipe, device: torch.device, steps: int = EQUIVALENCE_STEPS
                 ) -> tuple[bool, float]:
     """The same steps twice on `device`: (bit-identical?, largest absolute difference)."""
-    model, batches = initial_model(recipe), cpu_batches(recipe, steps)
+    model, batches = cpu_start(recipe, steps)
     first = trained_parameters(model, recipe, batches, device)
     second = trained_parameters(model, recipe, batches, device)
     same = all(torch.equal(first[n], second[n]) for n in first)
@@ -286,13 +278,10 @@ def memory_workload(recipe: Recipe, device: torch.device) -> None:
     """What a run holds at once: the model, Adam's state, two training steps and the
     held-out evaluation (the two phases perencode.preflight estimates)."""
 
-    task, model = build(recipe, device)
-    optimizer = make_optimizer(model, recipe.optim)
-    generator = training_generator(recipe, device)
+    session = Session(recipe, device)
     for _ in range(2):
-        train_step(model, optimizer, task.sample(recipe.train.batch_size, generator),
-                   recipe.optim.clip_norm)
-    evaluate_model(model, task, recipe)
+        session.step()
+    session.evaluate()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

@@ -1,23 +1,13 @@
-"""A task and its model: the pair a recipe describes, and the model run at the task's
-scored outputs. Models (perencode.models) and tasks (perencode.tasks) do not know each
-other; this module is where they meet."""
+"""A model run at its task's scored outputs. Models (perencode.models) and tasks
+(perencode.tasks) do not know each other; this module is where they meet (the pair a
+recipe describes is built by perencode.session.build)."""
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from perencode.models import SequenceModel, build_model
-from perencode.recipe import Recipe
-from perencode.tasks import Batch, make
-
-
-def build(recipe: Recipe, device: torch.device) -> tuple:
-    """(task, model): the task with its held-out set drawn from the seed, and the model
-    initialised from the seed, on `device`."""
-    task = make(recipe.task, recipe.train.seed, device)
-    torch.manual_seed(recipe.train.seed)
-    return task, build_model(recipe, task.shapes).to(device)
+from perencode.models import SequenceModel
+from perencode.tasks import Batch
 
 
 def output_features(model: SequenceModel, batch: Batch) -> Tensor:

@@ -25,10 +25,10 @@ from perencode import identity, kinds, runs
 from perencode.console import console
 from perencode.device import resolve_device
 from perencode.errors import UserError
-from perencode.evaluate import load_run
 from perencode.io import atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.progress import Reporter
+from perencode.session import Session
 from perencode.tasks.dual_frequency import TYPES, half_tokens
 
 # --------------------------------------------------------------------------------------
@@ -358,7 +358,7 @@ def _analyse(run: runs.Run, chosen: Triplets, dev: torch.device, triplets: int, 
                   "encoding": recipe.encoding.kind, "seed": recipe.train.seed}
     with reporter:
         for iteration, ckpt in todo:
-            _, _, model, _ = load_run(run, dev, ckpt)
+            model = Session.of_run(run, dev, ckpt).model
             model.eval()
             new = analyse_triplets(model, chosen, task.vocab_size, batch, dev,
                                    on_batch=functools.partial(reporter.advance, 1, step=iteration))

@@ -13,10 +13,10 @@ from torch import Tensor, nn
 from perencode import kinds
 from perencode.bench import bare_loop, bench
 from perencode.errors import UserError
-from perencode.experiment import build
 from perencode.models import SequenceModel, Shapes
 from perencode.models.rnn import CELLS
 from perencode.recipe import validate
+from perencode.session import build
 from perencode.sweep.cost import flops_per_iteration, layer_parameters
 
 CPU = torch.device("cpu")
