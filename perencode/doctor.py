@@ -9,7 +9,7 @@ why"). A check that raises becomes one FAIL row naming the exception, never a tr
   weights and batches on the device and on the CPU (`equivalence`);
 - determinism: the same steps twice on one device, bit-identical or not (`determinism`);
 - resume across devices: a run checkpointed on one device finishes on the other, through
-  `perencode.train.train` and its run directory (`resume_across`);
+  `perencode train` and its run directory (`resume_across`);
 - memory: perencode.preflight's estimate against the measured peak (`memory_ratio`);
 - speed: `bench --baseline` at the paper's Fig. 2 GRU shape, and each paper grid's
   device-hours extrapolated from it (the `sweep --estimate` cache is filled on the way).
@@ -42,15 +42,14 @@ from typing import Any
 import torch
 
 from perencode import preflight, runs
-from perencode.bench import bench
 from perencode.console import console
 from perencode.grid import load_grid
+from perencode.io import atomic_write_text
 from perencode.models import SequenceModel
 from perencode.recipe import Recipe, load_recipe, validate
 from perencode.session import CHUNK_LOGITS, Session
 from perencode.sweep.cost import Estimates, device_label
 from perencode.tasks import Batch
-from perencode.train import train
 
 PASS, FAIL, INFO = "pass", "FAIL", "info"
 NO_DEVICE = "not run: no CUDA device"
@@ -226,10 +225,40 @@ def determinism(recipe: Recipe, device: torch.device, steps: int = EQUIVALENCE_S
     return same, max(float((first[n] - second[n]).abs().max()) for n in first)
 
 
+def run_command(args: list[str]) -> str:
+    """`perencode ARGS` run as a command, in a child process (the verbs the doctor checks
+    are other commands: it runs them as a user does); its standard output. One that fails
+    raises with its last line."""
+    done = subprocess.run([sys.executable, "-m", "perencode", *args], capture_output=True,
+                          text=True, timeout=3600)
+    if done.returncode != 0:
+        last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+        raise RuntimeError(f"perencode {args[0]} exited {done.returncode}: {last}")
+    return done.stdout
+
+
+def train_child(recipe: Recipe, run_dir: Path, device: torch.device) -> None:
+    """`perencode train` of `recipe` into `run_dir` on `device`, in a child process."""
+    path = run_dir.with_name(run_dir.name + ".toml")
+    atomic_write_text(path, recipe.to_toml())
+    run_command(["train", str(path), "--run-dir", str(run_dir), "--device", str(device),
+               "--no-progress"])
+
+
+def bench_child(recipe: Recipe, device: torch.device, folder: Path, *options: str) -> dict:
+    """`perencode bench` of `recipe` on `device` with `options`, in a child process: its
+    final JSON line (seconds_per_iteration, ...)."""
+    path = Path(folder) / "bench.toml"
+    atomic_write_text(path, recipe.to_toml())
+    out = run_command(["bench", str(path), "--device", str(device), *options])
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
                   folder: Path) -> dict:
     """A run trained on `first`, cut back to its middle checkpoint (as a run killed after
-    it), then resumed by `perencode.train.train` on `second`. Returns what happened: the
+    it), then resumed by `perencode train` on `second` (each in a process of its own, as
+    a requeued job is). Returns what happened: the
     iteration it resumed from (0: it started over), the devices of its two starts, the
     final checkpoint's iteration, the logged steps, and (CPU to CPU only, where the batches
     come from the same stream and the kernels repeat exactly) whether it ended
@@ -237,7 +266,7 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
     iterations = recipe.train.iterations
     middle = recipe.train.checkpoint_every
     run = runs.Run(Path(folder) / f"{first.type}-to-{second.type}")
-    train(recipe, run.dir, device=first, progress=False)
+    train_child(recipe, run.dir, first)
     uninterrupted = runs.load_checkpoint(run.checkpoint_path(iterations))["model"]
     for step, path in run.checkpoints():
         if step > middle:
@@ -246,7 +275,7 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
     # Checkpoints are replaced atomically (a new file): the middle one keeps its inode only
     # if training went on from it rather than starting over.
     kept = run.checkpoint_path(middle).stat().st_ino
-    train(recipe, run.dir, device=second, progress=False)
+    train_child(recipe, run.dir, second)
     starts = runs.read_json(run.dir / "env.json")["starts"]
     final = runs.load_checkpoint(run.checkpoint_path(iterations))
     rows = run.metrics()
@@ -495,11 +524,20 @@ def speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_r
     each grid from the `sweep --estimate` cache under `runs_root`, which this fills: the
     recipe's shape from that bench, an architecture not yet measured from its grid's first
     cell (3 iterations, as `--estimate` times it); the other shapes extrapolated by FLOPs
-    (perencode.sweep.cost). A cell shared by two grids counts in each."""
+    (perencode.sweep.cost). A cell shared by two grids counts in each. Each bench runs in
+    a child process, as `sweep --estimate`'s do."""
+    with tempfile.TemporaryDirectory(prefix="perencode-doctor-") as folder:
+        return _speed_checks(device, recipe, grids, runs_root, grid_overrides, iterations,
+                             Path(folder))
 
+
+def _speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_root: Path,
+                  grid_overrides: list[str] | None, iterations: int, folder: Path
+                  ) -> list[Check]:
     label = device_label(device, torch.get_num_threads())
     m, t = recipe.model, recipe.task
-    result = bench(recipe, device, iterations=iterations, warmup=5, baseline=True)
+    result = bench_child(recipe, device, folder, "--iterations", str(iterations), "--warmup",
+                         "5", "--baseline")
     cache = Estimates(runs_root)
     cache.put(label, recipe, result["seconds_per_iteration"])
     ours, bare = result["seconds_per_iteration"], result["bare_seconds_per_iteration"]
@@ -513,7 +551,8 @@ def speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_r
         def hours(path=path):
             cells = load_grid(path, grid_overrides).cells
             if cache.seconds(label, cells[0].recipe)[0] is None:
-                timed = bench(cells[0].recipe, device, iterations=3, warmup=1)
+                timed = bench_child(cells[0].recipe, device, folder, "--iterations", "3",
+                                    "--warmup", "1")
                 cache.put(label, cells[0].recipe, timed["seconds_per_iteration"])
             total, extrapolated = 0.0, 0
             for cell in cells:

@@ -96,6 +96,7 @@ def resume_recipe():
                                log_every=1, keep_checkpoints="all")
 
 
+@pytest.mark.slow  # `perencode train` / `bench` children
 def test_resume_across_devices_through_the_run_directory(tmp_path):
     recipe = resume_recipe()
     result = doctor.resume_across(recipe, CPU, CPU, tmp_path)
@@ -106,10 +107,19 @@ def test_resume_across_devices_through_the_run_directory(tmp_path):
     assert row.verdict == doctor.PASS and "bit-identical" in row.measured
 
 
+@pytest.mark.slow  # `perencode train` / `bench` children
 def test_resume_check_fails_when_training_starts_over(monkeypatch, tmp_path):
-    from perencode import runs
+    """A second start that cannot read the middle checkpoint sets it aside and trains from
+    iteration 0: the same numbers on the CPU, but not a resume."""
+    real, starts = doctor.train_child, []
 
-    monkeypatch.setattr(runs.Run, "resume", lambda self, *args, **kw: None)
+    def unreadable_middle(recipe, run_dir, device):
+        starts.append(device)
+        if len(starts) == 2:
+            (run_dir / "checkpoints" / "step-2.pt").write_bytes(b"cut short")
+        real(recipe, run_dir, device)
+
+    monkeypatch.setattr(doctor, "train_child", unreadable_middle)
     recipe = resume_recipe()
     result = doctor.resume_across(recipe, CPU, CPU, tmp_path)
     assert result["resumed_from"] == 0 and result["identical"]  # same numbers, not resumed
@@ -163,6 +173,7 @@ def test_a_check_that_raises_is_one_failed_row():
         "RuntimeError: CUDA error: an illegal memory access was encountered"
 
 
+@pytest.mark.slow  # `perencode train` / `bench` children
 def test_speed_fills_the_estimate_cache_and_prices_each_grid(tmp_path):
     tiny = ["model.hidden_size=8", "model.embed_size=8", "task.length=4",
             "train.batch_size=4", "task.held_out=8"]
