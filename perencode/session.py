@@ -1,9 +1,11 @@
 """A training session: the one owner of the training step.
 
-A recipe on a device becomes a task and its model (`build`), an Adam optimizer, the
-learning-rate schedule and the training batches' stream; `Session.step` is one iteration
-as `perencode train` runs it. `train`, `bench`, `doctor`, `stability` and `crosscheck` all
-drive this object, so that the step one of them times or checks is the step training runs.
+A recipe on a device becomes a task and its model (`build`: models, perencode.models, and
+tasks, perencode.tasks, do not know each other; this module is where they meet), an Adam
+optimizer, the learning-rate schedule and the training batches' stream; `Session.step` is
+one iteration as `perencode train` runs it. `train`, `bench`, `doctor`, `stability` and
+`crosscheck` all drive this object, so that the step one of them times or checks is the
+step training runs.
 """
 
 from __future__ import annotations
@@ -18,10 +20,23 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from perencode import runs
-from perencode.experiment import output_features, output_logits
 from perencode.models import SequenceModel, build_model
 from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import Batch, make
+
+
+def output_features(model: SequenceModel, batch: Batch) -> Tensor:
+    """Model features at the output steps only [B, T_out, H]."""
+    h = model(batch.inputs)  # [B, T, H]
+    T_out = batch.output_targets.shape[1]
+    if batch.output_steps is None:
+        return h[:, -T_out:]  # [B, T_out, H]
+    return h.gather(1, batch.output_steps[..., None].expand(-1, -1, h.shape[-1]))
+
+
+def output_logits(model: SequenceModel, batch: Batch) -> Tensor:
+    """Logits at the output steps [B, T_out, K]: the head never runs on input steps."""
+    return model.head(output_features(model, batch))
 
 
 def learning_rate(step: int, optim: OptimConfig, iterations: int) -> float:

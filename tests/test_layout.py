@@ -235,7 +235,7 @@ def test_shared_code_asks_no_kind_by_name():
 
     registered = {n for kind in kinds.REGISTRIES for n in kinds.names(kind)}
     for name in ("perencode.results", "perencode.preflight", "perencode.models.base",
-                 "perencode.tasks", "perencode.experiment"):
+                 "perencode.tasks", "perencode.session"):
         strings = {node.value for node in ast.walk(modules()[name])
                    if isinstance(node, ast.Constant) and isinstance(node.value, str)}
         assert not strings & registered, (name, strings & registered)
