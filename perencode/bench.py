@@ -162,6 +162,6 @@ def bare_loop(recipe: Recipe, device: torch.device):
         loss.backward()
         nn.utils.clip_grad_norm_(modules.parameters(), o.clip_norm)
         opt.step()
-        return loss.detach()  # not synchronised, as train_step's
+        return loss.detach()  # not synchronised, as Session.step's
 
     return step

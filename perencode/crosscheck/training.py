@@ -7,7 +7,7 @@ within +-margin: TOST p < ALPHA), different (Welch's two-sided test rejects equa
 ALPHA and equivalence is not shown), undecided with the seeds given (neither; the check
 says how many seeds per side the equivalence test needs for POWER at the spread seen).
 
-Ours: perencode's task, model, optimizer, schedule and train_step. Theirs: their
+Ours: a perencode.session.Session (task, model, optimizer, schedule, step). Theirs: their
 `model.RNN` initialised by their code from the seed, their `data.dataset.RandomSequence`
 (held-out set and rejection sampling, one `__getitem__` per row as their DataLoader's
 workers did, drawn here in the main process), their `train_palindrome.Learner`'s
