@@ -13,7 +13,7 @@ import torch
 from conftest import ROOT, run_cli
 
 from perencode import crosscheck, encoding, session
-from perencode import stability as our_stability
+from perencode import stability_metric as our_stability
 from perencode.crosscheck import authors as au
 from perencode.crosscheck import models, schedule, stability, tasks, training
 from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN, UNDECIDED, Check

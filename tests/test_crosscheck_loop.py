@@ -383,7 +383,7 @@ def test_restricted_damerau_levenshtein_is_seen(authors, monkeypatch):
 
 @needs_authors
 def test_s4d_triplets_agree_and_a_shared_prefix_or_a_full_output_is_seen(authors, monkeypatch):
-    from perencode import stability as our_stability
+    from perencode import stability_metric as our_stability
     from perencode.crosscheck import stability
     (check,) = stability.check_triplets(authors)
     assert check.verdict == AGREE, check.reason
