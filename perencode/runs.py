@@ -26,9 +26,10 @@ resumes from the newest readable checkpoint of its own; with none left it starts
 
 `Run` owns all of it: train, evaluate and stability read and write a run directory through
 it, and it alone knows the checkpoint format (version 1): a dict with format, version,
-iteration, recipe, model, optimizer and rng (the batch generator's and the CPU RNG's
-state). Those of earlier perencode versions also hold "scheduler" ({"step": iteration}, the
-iteration again: the learning rate is a function of it); it is ignored.
+iteration, recipe, and the training session's model, optimizer and rng (the batch
+generator's and the CPU RNG's state; perencode.session.Session.state). Those of earlier
+perencode versions also hold "scheduler" ({"step": iteration}, the iteration again: the
+learning rate is a function of it); it is ignored.
 """
 
 from __future__ import annotations

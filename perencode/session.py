@@ -147,16 +147,16 @@ class Session:
     """The training of `recipe` on `device`: task, model, optimizer, schedule, batch stream.
 
     Built as `perencode train` builds a run (`build`: the task, then the model from the
-    seed; `model` given: that model, the task built beside it). `iteration` counts the
-    optimizer steps taken; `step` takes the next one.
+    seed), or around a given `model` (the recipe's task built beside it). `iteration`
+    counts the optimizer steps taken; `step` takes the next one.
     """
 
     def __init__(self, recipe: Recipe, device: torch.device,
-                 model: SequenceModel | None = None, task=None):
+                 model: SequenceModel | None = None):
         self.recipe, self.device = recipe, device
         if model is None:
             task, model = build(recipe, device)
-        elif task is None:
+        else:
             task = make(recipe.task, recipe.train.seed, device)
         self.task, self.model = task, model
         self.optimizer = make_optimizer(model, recipe.optim)
