@@ -242,7 +242,7 @@ def train_child(recipe: Recipe, run_dir: Path, device: torch.device) -> None:
     path = run_dir.with_name(run_dir.name + ".toml")
     atomic_write_text(path, recipe.to_toml())
     run_command(["train", str(path), "--run-dir", str(run_dir), "--device", str(device),
-               "--no-progress"])
+                 "--no-progress"])
 
 
 def bench_child(recipe: Recipe, device: torch.device, folder: Path, *options: str) -> dict:
@@ -257,12 +257,11 @@ def bench_child(recipe: Recipe, device: torch.device, folder: Path, *options: st
 def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
                   folder: Path) -> dict:
     """A run trained on `first`, cut back to its middle checkpoint (as a run killed after
-    it), then resumed by `perencode train` on `second` (each in a process of its own, as
-    a requeued job is). Returns what happened: the
-    iteration it resumed from (0: it started over), the devices of its two starts, the
-    final checkpoint's iteration, the logged steps, and (CPU to CPU only, where the batches
-    come from the same stream and the kernels repeat exactly) whether it ended
-    bit-identical to the uninterrupted run."""
+    it), then resumed by `perencode train` on `second` (each in a process of its own, as a
+    requeued job is). Returns what happened: the iteration it resumed from (0: it started
+    over), the devices of its two starts, the final checkpoint's iteration, the logged
+    steps, and (CPU to CPU only, where the batches come from the same stream and the
+    kernels repeat exactly) whether it ended bit-identical to the uninterrupted run."""
     iterations = recipe.train.iterations
     middle = recipe.train.checkpoint_every
     run = runs.Run(Path(folder) / f"{first.type}-to-{second.type}")
