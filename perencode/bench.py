@@ -15,12 +15,11 @@ from torch import nn
 from perencode import defaults, kinds
 from perencode.encoding import PositionalEncoding
 from perencode.errors import UserError
-from perencode.experiment import build
 from perencode.models.rnn import CELLS
 from perencode.recipe import OptimConfig, Recipe
+from perencode.session import Session, make_optimizer, training_generator
 from perencode.tasks import make, shapes
 from perencode.tasks.base import HeldOutConfig
-from perencode.train import make_optimizer, train_step, training_generator
 
 
 def _sync(device: torch.device) -> None:
@@ -58,13 +57,11 @@ def bench(recipe: Recipe, device: torch.device, iterations: int = defaults.BENCH
                         "tasks only")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    task, model = build(recipe, device)
-    optimizer = make_optimizer(model, recipe.optim)
-    generator = training_generator(recipe, device)
-    B, clip = recipe.train.batch_size, recipe.optim.clip_norm
+    session = Session(recipe, device)
+    B = recipe.train.batch_size
 
     def step():
-        train_step(model, optimizer, task.sample(B, generator), clip)
+        session.step()
 
     if baseline:
         # Interleaved pairs of steps, so that a change in the machine's load (other jobs on
@@ -152,10 +149,9 @@ def bare_loop(recipe: Recipe, device: torch.device):
     encode = PositionalEncoding(recipe.encoding, E, sizes.steps).to(device)
     rnn = CELLS[recipe.model.arch](encode.out_features, H, batch_first=True).to(device)
     head = nn.Linear(H, K).to(device)
-    params = [*emb.parameters(), *encode.parameters(), *rnn.parameters(),
-              *head.parameters()]
+    modules = nn.ModuleList([emb, encode, rnn, head])
     o = OptimConfig()  # the defaults (the authors' Adam), whatever the recipe's
-    opt = torch.optim.Adam(params, lr=o.lr, betas=o.betas, eps=o.eps)
+    opt = make_optimizer(modules, o)
     command = torch.full((B, L), K, device=device)
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -165,8 +161,8 @@ def bare_loop(recipe: Recipe, device: torch.device):
         loss = F.cross_entropy(head(out[:, L:]).reshape(-1, K), x.flip(1).reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_(params, o.clip_norm)
+        nn.utils.clip_grad_norm_(modules.parameters(), o.clip_norm)
         opt.step()
-        return loss.detach()  # not synchronised, as train_step's
+        return loss.detach()  # not synchronised, as Session.step's
 
     return step

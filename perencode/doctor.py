@@ -9,7 +9,7 @@ why"). A check that raises becomes one FAIL row naming the exception, never a tr
   PE, from the same weights and batches on the device and on the CPU (`equivalence`);
 - determinism: the same steps twice on one device, bit-identical or not (`determinism`);
 - resume across devices: a run checkpointed on one device finishes on the other, through
-  `perencode.train.train` and its run directory (`resume_across`);
+  `perencode train` and its run directory (`resume_across`);
 - memory: perencode.preflight's estimate against the measured peak (`memory_ratio`);
 - speed: `bench --baseline` at the paper's Fig. 2 GRU shape, and each paper grid's
   device-hours extrapolated from it (the `sweep --estimate` cache is filled on the way).
@@ -42,16 +42,14 @@ from typing import Any
 import torch
 
 from perencode import kinds, preflight, runs
-from perencode.bench import bench
 from perencode.console import console
 from perencode.cost import Estimates, device_label
-from perencode.evaluate import evaluate_model
-from perencode.experiment import build
 from perencode.grid import load_grid, repository_root
-from perencode.models import SequenceModel, build_model
+from perencode.io import atomic_write_text
+from perencode.models import SequenceModel
 from perencode.recipe import EncodingConfig, ModelConfig, Recipe, load_recipe, validate
-from perencode.tasks import Batch, make
-from perencode.train import CHUNK_LOGITS, make_optimizer, train, train_step, training_generator
+from perencode.session import CHUNK_LOGITS, Session
+from perencode.tasks import Batch
 
 PASS, FAIL, INFO = "pass", "FAIL", "info"
 NO_DEVICE = "not run: no CUDA device"
@@ -159,31 +157,24 @@ def batch_to(batch: Batch, device: torch.device) -> Batch:
     return Batch(**moved)
 
 
-def cpu_batches(recipe: Recipe, steps: int) -> list[Batch]:
-    """`steps` training batches drawn on the CPU from the recipe's training stream."""
-    cpu = torch.device("cpu")
-    task = make(recipe.task, recipe.train.seed, cpu)
-    generator = training_generator(recipe, cpu)
-    return [task.sample(recipe.train.batch_size, generator) for _ in range(steps)]
-
-
-def initial_model(recipe: Recipe) -> SequenceModel:
-    """The recipe's model as training initialises it, on the CPU."""
-    task = make(recipe.task, recipe.train.seed, torch.device("cpu"))
-    torch.manual_seed(recipe.train.seed)
-    return build_model(recipe, task.shapes)
+def cpu_start(recipe: Recipe, steps: int) -> tuple[SequenceModel, list[Batch]]:
+    """The recipe's model as training initialises it and its first `steps` training
+    batches, on the CPU."""
+    session = Session(recipe, torch.device("cpu"))
+    return session.model, [session.batch() for _ in range(steps)]
 
 
 def trained_parameters(model: SequenceModel, recipe: Recipe, batches: list[Batch],
                        device: torch.device) -> dict[str, torch.Tensor]:
-    """A copy of `model` on `device` after one Adam step per batch at the recipe's peak
-    learning rate (the warm-up's first steps are nearly 0 and would compare nothing); the
-    parameters on the CPU."""
-    model = copy.deepcopy(model).to(device)
-    optimizer = make_optimizer(model, recipe.optim)
+    """A copy of `model` on `device` after one training step per batch at the recipe's
+    peak learning rate (the warm-up's first steps are nearly 0 and would compare nothing);
+    the parameters on the CPU."""
+    session = Session(recipe, device, copy.deepcopy(model).to(device))
+    session.iteration = recipe.optim.warmup  # the schedule's peak comes after the warm-up
     for batch in batches:
-        train_step(model, optimizer, batch_to(batch, device), recipe.optim.clip_norm)
-    return {name: p.detach().to("cpu", torch.float64) for name, p in model.named_parameters()}
+        session.step(batch_to(batch, device))
+    return {name: p.detach().to("cpu", torch.float64)
+            for name, p in session.model.named_parameters()}
 
 
 def parameter_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
@@ -228,7 +219,7 @@ def equivalence(recipe: Recipe, device: torch.device, reference: torch.device,
     """`parameter_difference` of `steps` training steps on `device` against `reference`,
     from the same initial weights and batches. `perturb` edits the `device` side's result
     (the tests' broken device)."""
-    model, batches = initial_model(recipe), cpu_batches(recipe, steps)
+    model, batches = cpu_start(recipe, steps)
     ours = trained_parameters(model, recipe, batches, device)
     theirs = trained_parameters(model, recipe, batches, reference)
     if perturb is not None:
@@ -239,25 +230,54 @@ def equivalence(recipe: Recipe, device: torch.device, reference: torch.device,
 def determinism(recipe: Recipe, device: torch.device, steps: int = EQUIVALENCE_STEPS
                 ) -> tuple[bool, float]:
     """The same steps twice on `device`: (bit-identical?, largest absolute difference)."""
-    model, batches = initial_model(recipe), cpu_batches(recipe, steps)
+    model, batches = cpu_start(recipe, steps)
     first = trained_parameters(model, recipe, batches, device)
     second = trained_parameters(model, recipe, batches, device)
     same = all(torch.equal(first[n], second[n]) for n in first)
     return same, max(float((first[n] - second[n]).abs().max()) for n in first)
 
 
+def run_command(args: list[str]) -> str:
+    """`perencode ARGS` run as a command, in a child process (the verbs the doctor checks
+    are other commands: it runs them as a user does); its standard output. One that fails
+    raises with its last line."""
+    done = subprocess.run([sys.executable, "-m", "perencode", *args], capture_output=True,
+                          text=True, timeout=3600)
+    if done.returncode != 0:
+        last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+        raise RuntimeError(f"perencode {args[0]} exited {done.returncode}: {last}")
+    return done.stdout
+
+
+def train_child(recipe: Recipe, run_dir: Path, device: torch.device) -> None:
+    """`perencode train` of `recipe` into `run_dir` on `device`, in a child process."""
+    path = run_dir.with_name(run_dir.name + ".toml")
+    atomic_write_text(path, recipe.to_toml())
+    run_command(["train", str(path), "--run-dir", str(run_dir), "--device", str(device),
+                 "--no-progress"])
+
+
+def bench_child(recipe: Recipe, device: torch.device, folder: Path, *options: str) -> dict:
+    """`perencode bench` of `recipe` on `device` with `options`, in a child process: its
+    final JSON line (seconds_per_iteration, ...)."""
+    path = Path(folder) / "bench.toml"
+    atomic_write_text(path, recipe.to_toml())
+    out = run_command(["bench", str(path), "--device", str(device), *options])
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
                   folder: Path) -> dict:
     """A run trained on `first`, cut back to its middle checkpoint (as a run killed after
-    it), then resumed by `perencode.train.train` on `second`. Returns what happened: the
-    iteration it resumed from (0: it started over), the devices of its two starts, the
-    final checkpoint's iteration, the logged steps, and (CPU to CPU only, where the batches
-    come from the same stream and the kernels repeat exactly) whether it ended
-    bit-identical to the uninterrupted run."""
+    it), then resumed by `perencode train` on `second` (each in a process of its own, as a
+    requeued job is). Returns what happened: the iteration it resumed from (0: it started
+    over), the devices of its two starts, the final checkpoint's iteration, the logged
+    steps, and (CPU to CPU only, where the batches come from the same stream and the
+    kernels repeat exactly) whether it ended bit-identical to the uninterrupted run."""
     iterations = recipe.train.iterations
     middle = recipe.train.checkpoint_every
     run = runs.Run(Path(folder) / f"{first.type}-to-{second.type}")
-    train(recipe, run.dir, device=first, progress=False)
+    train_child(recipe, run.dir, first)
     uninterrupted = runs.load_checkpoint(run.checkpoint_path(iterations))["model"]
     for step, path in run.checkpoints():
         if step > middle:
@@ -266,7 +286,7 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
     # Checkpoints are replaced atomically (a new file): the middle one keeps its inode only
     # if training went on from it rather than starting over.
     kept = run.checkpoint_path(middle).stat().st_ino
-    train(recipe, run.dir, device=second, progress=False)
+    train_child(recipe, run.dir, second)
     starts = runs.read_json(run.dir / "env.json")["starts"]
     final = runs.load_checkpoint(run.checkpoint_path(iterations))
     rows = run.metrics()
@@ -298,13 +318,10 @@ def memory_workload(recipe: Recipe, device: torch.device) -> None:
     """What a run holds at once: the model, Adam's state, two training steps and the
     held-out evaluation (the two phases perencode.preflight estimates)."""
 
-    task, model = build(recipe, device)
-    optimizer = make_optimizer(model, recipe.optim)
-    generator = training_generator(recipe, device)
+    session = Session(recipe, device)
     for _ in range(2):
-        train_step(model, optimizer, task.sample(recipe.train.batch_size, generator),
-                   recipe.optim.clip_norm)
-    evaluate_model(model, task, recipe)
+        session.step()
+    session.evaluate()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -518,11 +535,20 @@ def speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_r
     each grid from the `sweep --estimate` cache under `runs_root`, which this fills: the
     recipe's shape from that bench, an architecture not yet measured from its grid's first
     cell (3 iterations, as `--estimate` times it); the other shapes extrapolated by FLOPs
-    (perencode.cost). A cell shared by two grids counts in each."""
+    (perencode.cost). A cell shared by two grids counts in each. Each bench runs in
+    a child process, as `sweep --estimate`'s do."""
+    with tempfile.TemporaryDirectory(prefix="perencode-doctor-") as folder:
+        return _speed_checks(device, recipe, grids, runs_root, grid_overrides, iterations,
+                             Path(folder))
 
+
+def _speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_root: Path,
+                  grid_overrides: list[str] | None, iterations: int, folder: Path
+                  ) -> list[Finding]:
     label = device_label(device, torch.get_num_threads())
     m, t = recipe.model, recipe.task
-    result = bench(recipe, device, iterations=iterations, warmup=5, baseline=True)
+    result = bench_child(recipe, device, folder, "--iterations", str(iterations), "--warmup",
+                         "5", "--baseline")
     cache = Estimates(runs_root)
     cache.put(label, recipe, result["seconds_per_iteration"])
     ours, bare = result["seconds_per_iteration"], result["bare_seconds_per_iteration"]
@@ -536,7 +562,8 @@ def speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_r
         def hours(path=path):
             cells = load_grid(path, grid_overrides).cells
             if cache.seconds(label, cells[0].recipe)[0] is None:
-                timed = bench(cells[0].recipe, device, iterations=3, warmup=1)
+                timed = bench_child(cells[0].recipe, device, folder, "--iterations", "3",
+                                    "--warmup", "1")
                 cache.put(label, cells[0].recipe, timed["seconds_per_iteration"])
             total, extrapolated = 0.0, 0
             for cell in cells:

@@ -4,39 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from perencode import identity, runs
 from perencode.console import console
 from perencode.device import resolve_device
 from perencode.errors import UserError
-from perencode.experiment import build, output_logits
 from perencode.io import remove_stale_temps
 from perencode.lock import hold
-from perencode.models import SequenceModel
-from perencode.recipe import Recipe
-
-
-@torch.no_grad()
-def evaluate_model(model: SequenceModel, task, recipe: Recipe, **options) -> dict:
-    was_training = model.training
-    model.eval()
-    try:
-        metrics = task.evaluate(lambda batch: output_logits(model, batch),
-                                recipe.train.eval_batch_size, **options)
-    finally:
-        model.train(was_training)
-    return {**runs.eval_identity(recipe), **metrics}
-
-
-def load_run(run_dir: str | Path | runs.Run, device: torch.device,
-             checkpoint: str | Path | None = None):
-    """(recipe, task, model, iteration) of a run's newest (or the given) checkpoint."""
-    run = run_dir if isinstance(run_dir, runs.Run) else runs.Run(run_dir)
-    path, state = run.load(checkpoint, map_location=device)
-    task, model = build(run.recipe, device)
-    runs.restore_model(model, state, path)
-    return run.recipe, task, model, state["iteration"]
+from perencode.session import Session
 
 
 def _say_what_is_scored(run: runs.Run) -> None:
@@ -97,9 +71,9 @@ def evaluate_run(run_dir: str | Path, device: str = "auto",
         if checkpoint is None:
             _refuse_without_model(run)
             _say_what_is_scored(run)
-        _, task, model, iteration = load_run(run, dev, checkpoint)
-        result = evaluate_model(model, task, recipe, **options)
-        result["iteration"] = iteration
+        session = Session.of_run(run, dev, checkpoint)
+        result = session.evaluate(**options)
+        result["iteration"] = iteration = session.iteration
         if accepted:
             result["code_changes_accepted"] = accepted
         final = iteration == recipe.train.iterations

@@ -7,7 +7,7 @@ no data is read and the model is built on the meta device only):
 - the activations one training step keeps for its backward pass: embedding and encoding
   [B, T, E + D_in], the sequence model's saved state [B, T, c * H] (c per architecture,
   `saved_per_step`), and the head's logits and their log-softmax [B, T_out, K] (at most two chunks
-  of train.CHUNK_LOGITS each when train.loss_fn chunks them);
+  of session.CHUNK_LOGITS each when session.loss_fn chunks them);
 - or the held-out evaluation at train.eval_batch_size, without gradients, where that is
   larger (its logits are never chunked).
 `check_memory(recipe, device)` refuses, with one line, a recipe whose estimate exceeds the memory
@@ -90,7 +90,7 @@ class Estimate:
 
 def estimate(recipe: Recipe, chunk_logits: int) -> Estimate:
     """The memory a run of `recipe` needs; its loss computes the head `chunk_logits` logits
-    at a time above that many (train.CHUNK_LOGITS)."""
+    at a time above that many (session.CHUNK_LOGITS)."""
     m, tc, s = recipe.model, recipe.train, shapes(recipe.task)
     E, H, D = m.embed_size, m.hidden_size, input_width(recipe.encoding, m.embed_size)
     per_step_in = E + (D if kinds.get("encoding", recipe.encoding.kind).adds_input else 0)

@@ -26,9 +26,10 @@ resumes from the newest readable checkpoint of its own; with none left it starts
 
 `Run` owns all of it: train, evaluate and stability read and write a run directory through
 it, and it alone knows the checkpoint format (version 1): a dict with format, version,
-iteration, recipe, model, optimizer and rng (the batch generator's and the CPU RNG's
-state). Those of earlier perencode versions also hold "scheduler" ({"step": iteration}, the
-iteration again: the learning rate is a function of it); it is ignored.
+iteration, recipe, and the training session's model, optimizer and rng (the batch
+generator's and the CPU RNG's state; perencode.session.Session.state). Those of earlier
+perencode versions also hold "scheduler" ({"step": iteration}, the iteration again: the
+learning rate is a function of it); it is ignored.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ _STEP_RE = re.compile(r"^step-(\d+)\.pt$")
 
 # A run's random streams are seeded from train.seed, each with its own offset so that no two
 # draw the same numbers: the initial weights and the held-out set take the plain seed
-# (perencode.experiment, perencode.tasks.base), the training batches and the gradient
+# (perencode.session.build, perencode.tasks.base), the training batches and the gradient
 # stability triplets these.
 TRAINING_SEED_OFFSET = 1_000_003
 STABILITY_SEED_OFFSET = 2_000_003
@@ -191,9 +192,9 @@ class Run:
         run = Run(run_dir)
         existed = run.claim(recipe)          # recipe.toml; another recipe's run is refused
         run.start(device)                    # env.json: provenance of this (re)start
-        start = run.resume(model, optimizer, generator, device) if existed else 0
+        found = run.resume(device) if existed else None  # the newest checkpoint to go on from
         run.log(row)                         # a metrics.jsonl row
-        run.save(k, model, optimizer, generator)   # checkpoints/step-K.pt, older ones pruned
+        run.save(session.state())            # checkpoints/step-K.pt, older ones pruned
         run.finish(result)                   # eval.json and the end time
         path, state = run.load()             # the newest (or a given) checkpoint's state
 
@@ -343,22 +344,13 @@ class Run:
                    "git_commit": current["git_commit"], "git_dirty": current["git_dirty"]}]
         atomic_write_json(path, {**current, "start_time": starts[0]["time"], "starts": starts})
 
-    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               generator: torch.Generator, device: str | torch.device = "cpu") -> int:
-        """Restore model, optimizer and random state from the newest readable checkpoint
-        and drop the metrics rows logged after it; the iteration it was saved at (0 when
-        there is none: the run starts over)."""
-        found = self.resume_state(map_location=device)
-        if found is None:
-            self.truncate_metrics(0)
-            return 0
-        path, state = found
-        restore_model(model, state, path)
-        optimizer.load_state_dict(state["optimizer"])
-        restore_generator(generator, state["rng"]["generator"], state["iteration"], path)
-        torch.set_rng_state(state["rng"]["torch"].cpu())
-        self.truncate_metrics(state["iteration"])
-        return state["iteration"]
+    def resume(self, map_location: str | torch.device = "cpu") -> tuple[Path, dict] | None:
+        """The newest readable checkpoint to continue from (`resume_state`), with the
+        metrics rows logged after it dropped; None when there is none (the run starts over:
+        every row is dropped). perencode.session.Session.load continues from it."""
+        found = self.resume_state(map_location=map_location)
+        self.truncate_metrics(found[1]["iteration"] if found is not None else 0)
+        return found
 
     def resume_state(self, map_location: str | torch.device = "cpu"
                      ) -> tuple[Path, dict] | None:
@@ -410,25 +402,17 @@ class Run:
                           f"{then}", highlight=False, soft_wrap=True)
         return found
 
-    def save(self, iteration: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             generator: torch.Generator, interrupted: bool = False) -> Path:
-        """Checkpoint the training state after `iteration`; returns its path.
+    def save(self, session_state: dict, interrupted: bool = False) -> Path:
+        """Checkpoint a training session's state (perencode.session.Session.state: its
+        iteration, model, optimizer and random streams); returns its path.
 
         Periodic: step-K.pt, then resume.pt is dropped and all but the recipe's newest
         train.keep_checkpoints are deleted. `interrupted`: resume.pt, the others untouched.
         """
+        iteration = session_state["iteration"]
         path = self.resume_path if interrupted else self.checkpoint_path(iteration)
-        state = {
-            "format": CHECKPOINT_FORMAT,
-            "version": CHECKPOINT_VERSION,
-            "iteration": iteration,
-            "recipe": self.recipe.to_dict(),
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            # Batches come from `generator` alone (no dropout): its state and the CPU RNG are
-            # all a resumed run needs to continue bit-identically.
-            "rng": {"generator": generator.get_state(), "torch": torch.get_rng_state()},
-        }
+        state = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
+                 "iteration": iteration, "recipe": self.recipe.to_dict(), **session_state}
         atomic_torch_save(path, state)
         if not interrupted:
             self.resume_path.unlink(missing_ok=True)

@@ -3,122 +3,24 @@ data, not by subclassing the loop)."""
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from perencode import identity, preflight, runs
 from perencode.console import console
 from perencode.device import resolve_device, set_parent_death_signal
-from perencode.evaluate import evaluate_model
-from perencode.experiment import build, output_features
 from perencode.io import WriteError, remove_stale_temps
 from perencode.lock import PARENT_ENV, hold
-from perencode.models import SequenceModel
 from perencode.progress import Reporter
-from perencode.recipe import OptimConfig, Recipe
+from perencode.recipe import Recipe
+from perencode.session import CHUNK_LOGITS, Session
 from perencode.tasks import Batch, held_out_warning
 from perencode.tracking import HELD_OUT, TensorBoardLog
-
-
-def learning_rate(step: int, optim: OptimConfig, iterations: int) -> float:
-    """Learning rate of the iteration that follows `step` completed optimizer steps.
-
-    timm (default, docs/paper-facts.md#learning-rate-schedule): the authors'
-    CosineLRScheduler(t_initial=iterations, warmup_t=warmup, warmup_prefix=True, lr_min=0,
-    warmup_lr_init=0), stepped with the 1-based step count after each optimizer step, so iteration 1
-    runs at 0, the peak is first used at iteration warmup+1, and the last iteration runs just above
-    0. cosine: the same warm-up, then a cosine that reaches 0 exactly at the last iteration.
-    """
-    peak, warm = optim.lr, optim.warmup
-    if step < warm:
-        return peak * step / warm
-    if optim.schedule == "timm":
-        return 0.5 * peak * (1.0 + math.cos(math.pi * (step - warm) / iterations))
-    span = max(iterations - 1 - warm, 1)
-    return 0.5 * peak * (1.0 + math.cos(math.pi * min(step - warm, span) / span))
-
-
-# Above this many logits (scored outputs x classes; 4 GiB in fp32) the head and the loss run
-# a chunk of rows at a time and are recomputed in the backward pass, so the full [N, K]
-# logits never exist at once (WikiText-103: 512 paragraphs x up to 1,024 steps x 32,767
-# classes, docs/paper-facts.md#language-modelling).
-CHUNK_LOGITS = 1 << 30
-
-
-def loss_fn(model: SequenceModel, batch: Batch, count_hits: bool = False,
-            chunk_logits: int = CHUNK_LOGITS) -> tuple[Tensor, Tensor | None]:
-    """Mean cross-entropy over the scored outputs (docs/paper-facts.md#common-model: output phase
-    only; padding and other masked outputs never count), and the number of correct argmax
-    predictions when `count_hits`. Returns (loss, hits)."""
-    h = output_features(model, batch)  # [B, T_out, H]
-    target, mask = batch.output_targets, batch.output_mask
-    K = model.head.out_features
-    if h.shape[0] * h.shape[1] * K <= chunk_logits:
-        logits = model.head(h)  # [B, T_out, K]
-        # ignore_index rather than boolean indexing: no device sync in the hot path.
-        scored = target if mask is None else target.masked_fill(~mask, -100)
-        loss = F.cross_entropy(logits.reshape(-1, K), scored.reshape(-1), ignore_index=-100)
-        hits = (logits.argmax(-1) == scored).sum() if count_hits else None
-        return loss, hits
-    if mask is not None:  # drop padding before the head: it dominates LM batches
-        h, target = h[mask], target[mask]  # [N, H], [N]
-    else:
-        h, target = h.reshape(-1, h.shape[-1]), target.reshape(-1)
-    n, rows = target.shape[0], max(1, chunk_logits // K)
-
-    def ce_sum(h_chunk: Tensor, t_chunk: Tensor) -> Tensor:
-        return F.cross_entropy(model.head(h_chunk), t_chunk, reduction="sum")
-
-    total = h.new_zeros(())
-    hits = torch.zeros((), dtype=torch.long, device=h.device) if count_hits else None
-    for start in range(0, n, rows):
-        h_chunk, t_chunk = h[start:start + rows], target[start:start + rows]
-        total = total + checkpoint(ce_sum, h_chunk, t_chunk, use_reentrant=False)
-        if count_hits:
-            with torch.no_grad():
-                hits += (model.head(h_chunk).argmax(-1) == t_chunk).sum()
-    return total / n, hits
-
-
-def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=optim.lr, betas=optim.betas,
-                            eps=optim.eps, weight_decay=optim.weight_decay)
-
-
-def train_step(model: SequenceModel, optimizer: torch.optim.Optimizer, batch: Batch,
-               clip_norm: float, count_hits: bool = False
-               ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """One optimizer step; returns (loss, correct predictions or None, the gradient norm
-    before clipping or None without clipping), not synchronised."""
-    loss, hits = loss_fn(model, batch, count_hits)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm) if clip_norm > 0 else None
-    optimizer.step()
-    return loss, hits, norm
-
-
-def iteration(model: SequenceModel, optimizer: torch.optim.Optimizer, task, recipe: Recipe,
-              generator: torch.Generator, k: int, count_hits: bool = False
-              ) -> tuple[float, Batch, Tensor, Tensor | None, Tensor | None]:
-    """Iteration `k` (1-based) as `train` runs it: the schedule's learning rate for it, the
-    next batch of the task's training stream, one optimizer step. `crosscheck` runs this
-    against the authors' loop. Returns (lr, batch, loss, hits, gradient norm before
-    clipping, None without clipping), not synchronised."""
-    lr = learning_rate(k - 1, recipe.optim, recipe.train.iterations)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    batch = task.sample(recipe.train.batch_size, generator)
-    loss, hits, norm = train_step(model, optimizer, batch, recipe.optim.clip_norm, count_hits)
-    return lr, batch, loss, hits, norm
 
 
 def scored_outputs(batch: Batch) -> int:
@@ -132,12 +34,6 @@ def held_out_row(scores: dict) -> dict:
     held_out_dl_distance, ... (its identity fields and counts left out)."""
     return {HELD_OUT + key: value for key, value in scores.items()
             if isinstance(value, float) and key not in runs.EVAL_IDENTITY}
-
-
-def training_generator(recipe: Recipe, device: torch.device) -> torch.Generator:
-    """The training batches' stream (seeded apart from the others: runs.TRAINING_SEED_OFFSET)."""
-    seed = recipe.train.seed + runs.TRAINING_SEED_OFFSET
-    return torch.Generator(device=device).manual_seed(seed)
 
 
 # SIGUSR2 is SLURM's warning before a time limit (submitit's `--signal=USR2@...`): it
@@ -288,15 +184,15 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "aut
                     raise Diverged(run.dir, int(status.get("iteration") or 0),
                                    status.get("reason", "not finite"),
                                    run.dir / kept if kept else None)
-                built = build(recipe, device)
-                note = held_out_warning(built[0], recipe.train.batch_size)
+                session = Session(recipe, device)
+                note = held_out_warning(session.task, recipe.train.batch_size)
                 if note:
                     console.print(f"[yellow]warning:[/] {note}", highlight=False)
                 run.claim(recipe)
                 claimed = True
                 for folder in (run.dir, run.checkpoint_dir):
                     remove_stale_temps(folder)
-                return _train(run, device, progress, existed, board, built)
+                return _train(run, session, progress, existed, board)
             except WriteError as exc:
                 raise WriteError(f"{exc}; {_kept(run)}") from None
     finally:
@@ -315,15 +211,15 @@ def _kept(run: runs.Run) -> str:
     return f"the last complete checkpoint is {last}: run the same command again to resume"
 
 
-def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
-           board: TensorBoardLog, built: tuple) -> dict:
-    """`train` inside the claimed, locked run directory, with the recipe's (task, model)."""
-    recipe, tc, oc = run.recipe, run.recipe.train, run.recipe.optim
-    run.start(device)
-    task, model = built
-    optimizer = make_optimizer(model, oc)
-    generator = training_generator(recipe, device)
-    start = run.resume(model, optimizer, generator, device) if existed else 0
+def _train(run: runs.Run, session: Session, progress: bool, existed: bool,
+           board: TensorBoardLog) -> dict:
+    """`train` inside the claimed, locked run directory, with the recipe's session."""
+    recipe, tc, model = run.recipe, run.recipe.train, session.model
+    run.start(session.device)
+    found = run.resume(session.device) if existed else None
+    if found is not None:
+        session.load(*found)
+    start = session.iteration
     if start:
         # On the terminal and in a sweep's train.log alike (its stdout goes there).
         console.print(f"{run.dir}: resuming from iteration {start} of {tc.iterations}",
@@ -338,18 +234,18 @@ def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
     with reporter, _Stop() as stop, board.resumed_at(start, tc.batch_size, recipe.to_toml()):
         for k in range(start + 1, tc.iterations + 1):
             log = k % tc.log_every == 0 or k == tc.iterations
-            lr, batch, loss, hits, norm = iteration(model, optimizer, task, recipe, generator,
-                                                    k, count_hits=log)
-            pending.append((k, loss.detach(), norm))
+            step = session.step(count_hits=log)
+            loss, hits = step.loss, step.hits
+            pending.append((k, loss.detach(), step.norm))
             shown = {}
             if log:
                 assert hits is not None  # counted on the steps that log
                 _check_health(run, pending)  # before the row: metrics.jsonl holds numbers only
-                acc = int(hits) / max(scored_outputs(batch), 1)
+                acc = int(hits) / max(scored_outputs(step.batch), 1)
                 row = {"step": k, "loss": float(loss.detach()), "accuracy": acc,
-                       "lr": lr, "seconds": round(time.perf_counter() - t0, 3)}
+                       "lr": step.lr, "seconds": round(time.perf_counter() - t0, 3)}
                 if tc.eval_every is not None and k % tc.eval_every == 0:
-                    scores = evaluate_model(model, task, recipe)
+                    scores = session.evaluate()
                     row.update(held_out_row(scores))
                 run.log(row)
                 board.log(row)
@@ -358,18 +254,17 @@ def _train(run: runs.Run, device: torch.device, progress: bool, existed: bool,
             saved = None
             if k % tc.checkpoint_every == 0 or k == tc.iterations:
                 _check_health(run, pending, model, k)  # every checkpoint kept is finite
-                saved = run.save(k, model, optimizer, generator)
+                saved = run.save(session.state())
             if stop.requested() and k < tc.iterations:
                 # Checked once: a signal arriving between two checks still finds a checkpoint.
                 if saved is None:
                     _check_health(run, pending, model, k)
-                    saved = run.save(k, model, optimizer, generator, interrupted=True)
+                    saved = run.save(session.state(), interrupted=True)
                 raise Interrupted(k, saved, stop.signum)
 
     # The last step's periodic scores are the final ones: the same model, not scored twice.
     last_scored = tc.eval_every is not None and tc.iterations % tc.eval_every == 0
-    result = scores if last_scored and scores is not None else evaluate_model(model, task,
-                                                                              recipe)
+    result = scores if last_scored and scores is not None else session.evaluate()
     result["iteration"] = tc.iterations
     run.finish(result)
     return result

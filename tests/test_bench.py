@@ -14,10 +14,10 @@ from perencode import kinds
 from perencode.bench import bare_loop, bench
 from perencode.cost import flops_per_iteration, layer_parameters
 from perencode.errors import UserError
-from perencode.experiment import build
 from perencode.models import SequenceModel, Shapes
 from perencode.models.rnn import CELLS
 from perencode.recipe import validate
+from perencode.session import build
 
 CPU = torch.device("cpu")
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from conftest import ROOT, run_cli
 
-from perencode import crosscheck, encoding
-from perencode import stability as our_stability
+from perencode import crosscheck, encoding, session
+from perencode import stability_metric as our_stability
 from perencode.crosscheck import authors as au
 from perencode.crosscheck import models, schedule, stability, tasks, training
 from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN, UNDECIDED, Comparison
@@ -227,8 +227,8 @@ def test_schedule_off_by_one_is_seen(authors, monkeypatch):
 @needs_authors
 @needs_timm
 def test_adam_eps_is_seen(authors, monkeypatch):
-    original = models.make_optimizer
-    monkeypatch.setattr(models, "make_optimizer",
+    original = session.make_optimizer
+    monkeypatch.setattr(session, "make_optimizer",
                         lambda m, o: original(m, o.model_copy(update={"eps": 1e-8})))
     checks = models.check_trajectory(authors, steps=3)
     assert all(c.verdict == DISAGREE for c in checks)

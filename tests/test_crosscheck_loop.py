@@ -9,7 +9,7 @@ import torch
 from conftest import ROOT, run_cli
 from test_crosscheck import AUTHORS, fake_repository, needs_authors, needs_timm
 
-from perencode import crosscheck, train
+from perencode import crosscheck, session
 from perencode.crosscheck import authors as au
 from perencode.crosscheck import init, loop, recipes, seeds, tasks, training
 from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN
@@ -38,9 +38,9 @@ def test_loop_agrees_and_clipping_fires(authors):
 
 
 def clip_step(clip):
-    """train.train_step with its clipping replaced by `clip(parameters, clip_norm)`."""
+    """session.train_step with its clipping replaced by `clip(parameters, clip_norm)`."""
     def step(model, optimizer, batch, clip_norm, count_hits=False):
-        loss, hits = train.loss_fn(model, batch, count_hits)
+        loss, hits = session.loss_fn(model, batch, count_hits)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         norm = clip(model.parameters(), clip_norm)
@@ -49,38 +49,25 @@ def clip_step(clip):
     return step
 
 
-def lr_iteration(rate):
-    """train.iteration with the lr of iteration k set by `rate(k, recipe, optimizer)`."""
-    def iteration(model, optimizer, task, recipe, generator, k, count_hits=False):
-        rate(k, recipe, optimizer)
-        lr = optimizer.param_groups[0]["lr"]
-        batch = task.sample(recipe.train.batch_size, generator)
-        loss, hits, norm = train.train_step(model, optimizer, batch, recipe.optim.clip_norm,
-                                            count_hits)
-        return lr, batch, loss, hits, norm
-    return iteration
+SCHEDULE = session.learning_rate
 
 
-def set_lr(optimizer, lr):
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+def one_step_early(step, optim, iterations):
+    """The learning rate of iteration k + 1 applied at iteration k."""
+    return SCHEDULE(step + 1, optim, iterations)
 
 
-def one_step_early(k, recipe, optimizer):
-    set_lr(optimizer, train.learning_rate(k, recipe.optim, recipe.train.iterations))
-
-
-def per_log_interval(k, recipe, optimizer):
-    if (k - 1) % recipe.train.log_every == 0:
-        set_lr(optimizer, train.learning_rate(k - 1, recipe.optim, recipe.train.iterations))
+def per_log_interval(step, optim, iterations):
+    """The learning rate set on the first iteration of each log interval only."""
+    return SCHEDULE(step - step % loop.LOG_EVERY, optim, iterations)
 
 
 PLANTED = {
     "clip by value": ("train_step", clip_step(torch.nn.utils.clip_grad_value_)),
     "max-norm clip (norm_type=inf)": ("train_step", clip_step(
         lambda p, c: torch.nn.utils.clip_grad_norm_(p, c, norm_type=float("inf")))),
-    "lr of iteration k+1 applied at k": ("iteration", lr_iteration(one_step_early)),
-    "schedule set once per log interval": ("iteration", lr_iteration(per_log_interval)),
+    "lr of iteration k+1 applied at k": ("learning_rate", one_step_early),
+    "schedule set once per log interval": ("learning_rate", per_log_interval),
 }
 
 
@@ -89,7 +76,7 @@ PLANTED = {
 @pytest.mark.parametrize("fault", PLANTED)
 def test_planted_loop_fault_disagrees(authors, monkeypatch, fault):
     name, replacement = PLANTED[fault]
-    monkeypatch.setattr(train, name, replacement)
+    monkeypatch.setattr(session, name, replacement)
     checks = loop.check_loop(authors)
     assert [c.verdict for c in checks] == [DISAGREE] * 3, fault
     assert all(c.error["fp64"] > 1e-8 for c in checks)
@@ -99,14 +86,14 @@ def test_planted_loop_fault_disagrees(authors, monkeypatch, fault):
 @needs_timm
 def test_padded_outputs_counted_as_class_0_disagree(authors, monkeypatch):
     def loss_fn(model, batch, count_hits=False, chunk_logits=0):
-        logits = model.head(train.output_features(model, batch))  # [B, T_out, K]
+        logits = model.head(session.output_features(model, batch))  # [B, T_out, K]
         target = batch.output_targets
         if batch.output_mask is not None:
             target = target.masked_fill(~batch.output_mask, 0)  # padding scored as class 0
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
         return loss, None
 
-    monkeypatch.setattr(train, "loss_fn", loss_fn)
+    monkeypatch.setattr(session, "loss_fn", loss_fn)
     checks = {c.name: c for c in loop.check_loop(authors)}
     assert checks["training loop: lstm variable_length"].verdict == DISAGREE
     assert checks["training loop: gru"].verdict == AGREE  # no padding: the same loss
@@ -326,17 +313,16 @@ def test_seeds_agree(authors):
 
 @needs_authors
 def test_planted_seed_faults_disagree(authors, monkeypatch):
-    from perencode import experiment
     from perencode.tasks import make
-    build = experiment.build
-    monkeypatch.setattr(experiment, "build", lambda recipe, device: (
+    build = session.build
+    monkeypatch.setattr(session, "build", lambda recipe, device: (
         make(recipe.task, 0, device), build(recipe, device)[1]))  # held-out from seed 0
     (check,) = seeds.check_seeds(authors)
     assert check.verdict == DISAGREE
     assert "ours: seeds 111 and 222 give the same held-out set" in check.reason
     assert "theirs" not in check.reason
     monkeypatch.undo()
-    monkeypatch.setattr(train, "training_generator", lambda recipe, device:
+    monkeypatch.setattr(session, "training_generator", lambda recipe, device:
                         torch.Generator(device=device).manual_seed(1))  # the seed ignored
     (check,) = seeds.check_seeds(authors)
     assert check.reason == "ours: seeds 111 and 222 give a same training batch"
@@ -402,7 +388,7 @@ def test_restricted_damerau_levenshtein_is_seen(authors, monkeypatch):
 
 @needs_authors
 def test_s4d_triplets_agree_and_a_shared_prefix_or_a_full_output_is_seen(authors, monkeypatch):
-    from perencode import stability as our_stability
+    from perencode import stability_metric as our_stability
     from perencode.crosscheck import stability
     (check,) = stability.check_triplets(authors)
     assert check.verdict == AGREE, check.reason

@@ -13,8 +13,8 @@ import pytest
 import torch
 from conftest import ROOT, run_cli
 
-from perencode import doctor, kinds, preflight
-from perencode.train import CHUNK_LOGITS
+from perencode import doctor, kinds, preflight, session
+from perencode.session import CHUNK_LOGITS
 
 CPU = torch.device("cpu")
 TINY = doctor.CPU_SIZE
@@ -53,8 +53,7 @@ def test_equivalence_rows_one_per_model_with_the_tolerance_of_its_precision(monk
 def test_fp32_rounding_stays_far_inside_the_fp32_tolerance(arch):
     """fp32 against fp64 bounds what two fp32 devices can differ by from rounding alone."""
     recipe = doctor.small_recipe(arch, "sinusoidal", doctor.EQUIVALENCE_SIZE)
-    model = doctor.initial_model(recipe)
-    batches = doctor.cpu_batches(recipe, doctor.EQUIVALENCE_STEPS)
+    model, batches = doctor.cpu_start(recipe, doctor.EQUIVALENCE_STEPS)
     single = doctor.trained_parameters(model, recipe, batches, CPU)
     double = doctor.trained_parameters(copy.deepcopy(model).double(), recipe, batches, CPU)
     diff = doctor.parameter_difference(single, double, doctor._start(model))
@@ -77,14 +76,14 @@ def test_determinism_on_the_cpu_is_bit_identical():
 
 
 def test_determinism_detects_a_nondeterministic_step(monkeypatch):
-    real = doctor.train_step
+    real = session.train_step
 
-    def noisy(model, optimizer, batch, clip):  # as an atomics-based kernel: order-dependent
+    def noisy(model, optimizer, batch, clip, count_hits=False):  # as an atomics-based kernel
         with torch.no_grad():
             model.head.bias.add_(1e-6 * torch.randn_like(model.head.bias))
-        return real(model, optimizer, batch, clip)
+        return real(model, optimizer, batch, clip, count_hits)
 
-    monkeypatch.setattr(doctor, "train_step", noisy)
+    monkeypatch.setattr(session, "train_step", noisy)
     same, largest = doctor.determinism(doctor.small_recipe("gru", "none", TINY), CPU)
     assert not same and largest > 0
     [row] = doctor.determinism_check(CPU, TINY)
@@ -96,6 +95,7 @@ def resume_recipe():
                                log_every=1, keep_checkpoints="all")
 
 
+@pytest.mark.slow  # `perencode train` / `bench` children
 def test_resume_across_devices_through_the_run_directory(tmp_path):
     recipe = resume_recipe()
     result = doctor.resume_across(recipe, CPU, CPU, tmp_path)
@@ -106,10 +106,19 @@ def test_resume_across_devices_through_the_run_directory(tmp_path):
     assert row.verdict == doctor.PASS and "bit-identical" in row.measured
 
 
+@pytest.mark.slow  # `perencode train` / `bench` children
 def test_resume_check_fails_when_training_starts_over(monkeypatch, tmp_path):
-    from perencode import runs
+    """A second start that cannot read the middle checkpoint sets it aside and trains from
+    iteration 0: the same numbers on the CPU, but not a resume."""
+    real, starts = doctor.train_child, []
 
-    monkeypatch.setattr(runs.Run, "resume", lambda self, *args, **kw: 0)
+    def unreadable_middle(recipe, run_dir, device):
+        starts.append(device)
+        if len(starts) == 2:
+            (run_dir / "checkpoints" / "step-2.pt").write_bytes(b"cut short")
+        real(recipe, run_dir, device)
+
+    monkeypatch.setattr(doctor, "train_child", unreadable_middle)
     recipe = resume_recipe()
     result = doctor.resume_across(recipe, CPU, CPU, tmp_path)
     assert result["resumed_from"] == 0 and result["identical"]  # same numbers, not resumed
@@ -163,6 +172,7 @@ def test_a_check_that_raises_is_one_failed_row():
         "RuntimeError: CUDA error: an illegal memory access was encountered"
 
 
+@pytest.mark.slow  # `perencode train` / `bench` children
 def test_speed_fills_the_estimate_cache_and_prices_each_grid(tmp_path):
     tiny = ["model.hidden_size=8", "model.embed_size=8", "task.length=4",
             "train.batch_size=4", "task.held_out=8"]

@@ -21,7 +21,7 @@ from perencode.errors import UserError
 from perencode.models import SequenceModel, Shapes, build_model
 from perencode.recipe import ModelConfig, Recipe, validate
 from perencode.schema import schema_rows
-from perencode.stability import jacobians
+from perencode.stability_metric import jacobians
 from perencode.tasks.base import HeldOutConfig
 from perencode.tasks.reverse import ReverseTask
 

@@ -137,7 +137,8 @@ def test_imports_have_no_cycle():
         if name not in state:
             visit(name, [])
     # The layers of issue 15: the training core never reaches up to sweeps or reports.
-    for low in ("perencode.train", "perencode.evaluate", "perencode.models", "perencode.tasks"):
+    for low in ("perencode.session", "perencode.train", "perencode.evaluate", "perencode.models",
+                "perencode.tasks"):
         assert not graph[low] & {"perencode.sweep", "perencode.figures", "perencode.plots",
                                  "perencode.verify", "perencode.verdicts",
                                  "perencode.results", "perencode.cli"}, low
@@ -166,13 +167,13 @@ def test_the_sweep_does_not_sit_on_the_training_stack():
     sweep = {name for name in modules() if name.split(".")[:2] == ["perencode", "sweep"]}
     reached = set().union(*(reached_from(name) for name in sweep))
     assert {"perencode.cost", "perencode.runs", "perencode.grid"} <= reached  # it walks
-    assert sorted(reached & {"perencode.train", "perencode.bench"}) == []
+    assert sorted(reached & {"perencode.session", "perencode.train", "perencode.bench"}) == []
     assert "perencode.sweep" not in reached_from("perencode.train")
 
 
 def test_models_and_tasks_do_not_know_each_other():
     """A model is sized by the task's Shapes (perencode.shapes) and a task knows no model:
-    perencode.experiment pairs them, so a new model or task is one module that imports
+    perencode.session.build pairs them, so a new model or task is one module that imports
     neither side."""
     graph = {name: {t for node in ast.walk(tree) for t in imported(node)}
              for name, tree in modules().items()}
@@ -285,16 +286,6 @@ def test_shared_code_asks_no_kind_by_name():
 # grid, ...). The CLI, which imports them all, and __main__ stand above them.
 COMMANDS = ("train", "evaluate", "stability", "bench", "doctor", "crosscheck", "figures",
             "verify", "report", "rehearsal", "quickstart", "sweep", "prune", "lm.prepare")
-# Commands that still import a command, the training session's move being under way (issue
-# 37, Deliver 1): each pair goes from this list the day its import does, until it is empty.
-STILL_STACKED = {("train", "evaluate"), ("bench", "train"), ("doctor", "bench"),
-                 ("doctor", "train"), ("doctor", "evaluate"), ("crosscheck", "train"),
-                 ("stability", "evaluate"),
-                 # the stability metric's math (make_triplets, analyse_triplets), which
-                 # crosscheck compares with the authors', beside the `stability` command
-                 ("crosscheck", "stability")}
-
-
 def command_of(module: str) -> str | None:
     """The command `module` belongs to (perencode.crosscheck.models: crosscheck), or None."""
     for command in COMMANDS:
@@ -329,7 +320,4 @@ def test_every_command_is_a_module_of_the_package():
 
 
 def test_no_command_imports_another():
-    stacked = stacked_commands()
-    assert sorted(stacked - STILL_STACKED) == []
-    # An entry whose import is gone leaves the list: the list only shrinks.
-    assert sorted(STILL_STACKED - stacked) == []
+    assert sorted(stacked_commands()) == []

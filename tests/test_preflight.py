@@ -8,11 +8,11 @@ import torch
 from conftest import ROOT, tiny_overrides
 from test_device import no_slurm, simulated_cgroup
 
-from perencode import device, preflight, train
+from perencode import device, preflight, session
 from perencode.errors import UserError
-from perencode.experiment import build
 from perencode.models import build_model
 from perencode.recipe import load_recipe, validate
+from perencode.session import build
 from perencode.tasks import make
 
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
@@ -43,7 +43,7 @@ def test_parameter_count_is_exact(arch):
         assert preflight.parameter_count(r) == sum(p.numel() for p in model.parameters()), \
             (task, kind, mode)
         assert preflight.buffer_bytes(r) == sum(b.numel() * 4 for b in model.buffers())
-        assert preflight.estimate(r, train.CHUNK_LOGITS).state_bytes == \
+        assert preflight.estimate(r, session.CHUNK_LOGITS).state_bytes == \
             16 * sum(p.numel() for p in model.parameters())
 
 
@@ -58,9 +58,9 @@ def saved_bytes(r) -> int:
             saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    batch = task.sample(r.train.batch_size, train.training_generator(r, torch.device("cpu")))
+    batch = task.sample(r.train.batch_size, session.training_generator(r, torch.device("cpu")))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        train.loss_fn(model, batch)
+        session.loss_fn(model, batch)
     return sum(saved.values())
 
 
@@ -71,13 +71,13 @@ def test_activation_estimate_is_near_what_autograd_keeps(arch, task):
                   "model": {"arch": arch, "hidden_size": 128, "embed_size": 64,
                             **({"d_state": 16} if arch == "s4d" else {})},
                   "train": {"batch_size": 32, "eval_batch_size": 8}}, "test")
-    ratio = preflight.estimate(r, train.CHUNK_LOGITS).activation_bytes / saved_bytes(r)
+    ratio = preflight.estimate(r, session.CHUNK_LOGITS).activation_bytes / saved_bytes(r)
     assert 0.75 < ratio < 2.0, ratio
 
 
 def test_the_head_is_counted_in_chunks_as_the_loss_computes_it():
     r = recipe(batch_size=8)
-    chunk = train.CHUNK_LOGITS
+    chunk = session.CHUNK_LOGITS
     assert preflight._head(1 << 20, 1 << 12, chunk) == 2 * chunk
     assert preflight._head(1 << 20, 1 << 12, None) == 2 << 32
     assert preflight._head(8 * 6, 16, chunk) == 2 * 8 * 6 * 16
@@ -94,7 +94,7 @@ def test_train_honours_the_cgroup_and_slurm_memory_limits(cli, tmp_path, monkeyp
     allocation (--mem) is refused, naming the limit."""
     no_slurm(monkeypatch)
     overrides = tiny_overrides("train.iterations=5", "train.batch_size=64")
-    need = preflight.estimate(load_recipe(RECIPE, overrides[1::2]), train.CHUNK_LOGITS).total
+    need = preflight.estimate(load_recipe(RECIPE, overrides[1::2]), session.CHUNK_LOGITS).total
     available = device.memory_available()
     assert available and 1 << 20 < need < available[0] // 2  # fits the free RAM
     args = ["train", RECIPE, "--device", "cpu", "--no-progress", *overrides]
@@ -140,7 +140,7 @@ def test_force_skips_the_check(cli, tmp_path, monkeypatch):
 def test_check_raises_a_user_error_naming_the_fields(monkeypatch):
     monkeypatch.setattr(preflight, "device_memory", lambda device: (1 << 10, "x"))
     with pytest.raises(UserError, match=r"train.batch_size \(8\)"):
-        preflight.check_memory(recipe(batch_size=8), torch.device("cpu"), train.CHUNK_LOGITS)
+        preflight.check_memory(recipe(batch_size=8), torch.device("cpu"), session.CHUNK_LOGITS)
     monkeypatch.setattr(preflight, "device_memory", lambda device: None)  # unknown: no check
     assert preflight.check_memory(recipe(batch_size=8), torch.device("cpu"),
-                           train.CHUNK_LOGITS).total > 0
+                                  session.CHUNK_LOGITS).total > 0

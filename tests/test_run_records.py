@@ -24,7 +24,7 @@ from conftest import (
     train_args,
 )
 
-import perencode.train as train_module
+import perencode.session as session_module
 from perencode import runs
 
 DUAL = ROOT / "recipes" / "gru_dualfreq_vocab64.toml"
@@ -186,14 +186,14 @@ def test_a_nan_loss_stops_training_at_once_and_is_recorded(tmp_path):
 
 def test_the_first_non_finite_loss_is_named_and_the_last_finite_checkpoint_kept(
         tmp_path, monkeypatch):
-    real, calls = train_module.train_step, []
+    real, calls = session_module.train_step, []
 
     def nan_at_seven(*args, **kwargs):  # iteration 7 reports a loss that is not a number
         loss, hits, norm = real(*args, **kwargs)
         calls.append(1)
         return (loss * float("nan") if len(calls) == 7 else loss), hits, norm
 
-    monkeypatch.setattr(train_module, "train_step", nan_at_seven)
+    monkeypatch.setattr(session_module, "train_step", nan_at_seven)
     run = tmp_path / "run"
     code, text = run_cli(*_train_args(run))
     assert code == runs.DIVERGED_EXIT and len(calls) == 10, text  # found at the log step 10

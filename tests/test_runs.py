@@ -2,20 +2,21 @@
 finish, load) on a hand-made model, with the answers known beforehand."""
 
 import json
+from pathlib import Path
 
 import pytest
 import tomli_w
 import torch
 from conftest import tiny_recipe
-from torch import nn
 
 from perencode import runs
 from perencode.errors import UserError
-from perencode.experiment import build
 from perencode.io import CorruptCheckpoint
 from perencode.recipe import validate
 from perencode.runs import Run
-from perencode.train import training_generator
+from perencode.session import Session, training_generator
+
+CPU = torch.device("cpu")
 
 
 def _recipe(keep=None, vocab=8, seed=111):
@@ -27,14 +28,24 @@ def _recipe(keep=None, vocab=8, seed=111):
                                 encoding={"kind": "none"}, train=train), "test")
 
 
-def _state(seed: int = 0) -> tuple[nn.Linear, torch.optim.Adam, torch.Generator]:
-    """A model, its Adam optimizer after one step, and a batch generator."""
-    torch.manual_seed(seed)
-    model = nn.Linear(3, 2)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-    model(torch.ones(1, 3)).sum().backward()
-    optimizer.step()
-    return model, optimizer, torch.Generator().manual_seed(seed)
+def _session(seed=111):
+    """A training session after one step: the run's (seed 111), or another seed's."""
+    session = Session(_recipe(seed=seed), CPU)
+    session.step()
+    return session
+
+
+def _at(session: Session, iteration: int) -> dict:
+    """The session's checkpoint state, as if it were at `iteration`."""
+    session.iteration = iteration
+    return session.state()
+
+
+def _resumed(run: Run) -> tuple[Path, dict]:
+    """What `run` resumes from, which these tests know it has."""
+    found = run.resume()
+    assert found is not None
+    return found
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -57,23 +68,24 @@ def test_claim_writes_the_recipe_once_and_refuses_another(tmp_path):
 def test_save_then_resume_restores_everything_and_cuts_later_metrics(tmp_path):
     run = Run(tmp_path / "run")
     run.claim(_recipe(keep="all"))
-    model, optimizer, generator = _state()
+    session = _session()
     for step in (5, 10, 15):
         run.log({"step": step, "loss": 1.0 / step, "seconds": 0.1 * step})
-    assert run.save(10, model, optimizer, generator) == run.dir / "checkpoints" / "step-10.pt"
-    expected_next = torch.rand(4, generator=torch.Generator().manual_seed(0))
+    assert run.save(_at(session, 10)) == run.dir / "checkpoints" / "step-10.pt"
     cpu_next = torch.rand(3)
+    expected_next = session.batch().sequences
 
-    fresh, fresh_opt, fresh_gen = _state(seed=1)
-    assert not _same(fresh.state_dict(), model.state_dict())
+    fresh = _session(seed=222)
+    assert not _same(fresh.model.state_dict(), session.model.state_dict())
     torch.rand(7)  # move the CPU RNG on: resume must set it back
-    assert Run(run.dir).resume(fresh, fresh_opt, fresh_gen) == 10
-    assert _same(fresh.state_dict(), model.state_dict())
-    assert fresh_opt.state_dict()["state"][0]["step"] == 1
-    assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"],
-                       optimizer.state_dict()["state"][0]["exp_avg"])
-    assert torch.equal(torch.rand(4, generator=fresh_gen), expected_next)
+    fresh.load(*_resumed(Run(run.dir)))
+    assert fresh.iteration == 10
+    assert _same(fresh.model.state_dict(), session.model.state_dict())
+    assert fresh.optimizer.state_dict()["state"][0]["step"] == 1
+    assert torch.equal(fresh.optimizer.state_dict()["state"][0]["exp_avg"],
+                       session.optimizer.state_dict()["state"][0]["exp_avg"])
     assert torch.equal(torch.rand(3), cpu_next)
+    assert torch.equal(fresh.batch().sequences, expected_next)
     assert [r["step"] for r in run.metrics()] == [5, 10]  # step 15 is redone
 
 
@@ -81,18 +93,18 @@ def test_resume_without_a_checkpoint_starts_over(tmp_path):
     run = Run(tmp_path / "run")
     run.claim(_recipe())
     run.log({"step": 5, "loss": 1.0, "seconds": 0.5})
-    assert run.resume(*_state()) == 0
+    assert run.resume() is None
     assert run.metrics() == []
 
 
 def test_periodic_saves_prune_and_drop_resume_pt(tmp_path):
     run = Run(tmp_path / "run")
     run.claim(_recipe(keep=2))
-    state = _state()
-    assert run.save(12, *state, interrupted=True) == run.resume_path
+    session = _session()
+    assert run.save(_at(session, 12), interrupted=True) == run.resume_path
     assert run.checkpoints() == []  # resume.pt is not a periodic checkpoint
     for k in (10, 20, 30):
-        run.save(k, *state)
+        run.save(_at(session, k))
     assert [k for k, _ in run.checkpoints()] == [20, 30]
     assert not run.resume_path.exists()
     assert run.prune(1) == [run.checkpoint_path(20)]
@@ -102,24 +114,25 @@ def test_periodic_saves_prune_and_drop_resume_pt(tmp_path):
 def test_resume_pt_later_than_the_last_step_wins(tmp_path):
     run = Run(tmp_path / "run")
     run.claim(_recipe(keep="all"))
-    model, optimizer, generator = _state()
-    run.save(10, model, optimizer, generator)
+    session = _session()
+    run.save(_at(session, 10))
     with torch.no_grad():
-        model.weight.add_(1.0)
-    run.save(13, model, optimizer, generator, interrupted=True)
-    fresh = _state(seed=1)
-    assert run.resume(*fresh) == 13
-    assert torch.equal(fresh[0].weight, model.weight)
+        session.model.head.weight.add_(1.0)
+    run.save(_at(session, 13), interrupted=True)
+    fresh = _session(seed=222)
+    fresh.load(*_resumed(run))
+    assert fresh.iteration == 13
+    assert torch.equal(fresh.model.head.weight, session.model.head.weight)
 
 
 def test_a_corrupt_newest_checkpoint_is_kept_aside_and_the_older_one_used(tmp_path, capsys):
     run = Run(tmp_path / "run")
     run.claim(_recipe(keep="all"))
-    state = _state()
-    run.save(10, *state)
-    run.save(20, *state)
+    session = _session()
+    run.save(_at(session, 10))
+    run.save(_at(session, 20))
     run.checkpoint_path(20).write_bytes(b"cut short")
-    assert run.resume(*_state(seed=1)) == 10
+    assert _resumed(run)[1]["iteration"] == 10
     assert [k for k, _ in run.checkpoints()] == [10]
     assert (run.checkpoint_dir / "step-20.pt.corrupt").read_bytes() == b"cut short"
     said = capsys.readouterr()
@@ -130,8 +143,7 @@ def test_checkpoint_format_and_a_version_1_checkpoint_with_a_scheduler_entry(tmp
     run = Run(tmp_path / "run")
     recipe = _recipe()
     run.claim(recipe)
-    model, optimizer, generator = _state()
-    path = run.save(30, model, optimizer, generator)
+    path = run.save(_at(_session(), 30))
     state = runs.load_checkpoint(path)
     assert sorted(state) == ["format", "iteration", "model", "optimizer", "recipe", "rng",
                              "version"]
@@ -141,7 +153,7 @@ def test_checkpoint_format_and_a_version_1_checkpoint_with_a_scheduler_entry(tmp
     # Earlier versions wrote the same entries plus "scheduler": it still loads and resumes.
     torch.save({**state, "scheduler": {"step": 30}}, path)
     assert Run(run.dir).load()[1]["iteration"] == 30
-    assert Run(run.dir).resume(*_state(seed=1)) == 30
+    assert _resumed(Run(run.dir))[1]["iteration"] == 30
     torch.save({**state, "version": 2}, path)
     with pytest.raises(UserError, match="version 2 is not supported"):
         Run(run.dir).load()
@@ -152,11 +164,10 @@ def test_load_checks_the_checkpoint_is_this_runs(tmp_path):
     run.claim(_recipe())
     with pytest.raises(UserError, match="no checkpoints yet"):
         run.load()
-    task, model = build(run.recipe, torch.device("cpu"))
-    optimizer = torch.optim.Adam(model.parameters())
-    path = run.save(30, model, optimizer, torch.Generator())
+    session = Session(run.recipe, CPU)
+    path = run.save(_at(session, 30))
     found, state = Run(run.dir).load()
-    assert found == path and _same(state["model"], model.state_dict())
+    assert found == path and _same(state["model"], session.model.state_dict())
     other = Run(tmp_path / "other")
     other.claim(_recipe(seed=222))
     (other.checkpoint_dir).mkdir()
@@ -182,8 +193,7 @@ def test_log_start_finish_and_completeness(tmp_path):
         f.write('\n{"step": 15, "loss": 1.0, "seconds": 1.5}\n')
     assert run.metrics() == [{"step": 5, "loss": 2.5, "seconds": 0.5},
                              {"step": 15, "loss": 1.0, "seconds": 1.5}]
-    model, optimizer, generator = _state()
-    run.save(30, model, optimizer, generator)
+    run.save(_at(_session(), 30))
     assert not run.is_complete()
     result = {**runs.eval_identity(recipe), "token_accuracy": 0.5}
     assert run.finish(result) == run.dir / "eval.json"
@@ -198,7 +208,7 @@ def test_log_start_finish_and_completeness(tmp_path):
 
 def test_each_stream_is_seeded_with_its_own_offset():
     assert len({0, runs.TRAINING_SEED_OFFSET, runs.STABILITY_SEED_OFFSET}) == 3
-    generator = training_generator(_recipe(seed=5), torch.device("cpu"))
+    generator = training_generator(_recipe(seed=5), CPU)
     assert generator.initial_seed() == 5 + runs.TRAINING_SEED_OFFSET
 
 
@@ -209,7 +219,7 @@ def test_a_run_written_with_every_kinds_options_is_the_same_run(tmp_path):
     run = Run(tmp_path / "run")
     recipe = _recipe()
     run.claim(recipe)
-    path = run.save(30, *_state())
+    path = run.save(_at(_session(), 30))
     old = recipe.to_dict()
     old["task"].update(rarity=0.125, held_out_per_cell=16)
     old["model"]["d_state"] = 64
@@ -218,7 +228,7 @@ def test_a_run_written_with_every_kinds_options_is_the_same_run(tmp_path):
     assert runs.read_recipe(run.dir).to_dict() == recipe.to_dict()
     assert Run(run.dir).claim(_recipe()) is True
     assert Run(run.dir).load()[1]["recipe"] == old
-    assert Run(run.dir).resume(*_state(seed=1)) == 30
+    assert _resumed(Run(run.dir))[1]["iteration"] == 30
     # A user's recipe with another kind's option is a mistake, not a migration.
     with pytest.raises(UserError, match="task.rarity: not an option of task.name = 'reverse'"):
         validate(old, "mine.toml")

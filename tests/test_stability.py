@@ -14,6 +14,7 @@ import torch
 from conftest import ROOT, TINY, fitting, run_cli
 
 from perencode import stability as st
+from perencode import stability_metric as sm
 from perencode.errors import UserError
 from perencode.lock import hold
 from perencode.models.rnn import RecurrentModel
@@ -31,8 +32,8 @@ WEIGHTED_LIKE = ("weighted", "mean", "frobenius")  # the normalised metrics, in 
 
 
 def metric(name: str, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """One metric of perencode.stability.METRICS of two Jacobians."""
-    return st.stability_metrics(A, B)[name]
+    """One metric of perencode.stability_metric.METRICS of two Jacobians."""
+    return sm.stability_metrics(A, B)[name]
 
 
 def slow_metrics(A: torch.Tensor, B: torch.Tensor) -> dict[str, float]:
@@ -58,11 +59,11 @@ def slow_metrics(A: torch.Tensor, B: torch.Tensor) -> dict[str, float]:
 def test_identical_jacobians_give_one_and_negated_minus_one():
     J = torch.randn(7, 5, dtype=F64)
     for name in WEIGHTED_LIKE:
-        assert st.stability_metrics(J, J)[name].item() == pytest.approx(1.0, abs=1e-14)
-        assert st.stability_metrics(J, -J)[name].item() == pytest.approx(-1.0, abs=1e-14)
+        assert sm.stability_metrics(J, J)[name].item() == pytest.approx(1.0, abs=1e-14)
+        assert sm.stability_metrics(J, -J)[name].item() == pytest.approx(-1.0, abs=1e-14)
     J32 = torch.randn(64, 128)
-    assert st.gradient_stability(J32, J32).item() == pytest.approx(1.0, abs=1e-6)
-    assert st.gradient_stability(J32, J32).item() <= 1.0  # clamped: never past the bounds
+    assert sm.gradient_stability(J32, J32).item() == pytest.approx(1.0, abs=1e-6)
+    assert sm.gradient_stability(J32, J32).item() <= 1.0  # clamped: never past the bounds
     # Eq. 3-4 as printed are not normalised: sum n_i^4 / (sum n_k)^2 at perfect alignment.
     n = torch.linalg.vector_norm(J, dim=-1)
     expected = ((n ** 4).sum() / n.sum() ** 2).item()
@@ -73,19 +74,19 @@ def test_weighted_known_answer_and_row_scaling():
     A = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=F64)
     B = torch.tensor([[1.0, 0.0], [0.0, -1.0]], dtype=F64)
     # n^A = (1, 2), n^B = (1, 1): w = (1/3, 2/3), cos = (1, -1).
-    assert st.gradient_stability(A, B).item() == pytest.approx(-1 / 3, abs=1e-15)
+    assert sm.gradient_stability(A, B).item() == pytest.approx(-1 / 3, abs=1e-15)
     assert metric("mean", A, B).item() == pytest.approx(0.0, abs=1e-15)
     # Scaling a row leaves its cosine alone and moves only its weight: w = (1/5, 4/5).
     A2 = A * torch.tensor([[1.0], [2.0]], dtype=F64)
-    assert st.gradient_stability(A2, B).item() == pytest.approx(-3 / 5, abs=1e-15)
+    assert sm.gradient_stability(A2, B).item() == pytest.approx(-3 / 5, abs=1e-15)
     assert metric("mean", A2, B).item() == pytest.approx(0.0, abs=1e-15)
 
 
 def test_invariances_to_scaling():
     A, B = torch.randn(2, 9, 6, dtype=F64).unbind(0)
-    base = {name: st.stability_metrics(A, B)[name].item() for name in st.METRICS}
+    base = {name: sm.stability_metrics(A, B)[name].item() for name in sm.METRICS}
     for name in WEIGHTED_LIKE:  # whole-Jacobian scale, either side, any magnitude
-        scaled = st.stability_metrics(3.0 * A, 1e-3 * B)[name].item()
+        scaled = sm.stability_metrics(3.0 * A, 1e-3 * B)[name].item()
         assert scaled == pytest.approx(base[name], 1e-12)
     # Scaling single rows: the cosines, hence mean, are invariant (weighted moves those
     # rows' weights: test_weighted_known_answer_and_row_scaling).
@@ -99,8 +100,8 @@ def test_tiny_gradients_do_not_underflow():
     # Vanishing gradients of a vanilla RNN: rows of norm ~1e-25 in float32; products of
     # two norms (1e-50) would underflow without the rescaling.
     A, B = torch.randn(2, 16, 32).unbind(0)
-    expected = st.gradient_stability(A.double(), B.double()).item()
-    got = st.gradient_stability(A * 1e-25, B * 1e-25).item()
+    expected = sm.gradient_stability(A.double(), B.double()).item()
+    got = sm.gradient_stability(A * 1e-25, B * 1e-25).item()
     assert got == pytest.approx(expected, abs=1e-5)
     assert metric("frobenius", A * 1e-25, B * 1e-25).item() == pytest.approx(
         metric("frobenius", A.double(), B.double()).item(), abs=1e-5)
@@ -111,16 +112,16 @@ def test_zero_rows_contribute_nothing_and_all_zero_gives_zero():
     A0 = A.clone()
     A0[2] = 0  # a zero row in one Jacobian: cos = 0, weight = 0
     keep = [0, 1, 3, 4]
-    assert st.gradient_stability(A0, B).item() == pytest.approx(
-        st.gradient_stability(A[keep], B[keep]).item(), abs=1e-14)
+    assert sm.gradient_stability(A0, B).item() == pytest.approx(
+        sm.gradient_stability(A[keep], B[keep]).item(), abs=1e-14)
     assert metric("mean", A0, B).item() == pytest.approx(
         metric("mean", A[keep], B[keep]).item() * 4 / 5, abs=1e-14)
     zero = torch.zeros(5, 4, dtype=F64)
-    for name in st.METRICS:
+    for name in sm.METRICS:
         for a, b in ((zero, zero), (zero, B), (A, zero)):
-            value = st.stability_metrics(a, b)[name]
+            value = sm.stability_metrics(a, b)[name]
             assert not torch.isnan(value) and value.item() == 0.0, name
-    assert st.forward_cosine(torch.zeros(3), torch.ones(3)).item() == 0.0
+    assert sm.forward_cosine(torch.zeros(3), torch.ones(3)).item() == 0.0
 
 
 def test_batch_dims_and_slow_reference():
@@ -128,10 +129,10 @@ def test_batch_dims_and_slow_reference():
     A = torch.randn(2, 3, 6, 5, dtype=F64)
     B = torch.randn(2, 3, 6, 5, dtype=F64) + 0.5 * A  # correlated, so values are not ~0
     A[0, 1, 2] = 0  # a zero row in the batch
-    together = st.stability_metrics(A, B)
+    together = sm.stability_metrics(A, B)
     for key, value in together.items():
         assert value.shape == (2, 3), key
-    torch.testing.assert_close(st.gradient_stability(A, B), together["weighted"], rtol=0,
+    torch.testing.assert_close(sm.gradient_stability(A, B), together["weighted"], rtol=0,
                                atol=0)
     for i in range(2):
         for j in range(3):
@@ -144,8 +145,8 @@ def test_batch_dims_and_slow_reference():
 def test_forward_distance_and_cosine():
     a = torch.tensor([[3.0, 4.0], [1.0, 0.0]], dtype=F64)
     b = torch.tensor([[0.0, 4.0], [-2.0, 0.0]], dtype=F64)
-    torch.testing.assert_close(st.forward_distance(a, b), torch.tensor([3.0, 3.0], dtype=F64))
-    torch.testing.assert_close(st.forward_cosine(a, b), torch.tensor([0.8, -1.0], dtype=F64))
+    torch.testing.assert_close(sm.forward_distance(a, b), torch.tensor([3.0, 3.0], dtype=F64))
+    torch.testing.assert_close(sm.forward_cosine(a, b), torch.tensor([0.8, -1.0], dtype=F64))
 
 
 # --------------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ def test_forward_distance_and_cosine():
 @pytest.mark.parametrize("prefix", [0, 22])
 def test_triplets_types_counts_and_sharing(prefix):
     K, L, n = 64, 64, 32
-    tr = st.make_triplets(K, L, n, seed=111, prefix_length=prefix)
+    tr = sm.make_triplets(K, L, n, seed=111, prefix_length=prefix)
     assert tr.tokens.shape == (n, 3, L)
     conditions = list(zip(tr.target_rare.tolist(), tr.disturbants_rare.tolist()))
     for condition in [(False, False), (False, True), (True, False), (True, True)]:
@@ -186,11 +187,11 @@ def test_triplets_types_counts_and_sharing(prefix):
 
 
 def test_triplets_are_fixed_by_the_seed():
-    a = st.make_triplets(16, 8, 8, seed=111)
-    assert torch.equal(a.tokens, st.make_triplets(16, 8, 8, seed=111).tokens)
-    assert not torch.equal(a.tokens, st.make_triplets(16, 8, 8, seed=222).tokens)
+    a = sm.make_triplets(16, 8, 8, seed=111)
+    assert torch.equal(a.tokens, sm.make_triplets(16, 8, 8, seed=111).tokens)
+    assert not torch.equal(a.tokens, sm.make_triplets(16, 8, 8, seed=222).tokens)
     with pytest.raises(UserError, match="multiple of 4"):
-        st.make_triplets(16, 8, 6, seed=111)
+        sm.make_triplets(16, 8, 6, seed=111)
 
 
 # --------------------------------------------------------------------------------------
@@ -285,7 +286,7 @@ def test_jacobians_match_autograd_and_finite_differences(arch, target_step):
     model = tiny_s4d() if arch == "s4d" else tiny_rnn(arch)
     torch.manual_seed(1)
     tokens = torch.randint(6, (2, 12))
-    J, out = st.jacobians(model, tokens, target_step, chunk_size=2)  # chunked on purpose
+    J, out = sm.jacobians(model, tokens, target_step, chunk_size=2)  # chunked on purpose
     reference: Callable = reference_s4d if arch == "s4d" else reference_rnn
     z, f = reference(model, tokens, target_step)
     width = {"gru": 3, "lstm": 6, "s4d": 3 * 2 * 2}[arch]  # h; [h; c]; H x N/2 x (re, im)
@@ -303,7 +304,7 @@ def test_s4d_state_layout_is_view_as_real():
     """Column 2*(h*N/2 + n) + k of J is d y / d (re, im)[k] of mode n of channel h."""
     model = tiny_s4d()
     tokens = torch.randint(6, (1, 12))
-    J, _ = st.jacobians(model, tokens, 3)
+    J, _ = sm.jacobians(model, tokens, 3)
     z, f = reference_s4d(model, tokens, 3)
     z_c = torch.view_as_complex(z[0].view(3, 2, 2)).clone().requires_grad_(True)
     y = f(torch.view_as_real(z_c).flatten(), 0)

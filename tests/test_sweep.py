@@ -17,8 +17,8 @@ from conftest import PYTHON, ROOT, assert_scores_consistent, subprocess_env, tin
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
+import perencode.session as session_module
 import perencode.sweep.cost as cost_module
-import perencode.train as train_module
 from perencode import cost, runs
 from perencode.cli import app
 from perencode.grid import load_grid
@@ -157,7 +157,7 @@ def test_dry_run_is_instant_trains_nothing_and_writes_nothing(tmp_path, monkeypa
     def forbidden(*args, **kwargs):
         raise AssertionError("--dry-run ran a training step")
 
-    monkeypatch.setattr(train_module, "train_step", forbidden)
+    monkeypatch.setattr(session_module, "train_step", forbidden)
     monkeypatch.setattr(cost_module.subprocess, "run", forbidden)  # `perencode bench`, a child
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY + AXES)
@@ -171,7 +171,7 @@ def test_dry_run_is_instant_trains_nothing_and_writes_nothing(tmp_path, monkeypa
 def test_disk_estimate_is_the_size_of_the_kept_checkpoints(tmp_path):
     """Exact for the parameters: 12 bytes each (weights, Adam's two moments) plus the
     bookkeeping, times the checkpoints kept; and the LSTM of Fig. 2 at K = 16,384."""
-    from perencode.experiment import build
+    from perencode.session import build
 
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY + AXES)

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from perencode.errors import UserError
-from perencode.experiment import output_logits
 from perencode.recipe import TaskConfig, validate
+from perencode.session import output_logits
 from perencode.tasks import TASKS, make
 from perencode.tasks.base import Exclusion, duplicated, redraw_duplicates, sequence_hash
 from perencode.tasks.dual_frequency import DualFrequencyTask, structured_cells

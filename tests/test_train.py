@@ -27,7 +27,7 @@ from conftest import (
 import perencode.io
 from perencode import runs
 from perencode.recipe import OptimConfig
-from perencode.train import learning_rate
+from perencode.session import learning_rate, loss_fn
 
 
 def test_timm_schedule_known_values():
@@ -279,8 +279,6 @@ def _tiny_model_and_batch(mask: bool):
 
 @pytest.mark.parametrize("mask", [False, True])
 def test_chunked_loss_equals_full_loss_and_gradients(mask):
-    from perencode.train import loss_fn
-
     model, batch = _tiny_model_and_batch(mask)
     full, hits = loss_fn(model, batch, count_hits=True)
     full.backward()
@@ -296,8 +294,6 @@ def test_chunked_loss_equals_full_loss_and_gradients(mask):
 
 
 def test_masked_outputs_never_count():
-    from perencode.train import loss_fn
-
     model, batch = _tiny_model_and_batch(mask=True)
     loss = loss_fn(model, batch)[0]
     scrambled = batch.output_targets.clone()

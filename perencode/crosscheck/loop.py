@@ -1,8 +1,9 @@
-"""The training loop end to end: the iterations `perencode train` runs (perencode.train.iteration:
-the schedule applied to the optimizer, the batch drawn from the task's training stream, the
-masked loss, clipping and Adam) against the authors' loop (their `Learner.train`, reseeding
-every iteration, calling their `train_per_iteration`, which clips and steps their timm
-scheduler), from the same initial weights on the same batches.
+"""The training loop end to end: the iterations `perencode train` runs
+(perencode.session.Session.step: the schedule applied to the optimizer, the batch drawn from
+the task's training stream, the masked loss, clipping and Adam) against the authors' loop
+(their `Learner.train`, reseeding every iteration, calling their `train_per_iteration`,
+which clips and steps their timm scheduler), from the same initial weights on the same
+batches.
 
 Learning rates, losses and parameters are compared after every step, across the warm-up
 and past it. The initial weights are scaled up (both sides get the same scaled weights) so
@@ -18,16 +19,14 @@ import tempfile
 import torch
 from torch import Tensor
 
-from perencode import train
+from perencode import session
 from perencode.crosscheck.authors import Authors
 from perencode.crosscheck.models import BATCH, DTYPES, E, H, K, L, their_learner, their_state_dict
 from perencode.crosscheck.models import theirs as their_model
 from perencode.crosscheck.report import Comparison, numeric
 from perencode.crosscheck.tasks import Log
-from perencode.experiment import build
 from perencode.models import SequenceModel
 from perencode.recipe import Recipe
-from perencode.train import loss_fn, make_optimizer, training_generator
 
 # (architecture, task): the variable-length reverse task has padded outputs the loss must
 # not count (their script sums the loss over the real outputs only).
@@ -68,7 +67,7 @@ def _scaled(model: torch.nn.Module, arch: str) -> None:
 def _grad_norm(model: SequenceModel, batch) -> float:
     """The L2 norm of the whole gradient before clipping, on a copy of `model`."""
     probe = copy.deepcopy(model)
-    loss, _ = loss_fn(probe, batch)
+    loss, _ = session.loss_fn(probe, batch)
     loss.backward()
     grads = [p.grad for p in probe.parameters() if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
@@ -78,21 +77,20 @@ def ours(arch: str, dtype: torch.dtype, task_name: str = "reverse"):
     """Our run: (initial model, per-step trace [(lr, loss, gradient norm, rows)], parameters
     after each step)."""
     rec = recipe(arch, task_name)
-    task, model = build(rec, torch.device("cpu"))
-    model = model.to(dtype)
+    training = session.Session(rec, torch.device("cpu"))
+    model = training.model
+    # In place: the optimizer holds these parameters and has no state before its first step.
+    model.to(dtype)
     _scaled(model, arch)
     initial = copy.deepcopy(model)
     model.train()
-    optimizer = make_optimizer(model, rec.optim)
-    generator = training_generator(rec, torch.device("cpu"))
     trace, states = [], []
     for k in range(1, rec.train.iterations + 1):
         before = copy.deepcopy(model)
         log = k % rec.train.log_every == 0 or k == rec.train.iterations
-        # train.iteration looked up at call time: the loop as `perencode train` has it now.
-        lr, batch, loss, _, _ = train.iteration(model, optimizer, task, rec, generator, k,
-                                                count_hits=log)
-        trace.append((lr, float(loss.detach()), _grad_norm(before, batch), batch.sequences))
+        step = training.step(count_hits=log)
+        trace.append((step.lr, float(step.loss.detach()), _grad_norm(before, step.batch),
+                      step.batch.sequences))
         states.append({n: v.detach().clone() for n, v in model.state_dict().items()})
     return initial, trace, states
 
@@ -164,7 +162,7 @@ def compare(authors: Authors, arch: str, task_name: str = "reverse") -> Comparis
     check = numeric(
         f"training loop: {label}",
         f"lr, loss and parameters after each of {rec.train.iterations} iterations of "
-        f"perencode.train.iteration (warm-up {rec.optim.warmup}, peak lr {rec.optim.lr}, "
+        f"perencode.session.Session.step (warm-up {rec.optim.warmup}, peak lr {rec.optim.lr}, "
         f"batch {rec.train.batch_size}, {task_name} K={K} L={L}, weights x{SCALE[arch]:g}); "
         f"{clipping}",
         f"{SCRIPTS[task_name][:-3]}.Learner.train (utils.training_template) over the same "

@@ -21,10 +21,9 @@ from perencode.crosscheck.report import Comparison, numeric
 from perencode.models import SequenceModel
 from perencode.models.rnn import RecurrentModel
 from perencode.models.s4d import S4DModel
-from perencode.recipe import EncodingConfig, OptimConfig, TaskConfig
+from perencode.recipe import EncodingConfig, Recipe
+from perencode.session import Session
 from perencode.shapes import Shapes
-from perencode.tasks import make
-from perencode.train import learning_rate, make_optimizer, train_step
 
 # Small shapes: every comparison is of the same operations, which the sizes do not change.
 K, L, E, H, BATCH = 12, 8, 16, 16, 4
@@ -189,26 +188,30 @@ def their_learner(authors: Authors, arch: str, model: nn.Module, iterations: int
 
 def check_trajectory(authors: Authors, steps: int = 6) -> list[Comparison]:
     """`steps` Adam steps with clipping and the warm-up + cosine schedule, from the same
-    weights on the same batches: ours through perencode.train, theirs through their
-    Learner.train_per_iteration."""
+    weights on the same batches: ours through perencode.session.Session.step, theirs
+    through their Learner.train_per_iteration."""
     iterations, warmup = steps, 2
-    optim = OptimConfig(warmup=warmup)  # the package's defaults (the code's) otherwise
-    task = make(TaskConfig.of(name="reverse", vocab_size=K, length=L, held_out=4), seed=0)
     gen = torch.Generator().manual_seed(3)
     batches = [torch.randint(0, K, (8, L), generator=gen) for _ in range(steps)]
     checks = []
     for arch in ("gru", "s4d"):
         errors, settings = {}, ""
+        # The package's defaults (the code's) but for the warm-up and the length.
+        recipe = Recipe.model_validate({
+            "task": {"name": "reverse", "vocab_size": K, "length": L, "held_out": 4},
+            "model": {"arch": arch, "hidden_size": H, "embed_size": E,
+                      **({"d_state": D_STATE} if arch == "s4d" else {})},
+            "encoding": {"kind": "none"}, "optim": {"warmup": warmup},
+            "train": {"iterations": iterations, "batch_size": 8, "seed": 0}})
+        optim = recipe.optim
         for name, dtype in DTYPES.items():
             mine, other = pair(authors, arch, "none", seed=11)
             mine, other = mine.to(dtype).train(), other.to(dtype).train()
             learner, oc, sc = their_learner(authors, arch, other, iterations, warmup, optim.lr)
             settings = f"their Adam {oc}, scheduler {sc}"
-            opt = make_optimizer(mine, optim)
+            session = Session(recipe, torch.device("cpu"), mine)
             for k, rows in enumerate(batches, start=1):
-                for group in opt.param_groups:
-                    group["lr"] = learning_rate(k - 1, optim, iterations)
-                train_step(mine, opt, task.build(rows), optim.clip_norm)
+                session.step(session.task.build(rows))
                 learner.train_per_iteration(rows, {}, k)
             mapped = their_state_dict(mine, other)
             errors[name] = max(float((mapped[n] - v).abs().max())

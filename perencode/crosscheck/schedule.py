@@ -9,7 +9,7 @@ from perencode.crosscheck.authors import TIMM_VERSION, Authors, timm_version
 from perencode.crosscheck.models import script_literals
 from perencode.crosscheck.report import numeric
 from perencode.recipe import OptimConfig
-from perencode.train import learning_rate
+from perencode.session import learning_rate
 
 
 def steps_to_compare(iterations: int, warmup: int) -> list[int]:

@@ -1,6 +1,6 @@
 """Seeds: the run's seed decides its held-out set and its training batches, on both sides.
-Ours as `perencode train` builds them (perencode.experiment.build, perencode.train.
-training_generator, task.sample); theirs as their scripts do (the seed their Learner sets
+Ours as `perencode train` builds them (perencode.session.Session: its task and its
+training stream); theirs as their scripts do (the seed their Learner sets
 before the dataset draws its held-out set, their DataLoader's sampler seeded with it, and
 their loop's reseeding at every iteration, in the main process).
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from perencode import experiment, train
+from perencode import session
 from perencode.crosscheck.authors import Authors
 from perencode.crosscheck.report import AGREE, DISAGREE, Comparison
 from perencode.recipe import Recipe
@@ -28,9 +28,8 @@ def ours(seed: int) -> tuple[Tensor, list[Tensor]]:
         "task": {"name": "reverse", "vocab_size": K, "length": L, "held_out": HELD_OUT},
         "model": {"arch": "gru", "hidden_size": 8, "embed_size": 8},
         "train": {"seed": seed, "batch_size": BATCH}})
-    task, _ = experiment.build(recipe, torch.device("cpu"))
-    generator = train.training_generator(recipe, torch.device("cpu"))
-    return task.held_out, [task.sample(BATCH, generator).sequences for _ in range(STEPS)]
+    ours = session.Session(recipe, torch.device("cpu"))
+    return ours.task.held_out, [ours.batch().sequences for _ in range(STEPS)]
 
 
 def theirs(authors: Authors, seed: int) -> tuple[Tensor, list[Tensor]]:
@@ -71,7 +70,7 @@ def check_seeds(authors: Authors) -> list[Comparison]:
         "seeds: held-out set and training stream", f"reverse K={K} L={L}: the held-out set "
         f"({HELD_OUT} rows) and the first {STEPS} training batches of seeds "
         f"{', '.join(map(str, SEEDS))}: different seeds differ, the same seed repeats, on "
-        "both sides (ours: experiment.build, train.training_generator)",
+        "both sides (ours: session.build, session.training_generator)",
         "data.dataset.RandomSequence, data.dataloader.get_data_loader, their per-iteration "
         "reseeding", {"fp32": 0.0, "fp64": 0.0},
         {"fp32": float(len(wrong)), "fp64": float(len(wrong))},

@@ -1,5 +1,5 @@
 """The gradient-stability metric on the same weights and triplets: our analysis
-(perencode.stability.analyse_triplets) against the authors' JacobianAnalyzer /
+(perencode.stability_metric.analyse_triplets) against the authors' JacobianAnalyzer /
 JacobianAnalyzerSSM (model/jacobian_analysis.py), docs/paper-facts.md#gradient-stability."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from perencode.crosscheck.authors import Authors
 from perencode.crosscheck.models import DTYPES, K, L, pair
 from perencode.crosscheck.report import AGREE, DISAGREE, Comparison, numeric
 from perencode.crosscheck.tasks import Log
-from perencode.stability import analyse_triplets, make_triplets
+from perencode.stability_metric import analyse_triplets, make_triplets
 
 # (our column, their key without the comparison suffix)
 COLUMNS = (("stability_weighted", "weighted_mean_gradient_similarity"),
@@ -118,7 +118,7 @@ def their_triplets(authors: Authors, K: int, L: int, count: int, prefix: int) ->
 
 def check_triplets(authors: Authors) -> list[Comparison]:
     """The S4D's triplets with a prefix (the paper's 22 before the target), ours from
-    perencode.stability.make_triplets against those their test builds."""
+    perencode.stability_metric.make_triplets against those their test builds."""
     K, L, count, prefix = 64, 12, 64, 3
     mine = make_triplets(K, L, count=count, seed=0, prefix_length=prefix).inputs(K)
     with torch.random.fork_rng():

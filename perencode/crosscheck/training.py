@@ -7,7 +7,7 @@ within +-margin: TOST p < ALPHA), different (Welch's two-sided test rejects equa
 ALPHA and equivalence is not shown), undecided with the seeds given (neither; the check
 says how many seeds per side the equivalence test needs for POWER at the spread seen).
 
-Ours: perencode's task, model, optimizer, schedule and train_step. Theirs: their
+Ours: a perencode.session.Session (task, model, optimizer, schedule, step). Theirs: their
 `model.RNN` initialised by their code from the seed, their `data.dataset.RandomSequence`
 (held-out set and rejection sampling, one `__getitem__` per row as their DataLoader's
 workers did, drawn here in the main process), their `train_palindrome.Learner`'s
@@ -28,12 +28,9 @@ from perencode.crosscheck.authors import Authors
 from perencode.crosscheck.models import script_literals
 from perencode.crosscheck.report import AGREE, DISAGREE, UNDECIDED, Comparison
 from perencode.crosscheck.tasks import Log
-from perencode.experiment import output_logits
-from perencode.models.rnn import RecurrentModel
 from perencode.progress import Reporter
-from perencode.recipe import EncodingConfig, OptimConfig, TaskConfig
-from perencode.tasks import make
-from perencode.train import learning_rate, make_optimizer, train_step
+from perencode.recipe import OptimConfig, Recipe
+from perencode.session import Session
 
 ALPHA = 0.05  # both one-sided tests of TOST, and Welch's test for "different"
 POWER = 0.8  # the power the seeds needed are computed for (true difference 0)
@@ -184,26 +181,22 @@ def tost(a: list[float], b: list[float], margin: float, alpha: float = ALPHA) ->
 
 def _ours(shape: Shape, seed: int, device: torch.device):
     """Returns (one_step(k), accuracy())."""
-    task = make(TaskConfig.of(name="reverse", vocab_size=shape.vocab_size, length=shape.length,
-                              held_out=shape.held_out), seed=seed, device=device)
-    torch.manual_seed(seed)
-    model = RecurrentModel("gru", task.shapes, shape.embed, shape.embed,
-                           EncodingConfig(kind="sinusoidal"))
-    model = model.to(device)
-    optim = OptimConfig(warmup=shape.warmup)
-    opt = make_optimizer(model, optim)
+    recipe = Recipe.model_validate({
+        "task": {"name": "reverse", "vocab_size": shape.vocab_size, "length": shape.length,
+                 "held_out": shape.held_out},
+        "model": {"arch": "gru", "hidden_size": shape.embed, "embed_size": shape.embed},
+        "encoding": {"kind": "sinusoidal"}, "optim": {"warmup": shape.warmup},
+        "train": {"iterations": shape.iterations, "batch_size": shape.batch, "seed": seed,
+                  "eval_batch_size": 1024}})
+    session = Session(recipe, device)
+    # Batches from a stream of this check's own (seed + 1), as when it was first written.
     gen = torch.Generator(device=device).manual_seed(seed + 1)
 
     def step(k: int) -> None:
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(k - 1, optim, shape.iterations)
-        train_step(model, opt, task.sample(shape.batch, gen), optim.clip_norm)
+        session.step(session.task.sample(shape.batch, gen))
 
     def accuracy() -> float:
-        model.eval()
-        with torch.no_grad():
-            result = task.evaluate(lambda b: output_logits(model, b), 1024)
-        return result["token_accuracy"]
+        return session.evaluate()["token_accuracy"]
 
     return step, accuracy
 

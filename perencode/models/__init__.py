@@ -3,7 +3,7 @@
 The contract every model follows, and the front end they share, is `base.SequenceModel`;
 each model module registers its kinds (perencode.kinds: gru, lstm, s4d), and `build_model`
 builds the one a recipe names. Models know nothing of tasks: they are sized by the task's
-`Shapes` (perencode.shapes); pairing a model with its task is perencode.experiment's.
+`Shapes` (perencode.shapes); pairing a model with its task is perencode.session's.
 """
 
 from __future__ import annotations
