@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from perencode import kinds, preflight, runs
+from perencode import defaults, kinds, preflight, runs
 from perencode.console import console
 from perencode.cost import Estimates, device_label
 from perencode.grid import load_grid, repository_root
@@ -630,7 +630,7 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
     return rows
 
 
-def doctor(device: torch.device, runs_root: Path = Path("runs"),
+def doctor(device: torch.device, runs_root: Path = defaults.RUNS,
            say: Callable[[str], None] = lambda line: None) -> tuple[list[Finding], float]:
     """The rows and the seconds they took."""
     t0 = time.perf_counter()

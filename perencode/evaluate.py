@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perencode import identity, runs
+from perencode import defaults, identity, runs
 from perencode.console import console
 from perencode.device import resolve_device
 from perencode.errors import UserError
@@ -53,7 +53,7 @@ def _refuse_without_model(run: runs.Run) -> None:
                         f"its eval.json is kept as it is")
 
 
-def evaluate_run(run_dir: str | Path, device: str = "auto",
+def evaluate_run(run_dir: str | Path, device: str = defaults.DEVICE,
                  checkpoint: str | Path | None = None, accept_code_change: bool = False,
                  **options) -> tuple[dict, Path]:
     """Evaluate a run; the final model goes to eval.json, another checkpoint to eval-step-K.json.

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from perencode import environment, identity, plugins
+from perencode import defaults, environment, identity, plugins
 from perencode.console import console
 from perencode.environment import now
 from perencode.errors import UserError
@@ -155,7 +155,7 @@ def _finite(value: Any) -> bool:
 
 
 def default_run_dir(recipe_path: str | Path, seed: int) -> Path:
-    return Path("runs") / Path(recipe_path).stem / f"seed-{seed}"
+    return defaults.RUNS / Path(recipe_path).stem / f"seed-{seed}"
 
 
 def read_recipe(run_dir: str | Path, any_kind: bool = False) -> Recipe:

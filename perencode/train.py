@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from perencode import identity, preflight, runs
+from perencode import defaults, identity, preflight, runs
 from perencode.console import console
 from perencode.device import resolve_device, set_parent_death_signal
 from perencode.io import WriteError, remove_stale_temps
@@ -140,7 +140,7 @@ def _check_health(run: runs.Run, pending: list[tuple[int, Tensor, Tensor | None]
             raise Diverged(run.dir, iteration, reason, run.diverged(iteration, reason))
 
 
-def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = "auto",
+def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = defaults.DEVICE,
           progress: bool = True, tensorboard: bool = False, force: bool = False,
           accept_code_change: bool = False) -> dict:
     """Train (or resume, or report complete) the run of `recipe` in `run_dir`.

@@ -90,7 +90,7 @@ def _run(group: str, compared: str, theirs: str,
 def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
                    train_shape: str = defaults.CROSSCHECK_SHAPE,
                    seeds: int = defaults.CROSSCHECK_SEEDS, iterations: int | None = None,
-                   device: str = "auto", progress: bool = True,
+                   device: str = defaults.DEVICE, progress: bool = True,
                    margin: float | None = None) -> int:
     """Run every check (and the training comparison with `train`, its equivalence margin
     `margin`, None: the shape's); returns the exit code."""
