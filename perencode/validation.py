@@ -10,7 +10,6 @@ from pydantic import BaseModel, ValidationError
 from rapidfuzz import process
 
 from perencode.errors import UserError
-from perencode.tagged import KindConfig
 
 
 def _model_at(model: type[BaseModel], path: list[str], data: Any = None) -> type[BaseModel] | None:
@@ -23,9 +22,11 @@ def _model_at(model: type[BaseModel], path: list[str], data: Any = None) -> type
         if not (isinstance(found, type) and issubclass(found, BaseModel)):
             return None
         data = data.get(part) if isinstance(data, dict) else None
-        if issubclass(found, KindConfig) and isinstance(data, dict):
+        # a kind's section (perencode.tagged.KindConfig) picks its class by its tag
+        section: Any = found
+        if hasattr(section, "class_for") and isinstance(data, dict):
             try:
-                found = found.class_for(found.named(data), any_kind=True)
+                found = section.class_for(section.named(data), any_kind=True)
             except ValueError:
                 pass
     return found

@@ -73,6 +73,7 @@ PLANTED = {
 
 @needs_authors
 @needs_timm
+@pytest.mark.slow  # 1-2 s each; the fast set keeps the loop's and the defaults' agreement
 @pytest.mark.parametrize("fault", PLANTED)
 def test_planted_loop_fault_disagrees(authors, monkeypatch, fault):
     name, replacement = PLANTED[fault]
@@ -84,6 +85,7 @@ def test_planted_loop_fault_disagrees(authors, monkeypatch, fault):
 
 @needs_authors
 @needs_timm
+@pytest.mark.slow  # 1-2 s each; the fast set keeps the loop's and the defaults' agreement
 def test_padded_outputs_counted_as_class_0_disagree(authors, monkeypatch):
     def loss_fn(model, batch, count_hits=False, chunk_logits=0):
         logits = model.head(session.output_features(model, batch))  # [B, T_out, K]
@@ -179,6 +181,7 @@ def test_a_changed_task_default_disagrees(authors, monkeypatch):
 
 
 @needs_authors
+@pytest.mark.slow  # 1-2 s each; the fast set keeps the loop's and the defaults' agreement
 def test_a_drifted_recipe_value_disagrees(authors, tmp_path):
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
     base = tmp_path / "recipes" / "gru_vocab256.toml"

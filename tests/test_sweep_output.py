@@ -193,6 +193,7 @@ def test_the_command_list_is_not_cut_without_rich():
             assert _flat(command.short_help) in listing, command.short_help
 
 
+@pytest.mark.slow  # two CPU doctor checks in child processes: about 5 s
 def test_the_doctors_own_runs_print_nothing(capsys):
     cpu = doctor.torch.device("cpu")
     recipe = doctor.small_recipe("gru", "sinusoidal", doctor.CPU_SIZE, iterations=4,
