@@ -34,6 +34,12 @@ def _train(out: Path, *extra: str, iterations: int = 40, progress: bool = False)
                             "task.length=6", "optim.warmup=2", *extra)]
 
 
+def _as_at_a_terminal() -> None:
+    """A child's hang-up as a terminal's process has it (the default: it ends the process),
+    whatever the test runner was started under (`nohup pytest` ignores it for its children)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _wait_for_training(proc: subprocess.Popen, run_dir: Path) -> None:
     t0 = time.time()
     while not (run_dir / "metrics.jsonl").exists():
@@ -113,7 +119,8 @@ def test_a_full_stdout_does_not_fail_a_finished_run(tmp_path):
 @pytest.mark.slow
 def test_a_hang_up_checkpoints_and_exits_as_sigterm_does(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen(_train(out, iterations=1_000_000), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_train(out, iterations=1_000_000), preexec_fn=_as_at_a_terminal,
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=subprocess_env())
     _wait_for_training(proc, out)
     proc.send_signal(signal.SIGHUP)
@@ -160,6 +167,7 @@ def test_a_hang_up_stops_a_sweep_and_its_worker_with_a_checkpoint(tmp_path):
     cell = tmp_path / "runs/g/seed=1"
     # Its own session: the hang-up reaches the sweep and its worker, as a terminal's does.
     sweep = subprocess.Popen(_sweep(grid, tmp_path / "runs"), start_new_session=True,
+                             preexec_fn=_as_at_a_terminal,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=subprocess_env())
     _wait_for_training(sweep, cell)
