@@ -44,6 +44,7 @@ import torch
 from perencode import defaults, kinds, preflight, runs
 from perencode.console import console
 from perencode.cost import Estimates, device_label
+from perencode.environment import perencode_command
 from perencode.grid import load_grid, repository_root
 from perencode.io import atomic_write_text
 from perencode.models import SequenceModel
@@ -241,8 +242,8 @@ def run_command(args: list[str]) -> str:
     """`perencode ARGS` run as a command, in a child process (the verbs the doctor checks
     are other commands: it runs them as a user does); its standard output. One that fails
     raises with its last line."""
-    done = subprocess.run([sys.executable, "-m", "perencode", *args], capture_output=True,
-                          text=True, timeout=3600)
+    done = subprocess.run([*perencode_command(), *args], capture_output=True, text=True,
+                          timeout=3600)
     if done.returncode != 0:
         last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
         raise RuntimeError(f"perencode {args[0]} exited {done.returncode}: {last}")

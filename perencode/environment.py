@@ -20,6 +20,17 @@ from perencode import plugins
 from perencode.device import available_cores
 
 PACKAGE_DIR = Path(perencode.__file__).resolve().parent
+
+
+def perencode_command() -> list[str]:
+    """How children run the perencode this process runs: the console script beside the
+    interpreter, else `python -m perencode`. The script puts its own folder first on
+    sys.path, where `-m` puts the working directory: a checkout there (a container started
+    with it mounted at /work) would otherwise run instead of the installed package."""
+    script = Path(sys.executable).with_name("perencode")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "perencode"]
+
+
 # Where the package is no git checkout (a wheel, a container image), the commit it was built
 # from can be given here; the Docker image sets it from a build argument.
 GIT_COMMIT_VARIABLE = "PERENCODE_GIT_COMMIT"

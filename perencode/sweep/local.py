@@ -20,20 +20,12 @@ from typing import Any
 
 from perencode import plugins, runs
 from perencode.device import available_cores, set_parent_death_signal, visible_gpus
+from perencode.environment import perencode_command
 from perencode.grid import Grid, SlurmConfig
 from perencode.lock import PARENT_ENV, describe, live_holder
 from perencode.sweep.board import Board, interrupted_line
 from perencode.sweep.options import SweepOptions
 from perencode.sweep.plan import PlannedRun, RunState, refresh
-
-
-def perencode_command() -> list[str]:
-    """How children run the perencode this process runs: the console script beside the
-    interpreter, else `python -m perencode`. The script puts its own folder first on
-    sys.path, where `-m` puts the working directory: a checkout there (a container started
-    with it mounted at /work) would otherwise run instead of the installed package."""
-    script = Path(sys.executable).with_name("perencode")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "perencode"]
 
 
 def _die_with(parent: int):
