@@ -48,6 +48,7 @@ from perencode.verdicts import (
     Checked,
     Outcome,
     check_claims,
+    paper_interval,
     reproduced,
 )
 
@@ -215,9 +216,11 @@ def _claims_table(outcomes: list[Outcome]) -> str:
     rows = "".join(
         f"<tr><td><b>{_e(o.claim.id)}</b><br>{_e(o.claim.statement)}</td>"
         f"<td>{_e(o.claim.paper)}</td><td>{_e(reproduced(o))}</td>"
+        f"<td>{_e(o.method)}</td><td>{_e(paper_interval(o))}</td>"
         f"<td>{_badge(o.verdict)}</td></tr>" for o in outcomes)
     return ('<table class="claims"><tr><th>claim</th><th>paper</th>'
-            f"<th>reproduced [95% CI]</th><th>verdict</th></tr>{rows}</table>")
+            "<th>reproduced [one-sided bounds]</th><th>decided by</th>"
+            f"<th>paper's bootstrap 95% CI</th><th>verdict</th></tr>{rows}</table>")
 
 
 def _cited_not_run(stem: str, checked: Checked) -> str:

@@ -43,7 +43,14 @@ from perencode.errors import UserError
 from perencode.naming import short_key
 from perencode.recipe import BOOKKEEPING, read_toml
 from perencode.results import Results, collect
-from perencode.stats import bootstrap_ci, bootstrap_diff_ci
+from perencode.stats import (
+    Test,
+    bootstrap_ci,
+    bootstrap_diff_ci,
+    difference_test,
+    mean_test,
+    seeds_to_decide,
+)
 from perencode.validation import validate_table
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
@@ -80,6 +87,12 @@ class Claim(BaseModel):
     expect: Any = Field(None, description="lowest: the value of `along` expected lowest.")
     than: str | None = Field(None, description="difference: id of the claim whose "
                              "difference this one's is compared with (in magnitude).")
+    level: float = Field(0.95, gt=0.5, lt=1.0, description="The verdict's confidence: a pass "
+                         "or a fail is a test at alpha = 1 - level (docs/claims.md#statistics).")
+    sides: Literal["one", "two"] = Field(
+        "one", description="one: pass and fail are each one-sided tests at 1 - level (the "
+        "claim's op names its side); two: at (1 - level) / 2 each, as 'a two-sided "
+        "interval lies on one side'.")
 
     @model_validator(mode="after")
     def _complete(self) -> Claim:
@@ -151,6 +164,7 @@ def select(df: pd.DataFrame, filters: dict[str, Any], source: str) -> pd.DataFra
             raise UserError(f"{source}: no column '{column}' to filter on"
                             f"{_did_you_mean(column, df.columns)}")
         values = df[column]
+        _same_kind(values, column, rule, source)
         if isinstance(rule, dict):
             keep = pd.Series(True, index=df.index)
             if "missing" in rule:
@@ -168,6 +182,43 @@ def select(df: pd.DataFrame, filters: dict[str, Any], source: str) -> pd.DataFra
             keep = values == rule
         df = df[keep]
     return df
+
+
+def _given(rule: Any) -> list:
+    """The values a filter compares with: the value, a list's items, min, max and not."""
+    if isinstance(rule, dict):
+        banned = rule.get("not", [])
+        return [rule[k] for k in ("min", "max") if k in rule] + (
+            banned if isinstance(banned, list) else [banned])
+    return rule if isinstance(rule, list) else [rule]
+
+
+def _same_kind(values: pd.Series, column: str, rule: Any, source: str) -> None:
+    """Text given for a column of numbers (or a number for a column of text) matches no run
+    ever: a usage error naming the values there, not a silent 'not run'."""
+    present = values.dropna()
+    if present.empty:
+        return
+    numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
+    texts = present.map(lambda v: isinstance(v, str)).all()
+    for given in _given(rule):
+        if numeric and isinstance(given, str):
+            raise UserError(f"{source}: {column} = '{given}' is text, but {column} holds "
+                            f"numbers ({_shown(_values(values))}): write it without quotes")
+        if texts and isinstance(given, (int, float)) and not isinstance(given, bool):
+            raise UserError(f"{source}: {column} = {given} is a number, but {column} holds "
+                            f"text ({_shown(_values(values))}): write it in quotes")
+
+
+def _value_hint(values: pd.Series, rule: Any) -> str | None:
+    """The value of the column closest to a text the filter wants and no row has."""
+    present = [v for v in _values(values) if isinstance(v, str)]
+    for wanted in _given(rule) if not isinstance(rule, dict) else []:
+        if isinstance(wanted, str) and wanted not in present:
+            close = difflib.get_close_matches(wanted, present, n=1)
+            if close:
+                return close[0]
+    return None
 
 
 def _did_you_mean(name: str, columns) -> str:
@@ -191,23 +242,10 @@ def _cells(df: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, np.ndarray]]:
     return [(k if isinstance(k, tuple) else (k,), g["value"].to_numpy()) for k, g in groups]
 
 
-def _stat(values: np.ndarray, statistic: str) -> tuple[float, float, float]:
-    if statistic == "mean":
-        return bootstrap_ci(values)
-    v = float(getattr(np, statistic)(values))
-    return v, math.nan, math.nan
-
-
-def _diff(a: np.ndarray, b: np.ndarray, statistic: str) -> tuple[float, float, float]:
-    if statistic == "mean":
-        return bootstrap_diff_ci(a, b)
-    return float(getattr(np, statistic)(a) - getattr(np, statistic)(b)), math.nan, math.nan
-
-
 def _groups(df: pd.DataFrame, claim: Claim, source: str) -> tuple[pd.DataFrame, list[str]]:
     """The rows the claim compares and the columns whose values make its groups: its cells
     (`by`, `along`) and, for a difference, the side (a or b) a row is on."""
-    keys = [k for k in (*claim.by, claim.along) if k is not None and k in df.columns]
+    keys = [k for k in (*claim.by, claim.along) if k is not None]
     if claim.test != "difference":
         return df, keys
     side = pd.Series(None, index=df.index, dtype=object)
@@ -291,17 +329,26 @@ def excluded(df: pd.DataFrame, filters: dict[str, Any], source: str) -> list[dic
     if not filters or failed.min() == 0:
         return []
     nearest = failed == failed.min()
-    return [{"field": column, "need": filters[column], "needs": _rule(filters[column]),
-             "have": _values(df.loc[nearest & ~keep, column]),
-             "runs": int(df.loc[nearest & ~keep, "run"].nunique())}
-            for column, keep in passes.items() if (nearest & ~keep).any()]
+    found = []
+    for column, keep in passes.items():
+        if (nearest & ~keep).any():
+            found.append({"field": column, "need": filters[column],
+                          "needs": _rule(filters[column]),
+                          "have": _values(df.loc[nearest & ~keep, column]),
+                          "runs": int(df.loc[nearest & ~keep, "run"].nunique())})
+            hint = _value_hint(df[column], filters[column])
+            if hint is not None:
+                found[-1]["did_you_mean"] = hint
+    return found
 
 
 def because(found: list[dict], group: str = "", shown: int = 3) -> str:
     """'need model.hidden_size = 512 (the nearest runs have 32), model.arch = lstm (gru)':
     the first `shown` fields (all of them are in verify.json's `excluded`)."""
     clauses = [f"{x['field']} {x['needs']} ({'the nearest runs have ' if i == 0 else ''}"
-               f"{_shown(x['have'])})" for i, x in enumerate(found[:shown])]
+               f"{_shown(x['have'])}"
+               + (f"; did you mean '{x['did_you_mean']}'?" if "did_you_mean" in x else "")
+               + ")" for i, x in enumerate(found[:shown])]
     more = len(found) - shown
     rest = f" and {more} more field{'s' * (more > 1)}" if more > 0 else ""
     who = f"group {group} needs" if group else "need"
@@ -314,15 +361,16 @@ def because(found: list[dict], group: str = "", shown: int = 3) -> str:
 
 PASS, FAIL, INCONCLUSIVE, NOT_RUN = "pass", "fail", "inconclusive", "not run"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE, NOT_RUN)
-ONE_SEED = "one run per group: no confidence interval, so no verdict"
+ONE_SEED = "one run per group: no spread to test with, so no verdict"
+POWER = 0.8  # of the seeds-to-decide calculation
 
 
 def three_way(holds, low: float, high: float) -> str:
-    """The verdict of a claim `holds(x)` about a quantity whose 95% CI is [low, high]:
-    pass when it holds over the whole interval, fail when it holds nowhere on it,
-    inconclusive when the interval straddles the claim's boundary. Only the two ends are
-    looked at, so `holds` must be monotone in x (a threshold `x OP value`); the tolerance
-    band of `approx`, which holds on an interval of x, is decided by `_near` instead."""
+    """The verdict of a claim `holds(x)` about a quantity known to lie in [low, high]
+    (each end a one-sided bound at the claim's level): pass when it holds over the whole
+    interval, fail when it holds nowhere on it, inconclusive when the interval straddles
+    the claim's boundary. Only the two ends are looked at, so `holds` must be monotone in x
+    (a threshold `x OP value`)."""
     at_low, at_high = holds(low), holds(high)
     if at_low and at_high:
         return PASS
@@ -332,15 +380,34 @@ def three_way(holds, low: float, high: float) -> str:
 
 
 class Scored(NamedTuple):
-    """One cell of a claim: its reproduced value, its CI and the verdict there."""
+    """One cell of a claim: its reproduced value, the test behind it and its p-values. The
+    cell passes when p_pass <= alpha (divided by the cells a union of them needs: `_verdict`)
+    and fails when p_fail <= alpha likewise."""
     cell: tuple
     value: float
-    low: float
+    low: float            # one-sided (1 - alpha) bounds; NaN without a t-test
     high: float
-    verdict: str   # pass, fail or inconclusive
-    margin: float  # how far inside (+) or outside (-) the claim the point estimate lies
-    runs: int
+    p_pass: float         # p-value of the claim (its negation rejected)
+    p_fail: float         # p-value of the claim's opposite
+    alpha: float          # the level each side is tested at (halved for bounded metrics)
+    method: str
+    n: tuple[int, ...]    # runs per group
+    margin: float         # how far inside (+) or outside (-) the claim the estimate lies
+    groups: tuple[np.ndarray, ...] = ()  # the per-run values tested (a, b) or (values,)
+    test: Test | None = None  # the t-test (or exact test) whose power an inconclusive needs
     note: str = ""
+
+    @property
+    def runs(self) -> int:
+        return sum(self.n)
+
+
+def _verdict_of(s: Scored, pass_cells: int = 1, fail_cells: int = 1) -> str:
+    if s.p_pass <= s.alpha / pass_cells:
+        return PASS
+    if s.p_fail <= s.alpha / fail_cells:
+        return FAIL
+    return INCONCLUSIVE
 
 
 @dataclass
@@ -348,21 +415,36 @@ class Outcome:
     claim: Claim
     verdict: str                     # pass, fail, inconclusive, not run
     value: float = math.nan          # the reproduced number the verdict rests on
-    low: float = math.nan
+    low: float = math.nan            # its one-sided (1 - alpha) bounds
     high: float = math.nan
-    shown: str = ""                  # value, CI and the cell it comes from, for people
+    shown: str = ""                  # value, bounds and the cell it comes from, for people
     coverage: str = ""
     note: str = ""                   # for a claim not run: the reason, in words
     cells: list[dict] = field(default_factory=list)
     excluded: list[dict] = field(default_factory=list)  # not run: the filters no run passes
     runs: list[str] = field(default_factory=list)       # the run directories it rests on
+    method: str = ""                 # how it was decided: test, sides, alpha, n, p
+    n: list[int] = field(default_factory=list)          # runs per group, deciding cell
+    alpha: float = math.nan          # each side's level as used in the deciding cell
+    p: float = math.nan              # p-value of the side that decided (or came nearest)
+    bootstrap: tuple[float, float] | None = None        # the paper's 95% CI, for comparison
+    seeds_to_decide: int | None = None
+    deciding: Scored | None = None   # the cell that decided (`than` reads it)
 
     def as_dict(self) -> dict:
         c = self.claim
+
+        def number(x: float) -> float | None:
+            return None if math.isnan(x) else x
+
         return {"id": c.id, "statement": c.statement, "source": c.source, "paper": c.paper,
                 "verdict": self.verdict, "reproduced": self.shown,
-                "value": None if math.isnan(self.value) else self.value,
-                "ci95": None if math.isnan(self.low) else [self.low, self.high],
+                "value": number(self.value),
+                "bounds": None if math.isnan(self.low) else [self.low, self.high],
+                "method": self.method, "n": self.n, "sides": c.sides, "level": c.level,
+                "alpha": number(self.alpha), "p": number(self.p),
+                "bootstrap95": None if self.bootstrap is None else list(self.bootstrap),
+                "seeds_to_decide": self.seeds_to_decide,
                 "coverage": self.coverage, "note": self.note, "cells": self.cells,
                 "excluded": self.excluded, "runs": self.runs}
 
@@ -387,6 +469,30 @@ def _coverage(claim: Claim, found: list[tuple]) -> str:
     return f"{len(found)}/{expected} cells" if len(found) < expected else ""
 
 
+def _known_columns(claim: Claim, columns, source: str) -> None:
+    """Every column the claim names exists in its table: a typo is a usage error with a
+    did-you-mean, never a crash or a misleading 'not run'."""
+    named = [("by", c) for c in claim.by] + [("along", claim.along)] * (claim.along is not None)
+    named += [(side, c) for side in ("a", "b") for c in getattr(claim, side)]
+    for where, column in named:
+        if column not in columns:
+            raise UserError(f"{source}: {where}: no column '{column}' in table "
+                            f"'{claim.table}'{_did_you_mean(str(column), columns)}")
+
+
+def _alpha(claim: Claim) -> float:
+    """Each side's level: a one-sided claim tests its side at 1 - level; sides = 'two'
+    splits it between both (the rule 'a two-sided interval lies on the claimed side')."""
+    return (1.0 - claim.level) / (2.0 if claim.sides == "two" else 1.0)
+
+
+def _bounded(rows: pd.DataFrame, metric: str) -> bool:
+    """A metric whose values all lie in [0, 1] (accuracies, rates) is treated as bounded:
+    skewed near its bounds (perencode.stats.mean_test)."""
+    values = pd.to_numeric(rows[metric], errors="coerce").dropna()
+    return bool(len(values)) and bool(values.between(0.0, 1.0).all())
+
+
 def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcome:
     source = f"claim {claim.id}"
     every = results.table(claim.table)
@@ -396,6 +502,7 @@ def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcom
     if rows.empty:  # e.g. no run wrote stability.csv: its columns do not exist either
         return _count_diverged(Outcome(claim, NOT_RUN, note=_no_table(claim.table, results)),
                                results)
+    _known_columns(claim, rows.columns, source)
     matched = select(rows, claim.where, source)
     if claim.metric not in matched.columns and not matched.empty:
         raise UserError(f"{source}: metric '{claim.metric}' is not a column of table "
@@ -418,20 +525,17 @@ def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcom
                        f"takes {_shown(values)}{' within ' + group if group else ''}; "
                        "narrow `where`")
     keys = claim.by + ([claim.along] if claim.along else [])
+    bounded = _bounded(rows, claim.metric)
     if claim.test == "difference":
-        outcome = _difference(claim, rows, done, source)
+        outcome = _difference(claim, rows, done, source, bounded)
     else:
         values = per_run(rows, keys, claim.metric)
         if claim.test in ("trend", "lowest"):
-            outcome = _along(claim, values)
+            outcome = _along(claim, values, bounded)
         else:
-            scored = []
-            for cell, vals in _cells(values, claim.by):
-                v, lo, hi = _stat(vals, claim.statistic)
-                if claim.test == "approx":
-                    scored.append(_near(claim, cell, (v, lo, hi), len(vals)))
-                else:
-                    scored.append(_against(claim, cell, (v, lo, hi), len(vals), len(vals)))
+            scored = [(_near if claim.test == "approx" else _threshold)(claim, cell, vals,
+                                                                        bounded)
+                      for cell, vals in _cells(values, claim.by)]
             outcome = _verdict(claim, scored)
     if outcome.verdict != NOT_RUN:  # a difference rests on its groups' runs alone
         outcome.runs = sorted(set(_groups(rows, claim, source)[0]["run"]))
@@ -458,66 +562,163 @@ def _no_table(table: str, results: Results) -> str:
     return f"none of the {finished} finished runs has rows of table '{table}'"
 
 
-def _near(claim: Claim, cell: tuple, estimate: tuple[float, float, float],
-          runs: int) -> Scored:
-    """approx: pass when the CI lies within value +- tolerance, fail when it lies wholly
-    outside, else inconclusive."""
-    v, lo, hi = estimate
-    if runs < 2:
-        return Scored(cell, v, lo, hi, INCONCLUSIVE, -abs(v - claim.value), runs, ONE_SEED)
-    low, high = _interval(estimate)
+def _observed(claim: Claim, cell: tuple, value: float, holds: bool, n: tuple[int, ...],
+              margin: float, groups: tuple[np.ndarray, ...]) -> Scored:
+    """min / max over seeds: a statement about these seeds, decided on the value itself."""
+    return Scored(cell, value, math.nan, math.nan, 0.0 if holds else 1.0,
+                  1.0 if holds else 0.0, _alpha(claim),
+                  f"observed {claim.statistic} over the seeds (no test)", n, margin, groups)
+
+
+def _one_seed(claim: Claim, cell: tuple, value: float, n: tuple[int, ...], margin: float,
+              groups: tuple[np.ndarray, ...]) -> Scored:
+    return Scored(cell, value, math.nan, math.nan, 1.0, 1.0, _alpha(claim), "none", n,
+                  margin, groups, note=ONE_SEED)
+
+
+def _from_test(claim: Claim, cell: tuple, test: Test, groups: tuple[np.ndarray, ...]) -> Scored:
+    """A cell decided by a test of `quantity OP value`."""
+    up = claim.op in (">", ">=")
+    p_pass, p_fail = (test.p_above, test.p_below) if up else (test.p_below, test.p_above)
+    exact = test.method.startswith("exact")
+    low, high = (math.nan, math.nan) if exact else (test.low, test.high)
+    margin = (test.estimate - claim.value) * (1 if up else -1)
+    return Scored(cell, test.estimate, low, high, p_pass, p_fail, test.alpha, test.method,
+                  test.n, margin, groups, test)
+
+
+def _threshold(claim: Claim, cell: tuple, values: np.ndarray, bounded: bool) -> Scored:
+    """statistic(values) OP value: Student's t for the mean (perencode.stats.mean_test)."""
+    up = claim.op in (">", ">=")
+    if claim.statistic != "mean":
+        v = float(getattr(np, claim.statistic)(values))
+        return _observed(claim, cell, v, OPS[claim.op](v, claim.value), (len(values),),
+                         (v - claim.value) * (1 if up else -1), (values,))
+    if len(values) < 2:
+        v = float(values.mean())
+        return _one_seed(claim, cell, v, (len(values),), (v - claim.value) * (1 if up else -1),
+                         (values,))
+    return _from_test(claim, cell, mean_test(values, claim.value, _alpha(claim), bounded),
+                      (values,))
+
+
+def _compare(claim: Claim, cell: tuple, a: np.ndarray, b: np.ndarray,
+             bounded: bool) -> Scored:
+    """statistic(a) - statistic(b) OP value: Welch's t for means
+    (perencode.stats.difference_test)."""
+    up = claim.op in (">", ">=")
+    if claim.statistic != "mean":
+        stat = getattr(np, claim.statistic)
+        d = float(stat(a) - stat(b))
+        return _observed(claim, cell, d, OPS[claim.op](d, claim.value), (len(a), len(b)),
+                         (d - claim.value) * (1 if up else -1), (a, b))
+    if min(len(a), len(b)) < 2:
+        d = float(a.mean() - b.mean())
+        return _one_seed(claim, cell, d, (len(a), len(b)),
+                         (d - claim.value) * (1 if up else -1), (a, b))
+    return _from_test(claim, cell, difference_test(a, b, claim.value, _alpha(claim), bounded),
+                      (a, b))
+
+
+def _near(claim: Claim, cell: tuple, values: np.ndarray, bounded: bool) -> Scored:
+    """approx: two one-sided tests (TOST): pass when the mean is shown above value -
+    tolerance and below value + tolerance, each at alpha; fail when it is shown outside the
+    band on either side (each side at alpha / 2: a union of two tests). min / max decide on
+    the value itself."""
     band = (claim.value - claim.tolerance, claim.value + claim.tolerance)
-    if band[0] <= low and high <= band[1]:
-        verdict = PASS
-    elif high < band[0] or low > band[1]:
-        verdict = FAIL
-    else:
-        verdict = INCONCLUSIVE
-    return Scored(cell, v, lo, hi, verdict, -abs(v - claim.value), runs)
-
-
-def _interval(estimate: tuple[float, float, float]) -> tuple[float, float]:
-    """The CI of an estimate; min/max over seeds have none and decide on the value itself
-    (a claim about every seed, not about a mean)."""
-    v, lo, hi = estimate
-    return (v, v) if math.isnan(lo) else (lo, hi)
-
-
-def _against(claim: Claim, cell: tuple, estimate: tuple[float, float, float], seeds: int,
-             runs: int) -> Scored:
-    """A cell's (value, low, high) compared with the claim's `op value`; `seeds` is the
-    smallest number of runs behind one side of the estimate."""
-    v, lo, hi = estimate
-    margin = (v - claim.value) * (1 if claim.op in (">", ">=") else -1)
-    if seeds < 2:
-        return Scored(cell, v, lo, hi, INCONCLUSIVE, margin, runs, ONE_SEED)
-    verdict = three_way(lambda x: OPS[claim.op](x, claim.value), *_interval(estimate))
-    return Scored(cell, v, lo, hi, verdict, margin, runs)
+    v = float(getattr(np, claim.statistic)(values))
+    margin = -abs(v - claim.value)
+    if claim.statistic != "mean":
+        return _observed(claim, cell, v, band[0] <= v <= band[1], (len(values),), margin,
+                         (values,))
+    if len(values) < 2:
+        return _one_seed(claim, cell, v, (len(values),), margin, (values,))
+    alpha = _alpha(claim)
+    lower, upper = (mean_test(values, edge, alpha, bounded) for edge in band)
+    p_pass = max(lower.p_above, upper.p_below)
+    p_fail = 2 * min(lower.p_below, upper.p_above)
+    exact = lower.method.startswith("exact")
+    low, high = (math.nan, math.nan) if exact else (lower.low, upper.high)
+    nearer = lower if v - band[0] < band[1] - v else upper
+    return Scored(cell, v, low, high, p_pass, p_fail, lower.alpha, f"{lower.method} (two "
+                  "one-sided tests against value +- tolerance)", (len(values),), margin,
+                  (values,), nearer)
 
 
 RANK = {FAIL: 0, INCONCLUSIVE: 1, PASS: 2}
 
 
 def _verdict(claim: Claim, scored: list[Scored]) -> Outcome:
-    """Combine the cells: 'all' passes when every cell passes and fails when one fails;
-    'any' passes when one passes and fails when all fail; else inconclusive. The cell
-    shown is the one that decides (the worst for 'all', the best for 'any')."""
-    if claim.cells == "all":
-        pick = min(scored, key=lambda s: (RANK[s.verdict], s.margin))
-    elif claim.cells == "any":
-        pick = max(scored, key=lambda s: (RANK[s.verdict], s.margin))
-    else:
-        pick = scored[0] if claim.cells == "first" else scored[-1]
+    """Combine the cells. 'all' passes when every cell passes (an intersection of tests at
+    alpha each keeps alpha) and fails when one fails at alpha / k (Bonferroni over the k
+    cells); 'any' passes when one passes at alpha / k and fails when all fail; 'first' and
+    'last' are 'all' over the cells at the first / last value of `by[0]`. The cell shown is
+    the one that decides (the worst for 'all', the best for 'any')."""
+    chosen = scored
+    if claim.cells in ("first", "last") and claim.by:
+        edge = (scored[0] if claim.cells == "first" else scored[-1]).cell[0]
+        chosen = [s for s in scored if s.cell[0] == edge]
+    k = len(chosen)
+    pass_cells, fail_cells = (k, 1) if claim.cells == "any" else (1, k)
+    verdicts = [_verdict_of(s, pass_cells, fail_cells) for s in chosen]
+    ranked = list(zip(verdicts, chosen))
+    key = lambda item: (RANK[item[0]], item[1].margin)  # noqa: E731
+    verdict, pick = (max if claim.cells == "any" else min)(ranked, key=key)
     where = _describe(claim.by, pick.cell)
-    details = [{"cell": _describe(claim.by, s.cell), "value": s.value, "low": s.low,
-                "high": s.high, "runs": s.runs, "verdict": s.verdict} for s in scored]
-    return Outcome(claim, pick.verdict, pick.value, pick.low, pick.high,
-                   _fmt(pick.value, pick.low, pick.high) + (f" ({where})" if where else ""),
-                   _coverage(claim, [s.cell for s in scored]), note=pick.note, cells=details)
+    details = [{"cell": _describe(claim.by, s.cell), "value": s.value,
+                "bounds": None if math.isnan(s.low) else [s.low, s.high],
+                "n": list(s.n), "runs": s.runs, "p": s.p_pass,
+                "verdict": _verdict_of(s, pass_cells, fail_cells) if s in chosen else "-"}
+               for s in scored]
+    outcome = Outcome(claim, verdict, pick.value, pick.low, pick.high,
+                      _fmt(pick.value, pick.low, pick.high) + (f" ({where})" if where else ""),
+                      _coverage(claim, [s.cell for s in scored]), note=pick.note,
+                      cells=details)
+    return _explain(outcome, pick, k if claim.cells != "any" else k, claim.cells)
+
+
+def _explain(outcome: Outcome, pick: Scored, k: int, cells: str) -> Outcome:
+    """Name how the verdict was decided (method, sides, alpha, n, p), the paper's bootstrap
+    interval beside it, and for an inconclusive verdict the seeds that would decide it."""
+    claim = outcome.claim
+    outcome.deciding, outcome.n, outcome.alpha = pick, list(pick.n), pick.alpha
+    decided = outcome.verdict != INCONCLUSIVE or pick.note == ONE_SEED
+    p = pick.p_fail if outcome.verdict == FAIL else pick.p_pass
+    outcome.p = p if pick.note != ONE_SEED and not pick.method.startswith("observed") \
+        else math.nan
+    n = " + ".join(map(str, pick.n)) if len(pick.n) > 1 else str(pick.n[0])
+    if pick.method.startswith("observed"):
+        outcome.method = f"{pick.method}, n = {n}"
+    elif pick.note == ONE_SEED:
+        outcome.method = f"no test: one run per group (n = {n})"
+    else:
+        parts = [pick.method, "one-sided", f"alpha = {pick.alpha:.3g}"]
+        if pick.test is not None and pick.test.bounded and not pick.method.startswith("exact"):
+            parts[-1] += " (metric in [0, 1]: halved)"
+        parts += [f"n = {n}", f"p = {outcome.p:.2g}"]
+        if k > 1:
+            parts.append(f"{k} cells: {'pass' if cells == 'any' else 'fail'} at alpha / {k}")
+        outcome.method = ", ".join(parts)
+    if claim.statistic == "mean" and len(pick.groups) in (1, 2) and all(
+            len(g) for g in pick.groups) and claim.test != "lowest":
+        ci = bootstrap_ci(pick.groups[0]) if len(pick.groups) == 1 else bootstrap_diff_ci(
+            pick.groups[0], pick.groups[1])
+        outcome.bootstrap = (ci[1], ci[2])
+    if not decided and pick.test is not None:
+        outcome.seeds_to_decide = seeds_to_decide(pick.test, POWER)
+        per = " per group" if len(pick.n) > 1 else ""
+        said = (f"about {outcome.seeds_to_decide} runs{per} would decide it"
+                if outcome.seeds_to_decide else "no number of runs up to 1,000 would decide it")
+        said += (f" (power calculation: {POWER:.0%} power at alpha = {pick.test.alpha:.3g} "
+                 "if the observed difference and spread were the truth)")
+        outcome.note = f"{outcome.note}; {said}" if outcome.note else said
+    elif pick.note == ONE_SEED:
+        outcome.note = f"{ONE_SEED}; at least 2 runs per group are needed"
+    return outcome
 
 
 def _difference(claim: Claim, rows: pd.DataFrame, done: dict[str, Outcome],
-                source: str) -> Outcome:
+                source: str, bounded: bool) -> Outcome:
     a = per_run(select(rows, claim.a, source), claim.by, claim.metric)
     b = per_run(select(rows, claim.b, source), claim.by, claim.metric)
     if a.empty or b.empty:
@@ -526,13 +727,12 @@ def _difference(claim: Claim, rows: pd.DataFrame, done: dict[str, Outcome],
         return Outcome(claim, NOT_RUN, note=because(found, missing) or
                        f"no finished run in group {missing}", excluded=found)
     b_cells = dict(_cells(b, claim.by))
-    scored = [_against(claim, cell, _diff(vals, b_cells[cell], claim.statistic),
-                       min(len(vals), len(b_cells[cell])), len(vals) + len(b_cells[cell]))
+    scored = [_compare(claim, cell, vals, b_cells[cell], bounded)
               for cell, vals in _cells(a, claim.by) if cell in b_cells]
     if not scored:
         return Outcome(claim, NOT_RUN, note="groups a and b share no cell")
     if claim.than is not None:
-        return _than(claim, scored, done.get(claim.than))
+        return _than(claim, scored, done.get(claim.than), bounded)
     return _verdict(claim, scored)
 
 
@@ -545,54 +745,87 @@ def _abs_interval(low: float, high: float) -> tuple[float, float]:
     return 0.0, max(-low, high)
 
 
-def _than(claim: Claim, scored: list[Scored], other: Outcome | None) -> Outcome:
-    """|this difference| - |the other claim's deciding difference| OP value. Its interval
-    combines the two CIs end to end (wider than a joint CI: a pass is certain)."""
-    if claim.cells in ("all", "any") and len(scored) > 1:
-        raise UserError(f"claim {claim.id}: with `than`, set cells = 'first' or 'last' (or "
-                        "narrow `where` to one cell)")
-    if other is None or other.verdict == NOT_RUN:
+def _than(claim: Claim, scored: list[Scored], other: Outcome | None,
+          bounded: bool) -> Outcome:
+    """|this difference| - |the other claim's deciding difference| OP value. Each
+    difference gets Welch bounds at alpha / 4 per end, and the range of |d1| - |d2| over
+    them is the interval decided on (Bonferroni over the four ends: the claim's alpha
+    holds, conservatively)."""
+    chosen = scored
+    if claim.cells in ("first", "last") and claim.by:
+        edge = (scored[0] if claim.cells == "first" else scored[-1]).cell[0]
+        chosen = [s for s in scored if s.cell[0] == edge]
+    if len(chosen) > 1:
+        raise UserError(f"claim {claim.id}: with `than`, the claim must decide in one cell "
+                        "(set cells = 'first' or 'last' over one `by` column, or narrow "
+                        "`where`)")
+    if other is None or other.verdict == NOT_RUN or other.deciding is None:
         why = f" ({other.note})" if other is not None and other.note else ""
         return Outcome(claim, NOT_RUN, note=f"claim {claim.than} was not run{why}")
-    pick = scored[-1] if claim.cells == "last" else scored[0]
-    d, v = pick.value, abs(pick.value) - abs(other.value)
-    mine = _abs_interval(*_interval((pick.value, pick.low, pick.high)))
-    theirs = _abs_interval(*_interval((other.value, other.low, other.high)))
-    low, high = mine[0] - theirs[1], mine[1] - theirs[0]
-    holds = lambda x: OPS[claim.op](x, claim.value)  # noqa: E731
-    one_seed = pick.note == ONE_SEED or other.note == ONE_SEED
-    where = _describe(claim.by, pick.cell)
-    return Outcome(claim, INCONCLUSIVE if one_seed else three_way(holds, low, high), v, low,
-                   high, shown=f"|{d:.4g}|{' (' + where + ')' if where else ''} - "
-                   f"|{other.value:.4g}| ({claim.than}) = {_fmt(v, low, high)}",
-                   note=ONE_SEED if one_seed else "")
-
-
-def _lowest(claim: Claim, cell: tuple, series: dict) -> Scored:
-    """`expect` has the lowest statistic of the values of `along`: pass when its CI lies
-    below every other value's CI, fail when another's CI lies below its own."""
-    stats = {k: _stat(vals, claim.statistic) for k, vals in series.items()}
-    expected = next((k for k in stats if str(k) == str(claim.expect)), None)
-    others = [k for k in stats if k != expected]
-    runs = sum(map(len, series.values()))
-    if expected is None or not others:
-        return Scored(cell, math.nan, math.nan, math.nan, FAIL, -math.inf, runs,
-                      f"no run at {claim.along} = {claim.expect}")
-    low, high = _interval(stats[expected])
-    nearest = min(others, key=lambda k: stats[k][0])
-    gap = stats[nearest][0] - stats[expected][0]
-    if min(len(vals) for vals in series.values()) < 2:
-        return Scored(cell, gap, math.nan, math.nan, INCONCLUSIVE, gap, runs, ONE_SEED)
-    if all(high < _interval(stats[k])[0] for k in others):
-        verdict = PASS
-    elif any(_interval(stats[k])[1] < low for k in others):
-        verdict = FAIL
+    pick, theirs = chosen[0], other.deciding
+    d, v = pick.value, abs(pick.value) - abs(theirs.value)
+    alpha = _alpha(claim) / 4
+    one_seed = pick.note == ONE_SEED or theirs.note == ONE_SEED
+    if claim.statistic != "mean" or one_seed:
+        low = high = v
+        method = (f"observed {claim.statistic} over the seeds (no test)" if not one_seed
+                  else "no test: one run per group")
     else:
-        verdict = INCONCLUSIVE
-    return Scored(cell, gap, math.nan, math.nan, verdict, gap, runs)
+        mine_t, their_t = (difference_test(s.groups[0], s.groups[1], 0.0, alpha, bounded)
+                           for s in (pick, theirs))
+        mine = _abs_interval(*((mine_t.estimate,) * 2 if mine_t.method.startswith("exact")
+                               else (mine_t.low, mine_t.high)))
+        their = _abs_interval(*((their_t.estimate,) * 2 if their_t.method.startswith("exact")
+                                else (their_t.low, their_t.high)))
+        low, high = mine[0] - their[1], mine[1] - their[0]
+        method = (f"{mine_t.method} bounds of both differences at alpha / 4 = "
+                  f"{mine_t.alpha:.3g} per end, combined (Bonferroni), n = "
+                  f"{' + '.join(map(str, pick.n))} and {' + '.join(map(str, theirs.n))}")
+    holds = lambda x: OPS[claim.op](x, claim.value)  # noqa: E731
+    where = _describe(claim.by, pick.cell)
+    return Outcome(claim, INCONCLUSIVE if one_seed else three_way(holds, low, high), v,
+                   low if low != high else math.nan, high if low != high else math.nan,
+                   shown=f"|{d:.4g}|{' (' + where + ')' if where else ''} - "
+                   f"|{theirs.value:.4g}| ({claim.than}) = {_fmt(v, low, high)}",
+                   note=ONE_SEED if one_seed else "", method=method,
+                   n=[*pick.n, *theirs.n], alpha=_alpha(claim))
 
 
-def _along(claim: Claim, values: pd.DataFrame) -> Outcome:
+def _lowest(claim: Claim, cell: tuple, series: dict, bounded: bool) -> Scored:
+    """`expect` has the lowest statistic of the values of `along`: every other value's mean
+    minus the expected one's is tested > 0 (Welch). Pass when all are shown above (an
+    intersection of tests, alpha each), fail when one is shown below (a union: alpha /
+    (k - 1) each). min / max decide on the values themselves."""
+    stat = getattr(np, claim.statistic)
+    expected = next((k for k in series if str(k) == str(claim.expect)), None)
+    others = [k for k in series if k != expected]
+    runs = tuple(len(series[k]) for k in series)
+    if expected is None or not others:
+        return Scored(cell, math.nan, math.nan, math.nan, 1.0, 0.0, _alpha(claim), "none",
+                      runs, -math.inf, note=f"no run at {claim.along} = {claim.expect}")
+    nearest = min(others, key=lambda k: float(stat(series[k])))
+    gap = float(stat(series[nearest]) - stat(series[expected]))
+    n = (len(series[nearest]), len(series[expected]))
+    groups = (series[nearest], series[expected])
+    if claim.statistic != "mean":
+        holds = all(float(stat(series[k])) > float(stat(series[expected])) for k in others)
+        shown = any(float(stat(series[k])) < float(stat(series[expected])) for k in others)
+        return Scored(cell, gap, math.nan, math.nan, 0.0 if holds else 1.0,
+                      0.0 if shown else 1.0, _alpha(claim),
+                      f"observed {claim.statistic} over the seeds (no test)", n, gap, groups)
+    if min(len(v) for v in series.values()) < 2:
+        return _one_seed(claim, cell, gap, n, gap, groups)
+    tests = {k: difference_test(series[k], series[expected], 0.0, _alpha(claim), bounded)
+             for k in others}
+    p_pass = max(t.p_above for t in tests.values())
+    p_fail = min(t.p_below for t in tests.values()) * len(others)
+    deciding = max(tests.values(), key=lambda t: t.p_above)
+    return Scored(cell, gap, math.nan, math.nan, p_pass, min(1.0, p_fail),
+                  tests[nearest].alpha, f"{tests[nearest].method} of each other value "
+                  f"against {claim.expect} ({len(others)} tests)", n, gap, groups, deciding)
+
+
+def _along(claim: Claim, values: pd.DataFrame, bounded: bool) -> Outcome:
     assert claim.along is not None  # Claim requires it for trend and lowest
     scored = []
     for cell, part in (values.groupby(claim.by, dropna=False, sort=True) if claim.by
@@ -601,11 +834,9 @@ def _along(claim: Claim, values: pd.DataFrame) -> Outcome:
         series = {key[0]: vals for key, vals in _cells(part, [claim.along])}
         order = sorted(series)
         if claim.test == "lowest":
-            scored.append(_lowest(claim, cell, series))
+            scored.append(_lowest(claim, cell, series, bounded))
         elif len(order) >= 2:
-            first, last = series[order[0]], series[order[-1]]
-            scored.append(_against(claim, cell, _diff(last, first, claim.statistic),
-                                   min(len(first), len(last)), len(first) + len(last)))
+            scored.append(_compare(claim, cell, series[order[-1]], series[order[0]], bounded))
     if not scored:
         return Outcome(claim, NOT_RUN, note=f"fewer than two values of {claim.along}")
     outcome = _verdict(claim, scored)
@@ -614,17 +845,31 @@ def _along(claim: Claim, values: pd.DataFrame) -> Outcome:
     return outcome
 
 
-RULE = ("Verdicts: pass when the 95% CI of the reproduced value lies entirely on the claimed "
-        "side of the threshold, fail when it lies entirely on the other side, inconclusive "
-        "when it straddles the threshold or a group has a single run (no CI). Reproduced "
-        "values: mean over seeds [95% percentile-bootstrap CI, 10,000 resamples] in the "
-        "deciding cell; min/max over seeds have no CI and decide on the value itself.")
+RULE = ("Verdicts are one-sided tests at each claim's level (default 95%: alpha = 0.05 on "
+        "each side): pass when the test of the claim rejects its negation, fail when the "
+        "test of the opposite rejects the claim, inconclusive otherwise. Means over seeds: "
+        "Student's t against a threshold, Welch's t for a difference or a trend (last minus "
+        "first value); constant cells: the exact sign or permutation test; metrics in "
+        "[0, 1]: alpha halved, and a threshold's variance taken at the threshold (skew near "
+        "a bound). Several cells: 'all' passes when every cell passes and fails when one "
+        "fails at alpha / k (Bonferroni); 'any' the reverse. Reproduced: value [one-sided "
+        "1 - alpha bounds] in the deciding cell; the paper's 95% percentile bootstrap "
+        "(10,000 resamples) is shown beside it for comparison and decides nothing. min/max "
+        "over seeds are statements about these seeds and decide on the value itself. "
+        "Inconclusive: the runs per group that would decide it (power calculation). "
+        "Figures' error bars follow the paper: the 95% percentile bootstrap of the mean over "
+        "seeds.")
 
 
 def reproduced(o: Outcome) -> str:
-    """The reproduced value for people: value [CI] (deciding cell) (coverage; note)."""
+    """The reproduced value for people: value [bounds] (deciding cell) (coverage; note)."""
     extra = "; ".join(x for x in (o.coverage, o.note) if x)
     return (o.shown or "-") + (f" ({extra})" if extra else "")
+
+
+def paper_interval(o: Outcome) -> str:
+    """The paper's method beside the verdict: its 95% percentile-bootstrap CI."""
+    return "-" if o.bootstrap is None else f"[{o.bootstrap[0]:.4g}, {o.bootstrap[1]:.4g}]"
 
 
 @dataclass
@@ -685,4 +930,8 @@ def check_claims(runs: list[Path], claims: str | Path = defaults.CLAIMS,
             done[claim.id] = evaluate(claim, results, done)
         except UserError as exc:  # a column the claim names that the runs lack
             raise UserError(f"{claims_path}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - exit 1 means "a claim fails", never a crash
+            raise UserError(f"{claims_path}: claim {claim.id} could not be evaluated "
+                            f"({type(exc).__name__}: {exc}); please report it with the "
+                            "claims file") from exc
     return Checked(claims_path, [done[c.id] for c in parsed], results)

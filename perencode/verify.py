@@ -26,6 +26,7 @@ from perencode.verdicts import (
     Checked,
     Outcome,
     check_claims,
+    paper_interval,
     reproduced,
 )
 
@@ -46,10 +47,11 @@ def report_markdown(checked: Checked, run_paths: list[Path]) -> str:
     lines = [f"# Claims of {checked.claims_path} checked against "
              f"{', '.join(map(str, run_paths))}", "", checked.summary(), "", RULE, ""]
     if checked.decided:
-        lines += ["| claim | statement | paper | reproduced | verdict |",
-                  "|---|---|---|---|---|"]
+        lines += ["| claim | statement | paper | reproduced [one-sided bounds] | decided by | "
+                  "paper's bootstrap 95% CI | verdict |", "|---|---|---|---|---|---|---|"]
         for o in in_report_order(checked.decided):
-            cells = (o.claim.id, o.claim.statement, o.claim.paper, reproduced(o), o.verdict)
+            cells = (o.claim.id, o.claim.statement, o.claim.paper, reproduced(o), o.method,
+                     paper_interval(o), o.verdict)
             lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
         lines.append("")
     groups = checked.not_run()
@@ -88,11 +90,12 @@ def _print(checked: Checked) -> None:
     console.print(checked.summary(), highlight=False)
     if checked.decided:
         table = Table(title=f"claims of {checked.claims_path}")
-        for col in ("claim", "paper", "reproduced (95% CI)", "verdict"):
+        for col in ("claim", "paper", "reproduced [one-sided bounds]", "decided by",
+                    "verdict"):
             table.add_column(col, overflow="fold")
         for o in in_report_order(checked.decided):
             table.add_row(f"{o.claim.id}: {o.claim.statement}", o.claim.paper,
-                          reproduced(o), f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}")
+                          reproduced(o), o.method, f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}")
         console.print(table)
     for reason, group in checked.not_run():
         console.print(f"[yellow]not run[/] ({len(group)}): {escape(reason)}\n    "
