@@ -483,7 +483,7 @@ def _known_columns(claim: Claim, columns, source: str) -> None:
 def _alpha(claim: Claim) -> float:
     """Each side's level: a one-sided claim tests its side at 1 - level; sides = 'two'
     splits it between both (the rule 'a two-sided interval lies on the claimed side')."""
-    return (1.0 - claim.level) / (2.0 if claim.sides == "two" else 1.0)
+    return round(1.0 - claim.level, 12) / (2.0 if claim.sides == "two" else 1.0)
 
 
 def _bounded(rows: pd.DataFrame, metric: str) -> bool:

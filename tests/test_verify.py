@@ -433,3 +433,96 @@ def test_the_nearest_runs_decide_the_reason():
                      {"field": "task.length", "need": 64, "needs": "= 64", "have": [16],
                       "runs": 1}]
     assert excluded(df, {"model.arch": "lstm"}, "test") == []  # run c passes
+
+
+# -- claims mean what docs/claims.md says (issue 43's three claims files) -------------------
+
+@pytest.fixture(scope="module")
+def first_cell_runs(tmp_path_factory):
+    """K = 32 and 64, three encodings, three seeds: at K = 32 learnable PE is above 95% on
+    every seed, sinusoidal straddles it, vanilla is far below."""
+    root = tmp_path_factory.mktemp("first")
+    accuracies = {(32, "learnable"): (0.99, 0.992, 0.994), (32, "sinusoidal"): (0.93, 0.96, 0.99),
+                  (32, "none"): (0.50, 0.52, 0.54), (64, "learnable"): (0.985, 0.99, 0.995),
+                  (64, "sinusoidal"): (0.985, 0.99, 0.995), (64, "none"): (0.30, 0.32, 0.34)}
+    for (k, enc), accs in accuracies.items():
+        for seed, acc in zip((111, 222, 333), accs):
+            fake_run(root, f"{k}/{enc}/{seed}", encoding=enc, vocab=k, seed=seed,
+                     metrics={"token_accuracy": acc, "dl_distance": 1.0})
+    return root
+
+
+FIRST = '''
+[[claim]]
+id = "first"
+statement = "every encoding above 95% at the smallest K"
+where = { "task.name" = "reverse" }
+metric = "token_accuracy"
+by = ["task.vocab_size", "encoding.kind"]
+cells = "first"
+test = "threshold"
+value = 0.95
+'''
+
+
+def test_cells_first_decides_over_every_cell_at_the_first_value(first_cell_runs, tmp_path):
+    """Before: 'first' took the first cell only ((32, learnable): pass) though vanilla fails
+    at K = 32. Now every cell at K = 32 counts: one fails, so the claim fails."""
+    (outcome,) = check_claims([first_cell_runs], write(tmp_path, FIRST)).outcomes
+    assert outcome.verdict == "fail"
+    assert "vocab_size=32, encoding=none" in outcome.shown
+    deciding = {c["cell"]: c["verdict"] for c in outcome.cells if c["verdict"] != "-"}
+    assert deciding == {"vocab_size=32, encoding=learnable": "pass",
+                        "vocab_size=32, encoding=none": "fail",
+                        "vocab_size=32, encoding=sinusoidal": "inconclusive"}
+    assert "3 cells: fail at alpha / 3" in outcome.method
+    (last,) = check_claims([first_cell_runs], write(tmp_path, FIRST.replace(
+        '"first"', '"last"').replace('where = { "task.name" = "reverse" }',
+                                     'where = { "encoding.kind" = ["learnable", "sinusoidal"] }')
+    )).outcomes
+    assert last.verdict == "pass" and "vocab_size=64" in last.shown
+
+
+@pytest.mark.parametrize("field, text", [
+    ("by", 'by = ["task.vocab_sise"]'),
+    ("by", 'by = ["task.vocab_sise"]\nwhere = { "task.vocab_size" = 32 }'),  # was a KeyError
+    ("along", 'test = "trend"\nalong = "task.vocab_sise"'),
+    ("a", 'test = "difference"\na = { "encoding.kid" = "sinusoidal" }\n'
+          'b = { "encoding.kind" = "none" }'),
+])
+def test_an_unknown_column_is_one_line_and_exit_2(first_cell_runs, tmp_path, cli, field, text):
+    """Before: a typo in `by` crashed with KeyError (exit 1, the code of a failed claim), and
+    on runs of two sizes said 'narrow `where`'."""
+    claim = ('[[claim]]\nid = "typo"\nstatement = "a typo in a column name"\n'
+             'metric = "token_accuracy"\n' + text + "\n")
+    if "where =" not in text:
+        claim += 'where = { "task.name" = "reverse" }\n'
+    if "test =" not in text:
+        claim += 'test = "threshold"\nvalue = 0.5\n'
+    code, output = cli("verify", first_cell_runs, "--claims", write(tmp_path, claim), "--out",
+                       tmp_path / "out")
+    assert code == 2, output
+    line = output.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert f"claim typo: {field}: no column" in line or "no column 'encoding.kid'" in line
+    assert "did you mean 'task.vocab_size'?" in line or "did you mean 'encoding.kind'?" in line
+
+
+def test_a_filter_value_no_run_has_names_the_values_there(first_cell_runs, tmp_path, cli):
+    """Before: "gur" gave 'not run' with no hint, and "16" (text) for a number was taken as a
+    value no run has."""
+    claim = ('[[claim]]\nid = "value"\nstatement = "a typo in a value"\nmetric = '
+             '"token_accuracy"\ntest = "threshold"\nvalue = 0.5\nwhere = {{ {} }}\n')
+    (outcome,) = check_claims([first_cell_runs], write(tmp_path, claim.format(
+        '"model.arch" = "gur"'))).outcomes
+    assert outcome.verdict == "not run"
+    assert outcome.note == "need model.arch = gur (the nearest runs have gru; did you mean " \
+                           "'gru'?)"
+    code, output = cli("verify", first_cell_runs, "--claims", write(tmp_path, claim.format(
+        '"task.vocab_size" = "16"')), "--out", tmp_path / "out")
+    assert code == 2
+    assert ("claim value: task.vocab_size = '16' is text, but task.vocab_size holds numbers "
+            "(32, 64): write it without quotes") in " ".join(output.split())
+    code, output = cli("verify", first_cell_runs, "--claims", write(tmp_path, claim.format(
+        '"model.arch" = 3')), "--out", tmp_path / "out")
+    assert code == 2 and "model.arch = 3 is a number, but model.arch holds text" in output
