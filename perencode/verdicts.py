@@ -72,7 +72,8 @@ class Claim(BaseModel):
     statistic: Literal["mean", "min", "max"] = Field("mean", description="Over runs (seeds).")
     by: list[str] = Field([], description="Columns whose values make the cells.")
     cells: Literal["all", "any", "first", "last"] = Field(
-        "all", description="Cells that must pass: all, any, or the first/last by `by[0]`.")
+        "all", description="Cells that must pass: all, any, or all of those at the "
+        "first/last value of `by[0]`.")
     test: Literal["threshold", "difference", "trend", "lowest", "approx"] = Field(
         description="threshold: statistic OP value in the cells; difference: group a minus "
         "group b OP value; trend: at the last value of `along` minus at its first OP value; "
