@@ -122,7 +122,7 @@ def test_seeds_to_decide():
     b = rng.normal(0.0, 1.0, size=4)
     b = (b - b.mean()) / b.std(ddof=1)
     n = seeds_to_decide(difference_test(a, b))
-    assert 50 <= n <= 52
+    assert n is not None and 50 <= n <= 52
     assert seeds_to_decide(difference_test([0.5, 0.6], [0.5, 0.6])) is None  # no gap
     assert seeds_to_decide(mean_test([1.0] * 3, 0.95)) == 5  # the sign test's 2^-5
     assert seeds_to_decide(difference_test([1.0, 1.0], [0.5, 0.5])) == 3  # 1 / C(6, 3)
