@@ -215,8 +215,11 @@ def mean_test(values: Values, threshold: float, alpha: float = 0.05,
     se = s * math.sqrt(float(_bounded_scale(np.array([m]), threshold)[0]) if bounded
                        else 1.0) / math.sqrt(n)
     margin = t_quantile(1 - used, n - 1.0) * se
-    return Test("Student t", m, threshold, m - margin, m + margin, p_above, p_below, (n,),
-                used, (s,), bounded)
+    low, high = m - margin, m + margin
+    if bounded:  # a mean of values in [0, 1] lies there too
+        low, high = max(low, 0.0), min(high, 1.0)
+    return Test("Student t", m, threshold, low, high, p_above, p_below, (n,), used, (s,),
+                bounded)
 
 
 def welch_df(var_a: float, n_a: int, var_b: float, n_b: int) -> float:
@@ -244,8 +247,11 @@ def difference_test(a: Values, b: Values, threshold: float = 0.0, alpha: float =
     used = alpha / 2 if bounded else alpha
     se = math.sqrt(sa * sa / na + sb * sb / nb)
     margin = t_quantile(1 - used, welch_df(sa * sa, na, sb * sb, nb)) * se
-    return Test("Welch t", d, threshold, d - margin, d + margin, p_above, p_below, (na, nb),
-                used, (sa, sb), bounded)
+    low, high = d - margin, d + margin
+    if bounded:  # a difference of two means in [0, 1] lies in [-1, 1]
+        low, high = max(low, -1.0), min(high, 1.0)
+    return Test("Welch t", d, threshold, low, high, p_above, p_below, (na, nb), used,
+                (sa, sb), bounded)
 
 
 def seeds_to_decide(test: Test, power: float = 0.8, most: int = 1000) -> int | None:

@@ -256,3 +256,12 @@ def test_the_conservative_rule_still_decides_clear_cases(n, least):
     x = _beta(rng, 0.99, 200, (DRAWS, n))
     p_above, _, exact = mean_p_values(x, 0.95, True)
     assert _rejects(p_above, exact, True).mean() >= least
+
+
+def test_bounds_of_a_bounded_metric_stay_in_its_range():
+    from perencode.stats import difference_test, mean_test
+
+    near_one = mean_test([0.99, 0.985, 0.995], 0.95, bounded=True)
+    assert near_one.high == 1.0 and 0.95 < near_one.low < 0.99
+    assert mean_test([0.99, 0.97, 1.0], 0.95).high > 1.0  # unbounded: as computed
+    assert difference_test([0.0, 0.5, 1.0], [1.0, 0.5, 0.0], bounded=True).low == -1.0
