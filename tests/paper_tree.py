@@ -5,8 +5,8 @@ perencode.sweep.plan.plan and prepare: cells claimed, cells of one recipe linked
 run, as `perencode sweep` does), then each run gets what `perencode train` and
 `perencode stability` leave: metrics.jsonl, the final checkpoint's file, eval.json with
 the task's keys and stability.csv with its columns. The numbers are chosen so that every
-claim of perencode/claims/paper.toml holds with a 95% CI on its side (`value`), seed by
-seed a little apart (a CI needs spread).
+claim of perencode/claims/paper.toml passes its one-sided test (docs/claims.md#statistics),
+seed by seed a little apart (a t-test needs spread).
 
 Thinner than a real tree where nothing reads the difference: metrics.jsonl has a row per
 checkpoint (every 5,000 iterations) instead of per 100, except the language models'
