@@ -663,19 +663,20 @@ def _verdict(claim: Claim, scored: list[Scored]) -> Outcome:
     pass_cells, fail_cells = (k, 1) if claim.cells == "any" else (1, k)
     verdicts = [_verdict_of(s, pass_cells, fail_cells) for s in chosen]
     ranked = list(zip(verdicts, chosen))
+    deciding = {id(s) for s in chosen}
     key = lambda item: (RANK[item[0]], item[1].margin)  # noqa: E731
     verdict, pick = (max if claim.cells == "any" else min)(ranked, key=key)
     where = _describe(claim.by, pick.cell)
     details = [{"cell": _describe(claim.by, s.cell), "value": s.value,
                 "bounds": None if math.isnan(s.low) else [s.low, s.high],
                 "n": list(s.n), "runs": s.runs, "p": s.p_pass,
-                "verdict": _verdict_of(s, pass_cells, fail_cells) if s in chosen else "-"}
+                "verdict": _verdict_of(s, pass_cells, fail_cells) if id(s) in deciding else "-"}
                for s in scored]
     outcome = Outcome(claim, verdict, pick.value, pick.low, pick.high,
                       _fmt(pick.value, pick.low, pick.high) + (f" ({where})" if where else ""),
                       _coverage(claim, [s.cell for s in scored]), note=pick.note,
                       cells=details)
-    return _explain(outcome, pick, k if claim.cells != "any" else k, claim.cells)
+    return _explain(outcome, pick, k, claim.cells)
 
 
 def _explain(outcome: Outcome, pick: Scored, k: int, cells: str) -> Outcome:

@@ -526,3 +526,29 @@ def test_a_filter_value_no_run_has_names_the_values_there(first_cell_runs, tmp_p
     code, output = cli("verify", first_cell_runs, "--claims", write(tmp_path, claim.format(
         '"model.arch" = 3')), "--out", tmp_path / "out")
     assert code == 2 and "model.arch = 3 is a number, but model.arch holds text" in output
+
+
+def test_level_and_sides_set_each_sides_alpha(three_way_runs, tmp_path):
+    """level = 0.99 tests at alpha 0.01; sides = 'two' splits it (0.005); accuracies lie in
+    [0, 1], so each is halved again. PE far ahead at K = 32 passes all three."""
+    text = DIFF.format(id="clear-pass", k=32, op=">")
+    for extra, alpha in (("", 0.025), ("level = 0.99\n", 0.005),
+                         ("level = 0.99\nsides = \"two\"\n", 0.0025)):
+        (outcome,) = check_claims([three_way_runs], write(tmp_path, text + extra)).outcomes
+        assert outcome.verdict == "pass" and outcome.alpha == pytest.approx(alpha)
+        assert f"alpha = {alpha:.3g} (metric in [0, 1]: halved)" in outcome.method
+    with pytest.raises(UserError, match="level: Input should be less than 1"):
+        load_claims(write(tmp_path, text + "level = 1.0\n"))
+
+
+def test_a_crash_inside_a_claim_is_exit_2_not_the_code_of_a_fail(three_way_runs, tmp_path,
+                                                                 cli, monkeypatch):
+    import perencode.verdicts
+
+    def broken(*args):
+        raise KeyError("something the claims file did not foresee")
+
+    monkeypatch.setattr(perencode.verdicts, "evaluate", broken)
+    code, output = cli("verify", three_way_runs, "--claims", write(
+        tmp_path, DIFF.format(id="x", k=32, op=">")), "--out", tmp_path / "out")
+    assert code == 2 and "claim x could not be evaluated (KeyError:" in output
