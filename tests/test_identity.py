@@ -315,8 +315,15 @@ def test_an_old_unfinished_run_resumes_with_a_note(tmp_path):
     code, _ = run_cli(*train_args(run, 'train.keep_checkpoints="all"'))
     assert code == 0
     whole = json.loads((run / "eval.json").read_text())
-    for name in ("eval.json", "identity.json", "checkpoints/step-10.pt"):
+    # An unfinished run of a perencode before identity.json and status.json: stopped after
+    # its checkpoint of iteration 5 (no end time, no later metrics row).
+    for name in ("eval.json", "identity.json", "status.json", "checkpoints/step-10.pt"):
         (run / name).unlink()
+    env = json.loads((run / "env.json").read_text())
+    del env["end_time"]
+    (run / "env.json").write_text(json.dumps(env))
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(rows[0] + "\n")
     code, text = run_cli(*train_args(run))
     assert code == 0 and "no identity.json" in text and "resuming from iteration 5" in text, text
     assert json.loads((run / "eval.json").read_text()) == whole
