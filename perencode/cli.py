@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from perencode import __version__, defaults, kinds
-from perencode.console import console, guard_output
+from perencode.console import SAID, console, guard_output
 from perencode.errors import UserError, refused_write
 
 
@@ -157,6 +157,7 @@ def user_errors(fn):
     no locks) wherever it happens, into one line naming the path and exit 2; no traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        SAID.clear()  # a note is said once per command (perencode.console.note_once)
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
@@ -489,10 +490,9 @@ def stability(
     """
     from perencode.stability import analyse_run
 
-    path = analyse_run(run_dir, triplets=triplets, metric=metric, device=device, every=every,
-              batch=batch, progress=progress, accept_code_change=accept_code_change,
-              accept_data_change=accept_data_change)
-    console.print(f"wrote {path}")
+    analyse_run(run_dir, triplets=triplets, metric=metric, device=device, every=every,
+                batch=batch, progress=progress, accept_code_change=accept_code_change,
+                accept_data_change=accept_data_change)  # it says what it wrote or kept
 
 
 @app.command("lm-prepare")

@@ -217,6 +217,18 @@ def modules_record(recipe: Recipe) -> dict[str, str]:
             for module, path in sorted(_closure(tuple(sorted(roots))).items())}
 
 
+def plugin_files(recipe: Recipe) -> dict[str, str]:
+    """Source file -> the plugin module it belongs to, for the recipe's plugin kinds (to
+    name the plugin when its code raises)."""
+    found = {}
+    for section, tag in kinds.TAGS.items():
+        plugin = plugins.origin(section, getattr(getattr(recipe, section), tag))
+        if plugin is not None:
+            files, _ = _module_files(plugin.module, plugin.file)
+            found.update({str(path.resolve()): plugin.module for path in files})
+    return found
+
+
 def _describe(record: dict) -> str:
     if record.get("origin") == "perencode":
         return f"perencode ({record.get('module')})"

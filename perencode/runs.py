@@ -34,6 +34,7 @@ learning rate is a function of it); it is ignored.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -45,7 +46,7 @@ from typing import Any
 import torch
 
 from perencode import defaults, environment, identity, plugins
-from perencode.console import console
+from perencode.console import console, note_once
 from perencode.environment import now
 from perencode.errors import UserError
 from perencode.io import (
@@ -132,8 +133,9 @@ def find_runs(paths: list[Path], notes: list[str] | None = None) -> list[Path]:
                 continue
             path = folder / entry.name
             if entry.is_symlink() and not path.exists():
-                said.append(f"{path}: a link to {os.readlink(path)}, which does not exist "
-                            "(its run was moved or deleted); skipped")
+                why = _not_there(path)
+                said.append(f"{why}; skipped" if "loop" in why else
+                            f"{why} (its run was moved or deleted); skipped")
             elif entry.is_dir():
                 real = os.path.realpath(path)
                 if entry.is_symlink() and real in ancestors(folder):
@@ -149,7 +151,9 @@ def find_runs(paths: list[Path], notes: list[str] | None = None) -> list[Path]:
     for path in paths:
         path = Path(path)
         if not path.exists():
-            raise UserError(f"{path}: no such run directory or folder")
+            raise UserError(_not_there(path))
+        if not path.is_dir():
+            raise UserError(f"{path}: a file, not a run directory or a folder holding them")
         if os.path.realpath(path) not in entered:
             walk(path)
     for line in said:
@@ -158,6 +162,19 @@ def find_runs(paths: list[Path], notes: list[str] | None = None) -> list[Path]:
         else:
             console.print(f"[yellow]note:[/] {line}", highlight=False, soft_wrap=True)
     return found
+
+
+def _not_there(path: Path) -> str:
+    """Why `path`, which does not resolve, is not a folder: a link to nothing, a loop of
+    links, or nothing at all."""
+    if not os.path.islink(path):
+        return f"{path}: no such run directory or folder"
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{path}: a loop of symbolic links (it leads back to itself)"
+    return f"{path}: a link to {os.readlink(path)}, which does not exist"
 
 
 def enclosing_run(path: Path) -> Path | None:
@@ -274,8 +291,7 @@ class Run:
                 why = f"{self.status_path}: not a run status"
             if isinstance(data, dict) and data.get("state") in STATES:
                 return self._missing(data)
-            console.print(f"[yellow]note:[/] {why}; the run's state is inferred from its "
-                          "other files", highlight=False, soft_wrap=True)
+            note_once(f"{why}; the run's state is inferred from its other files")
         if not (self.dir / "recipe.toml").exists():
             return {"state": UNFINISHED}
         total = read_recipe(self.dir, any_kind=True).train.iterations
@@ -540,9 +556,8 @@ class Run:
             else:
                 rows.append(row)
         if damaged:
-            console.print(f"[yellow]note:[/] {path}: skipped damaged line"
-                          f"{'s' if len(damaged) > 1 else ''} {', '.join(damaged)}; "
-                          f"kept the {len(rows)} valid rows", highlight=False, soft_wrap=True)
+            note_once(f"{path}: skipped damaged line{'s' if len(damaged) > 1 else ''} "
+                      f"{', '.join(damaged)}; kept the {len(rows)} valid rows")
         return rows
 
     def truncate_metrics(self, last_step: int) -> None:

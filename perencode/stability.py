@@ -143,4 +143,7 @@ def _analyse(run: runs.Run, chosen: Triplets, dev: torch.device, triplets: int, 
                            **run_fields)
             rows.extend(new)
             _write_csv(path, rows)
+    # One line, true in each case: a finished analysis is left as it is.
+    console.print(f"wrote {path}" if todo else f"{path}: every checkpoint analysed already; "
+                  "kept as it is", highlight=False, soft_wrap=True)
     return path

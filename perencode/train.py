@@ -3,9 +3,11 @@ data, not by subclassing the loop)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -212,6 +214,29 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = defa
                 pass
 
 
+@contextlib.contextmanager
+def _naming_plugins(run: runs.Run, session: Session):
+    """An exception raised in a plugin's code while training becomes one line naming the
+    plugin, the iteration and the checkpoint to resume from, not a traceback through
+    perencode's loop; any other exception is left as it is (a bug of perencode's)."""
+    try:
+        yield
+    except (UserError, Interrupted, Diverged):
+        raise
+    except Exception as exc:
+        files = identity.plugin_files(run.recipe)
+        frames = [os.path.realpath(frame.filename) for frame in traceback.extract_tb(
+            exc.__traceback__)]
+        culprit = next((files[f] for f in reversed(frames) if f in files), None)
+        if culprit is None:
+            raise
+        text = str(exc).strip().splitlines()
+        raise UserError(f"{run.dir}: plugin {culprit} raised {type(exc).__name__}"
+                        f"{': ' + text[-1] if text else ''} at iteration "
+                        f"{session.iteration + 1}; {_kept(run)} once the plugin is fixed") \
+            from None
+
+
 def _evaluate(run: runs.Run, session: Session) -> dict:
     """The session's held-out scores; logits or a metric that are not finite are a
     divergence at evaluation (Diverged, recorded in status.json): nothing is scored."""
@@ -251,7 +276,8 @@ def _train(run: runs.Run, session: Session, progress: bool, existed: bool,
                         enabled=progress)
     pending: list[tuple[int, Tensor, Tensor | None]] = []  # steps since the last health check
     scores = None  # the held-out scores of the last periodic evaluation (train.eval_every)
-    with reporter, _Stop() as stop, board.resumed_at(start, tc.batch_size, recipe.to_toml()):
+    with reporter, _Stop() as stop, board.resumed_at(start, tc.batch_size, recipe.to_toml()), \
+            _naming_plugins(run, session):
         for k in range(start + 1, tc.iterations + 1):
             log = k % tc.log_every == 0 or k == tc.iterations
             step = session.step(count_hits=log)
@@ -284,7 +310,8 @@ def _train(run: runs.Run, session: Session, progress: bool, existed: bool,
 
     # The last step's periodic scores are the final ones: the same model, not scored twice.
     last_scored = tc.eval_every is not None and tc.iterations % tc.eval_every == 0
-    result = scores if last_scored and scores is not None else _evaluate(run, session)
+    with _naming_plugins(run, session):
+        result = scores if last_scored and scores is not None else _evaluate(run, session)
     result["iteration"] = tc.iterations
     run.finish(result)
     return result
