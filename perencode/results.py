@@ -87,7 +87,6 @@ def _read_eval(run_dir: Path, recipe, status: dict) -> tuple[dict, dict[str, lis
         data = runs.read_json(path)
     except UserError as exc:
         raise UserError(f"{exc}; {again}") from None
-    runs.check_eval(run_dir, recipe, status)
     iteration = data.get("iteration")
     if not isinstance(iteration, int) or isinstance(iteration, bool):
         raise UserError(f"{path}: no whole-number 'iteration' (damaged); {again}")
@@ -98,6 +97,7 @@ def _read_eval(run_dir: Path, recipe, status: dict) -> tuple[dict, dict[str, lis
         if isinstance(value, str):
             raise UserError(f"{path}: '{key}' is {value!r}, not a number (damaged); "
                             f"{again}")
+    runs.check_eval(run_dir, recipe, status)  # a whole file, but the run's own?
     nested = {k: v for k, v in data.items()
               if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)}
     return scalars, nested
@@ -116,12 +116,19 @@ def _read_stability(run_dir: Path) -> pd.DataFrame | None:
 
 
 # Which of two run directories of one recipe is used: the finished one, else the diverged
-# one (its divergence is the result), else the first found.
-_RANK = {runs.FINISHED: 2, runs.DIVERGED: 1, runs.UNFINISHED: 0}
+# one (its divergence is the result), else a finished one whose eval.json is missing, else
+# the first found.
+_RANK = {runs.FINISHED: 3, runs.DIVERGED: 2, runs.UNFINISHED: 0}
+
+
+def _rank(status: dict) -> int:
+    return 1 if status.get("missing") else _RANK[status["state"]]
 
 
 def _describe(run_dir: Path, status: dict) -> str:
     state = status["state"]
+    if status.get("missing"):
+        return f"finished, but its {status['missing']} is missing"
     if state == runs.UNFINISHED:
         steps = runs.Run(run_dir).metrics()
         return f"unfinished (iteration {steps[-1].get('step', 0) if steps else 0})"
@@ -141,11 +148,11 @@ def choose(found: list[tuple[Path, Any, dict]]) -> tuple[dict[str, tuple[Path, A
             kept[key] = (run_dir, recipe, status)
             continue
         used, _, used_status = kept[key]
-        if _RANK[status["state"]] > _RANK[used_status["state"]]:
+        if _rank(status) > _rank(used_status):
             kept[key] = (run_dir, recipe, status)
             lines.append(f"{used}: ignored, {_describe(used, used_status)}; the same "
                          f"recipe's {status['state']} run {run_dir} is used")
-        elif status["state"] == used_status["state"] == runs.FINISHED:
+        elif _rank(status) == _rank(used_status) == _RANK[runs.FINISHED]:
             ours, theirs = (runs.read_json(d / "eval.json") for d in (used, run_dir))
             if ours == theirs:
                 lines.append(f"{run_dir}: ignored, the same recipe and results as {used}")

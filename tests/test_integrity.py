@@ -271,6 +271,19 @@ def test_a_pruned_run_without_its_result_is_not_trained_again(run, lost):
     assert code == 0 and "finished, but its eval.json is missing" in " ".join(text.split())
 
 
+def test_a_run_without_its_result_keeps_its_checkpoints_to_score_it_again(run):
+    (run / "eval.json").unlink()
+    code, text = run_cli("prune", run)
+    assert code == 0 and "eval.json is missing: its checkpoints score it again" \
+        in " ".join(text.split()), text
+    code, text = run_cli(*tiny(run))
+    assert code == 2 and f"`perencode eval {run}` scores the final checkpoint again" \
+        in one_line(text), text
+    assert run_cli("eval", run, "--device", "cpu")[0] == 0
+    code, text = run_cli(*tiny(run))
+    assert code == 0 and "run is already complete" in " ".join(text.split()), text
+
+
 def test_the_sweep_plans_what_it_trains_for_a_run_without_its_result(tmp_path):
     from perencode.grid import load_grid
     from perencode.sweep.plan import RunState, plan, prepare
