@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from perencode import __version__, defaults, kinds
-from perencode.console import console, guard_output
+from perencode.console import SAID, console, guard_output
 from perencode.errors import UserError, refused_write
 
 
@@ -132,6 +132,9 @@ Overrides = Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE
                                                      help=SET_HELP)]
 Device = Annotated[str, typer.Option(help=DEVICE_HELP)]
 AcceptCode = Annotated[bool, typer.Option("--accept-code", help=ACCEPT_HELP)]
+AcceptData = Annotated[bool, typer.Option(
+    "--accept-data", help="Use the prepared data there now although its content differs "
+    "from the data that made the run (as its identity.json records); recorded.")]
 Claims = Annotated[str, typer.Option(help="Claims file: a path, or a bundled one (paper, "
                                           "quick, quick_gpu).")]
 RunsRoot = Annotated[Path | None, typer.Option(
@@ -154,6 +157,7 @@ def user_errors(fn):
     no locks) wherever it happens, into one line naming the path and exit 2; no traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        SAID.clear()  # a note is said once per command (perencode.console.note_once)
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
@@ -223,6 +227,7 @@ def train(
     force: bool = typer.Option(False, "--force", help="Skip the memory check (a recipe "
                                "estimated not to fit in the device's memory is refused)."),
     accept_code_change: AcceptCode = False,
+    accept_data_change: AcceptData = False,
 ) -> None:
     """Train a recipe (or resume its interrupted run, or report it complete)."""
     from perencode import runs
@@ -237,7 +242,8 @@ def train(
     already = run_dir.is_dir() and runs.Run(run_dir).is_complete()
     try:
         result = run_training(r, run_dir, device, progress=progress, tensorboard=tensorboard,
-                              force=force, accept_code_change=accept_code_change)
+                              force=force, accept_code_change=accept_code_change,
+                              accept_data_change=accept_data_change)
     except Interrupted as stop:
         for s in STOP_SIGNALS:  # a second stop signal must not cut the closing line short
             signal.signal(s, signal.SIG_IGN)
@@ -271,12 +277,19 @@ def eval_(
     per_position: bool = typer.Option(False, "--per-position",
                                       help="Language models: perplexity by token position."),
     accept_code_change: AcceptCode = False,
+    accept_data_change: AcceptData = False,
 ) -> None:
     """Score a run on its held-out data and write eval.json."""
     from perencode.evaluate import evaluate_run
+    from perencode.runs import DIVERGED_EXIT
+    from perencode.session import NotFinite
 
     options = {"per_position": True} if per_position else {}
-    result, path = evaluate_run(run_dir, device, checkpoint, accept_code_change, **options)
+    try:
+        result, path = evaluate_run(run_dir, device, checkpoint, accept_code_change,
+                                    accept_data_change, **options)
+    except NotFinite as exc:  # a divergence at evaluation: the exit status of one
+        fail(str(exc), DIVERGED_EXIT)
     _print_metrics(result, path)
 
 
@@ -465,6 +478,7 @@ def stability(
                               "(docs/stability.md)."),
     progress: Progress = True,
     accept_code_change: AcceptCode = False,
+    accept_data_change: AcceptData = False,
 ) -> None:
     """Gradient stability at every checkpoint of a dual-frequency run (Fig. 4-5).
 
@@ -476,9 +490,9 @@ def stability(
     """
     from perencode.stability import analyse_run
 
-    path = analyse_run(run_dir, triplets=triplets, metric=metric, device=device, every=every,
-              batch=batch, progress=progress, accept_code_change=accept_code_change)
-    console.print(f"wrote {path}")
+    analyse_run(run_dir, triplets=triplets, metric=metric, device=device, every=every,
+                batch=batch, progress=progress, accept_code_change=accept_code_change,
+                accept_data_change=accept_data_change)  # it says what it wrote or kept
 
 
 @app.command("lm-prepare")

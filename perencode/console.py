@@ -100,3 +100,16 @@ def fit_name(name: str, width: int) -> str:
     if len(tail) > width - 1:  # even the last part is too long: keep its end
         return "…" + name[-(width - 1):]
     return name[:width - 1 - len(tail)] + "…" + tail
+
+
+# The notes said in this command: a damaged file that several steps of one command read (a
+# run's state is asked for by the CLI, the memory check and the claim) is named once.
+SAID: set[str] = set()
+
+
+def note_once(text: str) -> None:
+    """A yellow note, unless this command already said it (`SAID`; the CLI empties it
+    when a command starts)."""
+    if text not in SAID:
+        SAID.add(text)
+        console.print(f"[yellow]note:[/] {text}", highlight=False, soft_wrap=True)

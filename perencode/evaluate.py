@@ -10,7 +10,7 @@ from perencode.device import resolve_device
 from perencode.errors import UserError
 from perencode.io import remove_stale_temps
 from perencode.lock import hold
-from perencode.session import Session
+from perencode.session import NotFinite, Session
 
 
 def _say_what_is_scored(run: runs.Run) -> None:
@@ -36,6 +36,14 @@ def _say_what_is_scored(run: runs.Run) -> None:
     console.print(f"[yellow]note:[/] {line}", highlight=False, soft_wrap=True)
 
 
+def session_source(run: runs.Run, checkpoint: str | Path | None) -> str:
+    """The checkpoint scored, by name."""
+    if checkpoint is not None:
+        return Path(checkpoint).name
+    steps = run.checkpoints()
+    return steps[-1][1].name if steps else "no checkpoint"
+
+
 def _refuse_without_model(run: runs.Run) -> None:
     """A diverged run's final model is not a result, and a finished run whose checkpoints
     were deleted has no model to score: one line each, eval.json left as it is."""
@@ -55,24 +63,30 @@ def _refuse_without_model(run: runs.Run) -> None:
 
 def evaluate_run(run_dir: str | Path, device: str = defaults.DEVICE,
                  checkpoint: str | Path | None = None, accept_code_change: bool = False,
-                 **options) -> tuple[dict, Path]:
+                 accept_data_change: bool = False, **options) -> tuple[dict, Path]:
     """Evaluate a run; the final model goes to eval.json, another checkpoint to eval-step-K.json.
 
     The run directory is locked meanwhile (perencode.lock): not beside a `train` of it.
     Its recipe.toml, data and code must be those it was made with (perencode.identity);
-    code accepted with `accept_code_change` is named in the result
-    (code_changes_accepted)."""
+    code accepted with `accept_code_change` (data, `accept_data_change`) is named in the
+    result (code_changes_accepted)."""
     run = runs.Run(run_dir)
     dev = resolve_device(device)
     recipe = run.recipe  # not a run: say so before creating the lock file in it
     with hold(run.dir, "eval"):
         remove_stale_temps(run.dir)
-        accepted = identity.check(run.dir, recipe, "eval", accept_code_change=accept_code_change)
+        accepted = identity.check(run.dir, recipe, "eval", accept_code_change=accept_code_change,
+                                  accept_data_change=accept_data_change)
         if checkpoint is None:
             _refuse_without_model(run)
             _say_what_is_scored(run)
         session = Session.of_run(run, dev, checkpoint)
-        result = session.evaluate(**options)
+        try:
+            result = session.evaluate(**options)
+        except NotFinite as exc:  # nothing written: a finite eval.json stays as it is
+            raise NotFinite(exc.iteration, f"{exc.what} ({run.dir}, "
+                            f"{session_source(run, checkpoint)}); its files are left as "
+                            "they are") from None
         result["iteration"] = iteration = session.iteration
         if accepted:
             result["code_changes_accepted"] = accepted

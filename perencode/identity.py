@@ -1,33 +1,44 @@
 """A run's identity: the recipe, code and data that made it, recorded when the run is created
 (RUN_DIR/identity.json) and checked by every command that reads the run.
 
-    {"format": "perencode-identity", "version": 1, "created": "...",
+    {"format": "perencode-identity", "version": 2, "created": "...",
      "fingerprint": "3f2a9c1b04de",        # of recipe, code and data (below)
      "recipe": {...},                       # the resolved recipe's identity (recipe.identity)
      "code": {"task": {...}, "model": {...}, "encoding": {...}},   # one record per kind used
-     "data": {"field": "data", "path": "/abs/lmdata", "manifest_sha256": "..."},  # LM only
+     "modules": {"perencode.session": "...", ...},  # the perencode code of its path
+     "data": {"field": "data", "path": "/abs/lmdata", "manifest_sha256": "...",
+              "content_sha256": "..."},    # LM only
      "accepted": [{"time": ..., "command": "eval", "changes": [...]}]}
 
 The rules (README.md, "A run is tied to what made it"):
 
 - Recipe: RUN_DIR/recipe.toml must still hold the recorded recipe; a hand edit is refused,
   naming the field that differs from what trained.
-- Code: each kind (task, model, encoding) records where it came from: perencode itself (the
-  package's version and git commit, for information) or a plugin (its module, file, and
-  the installed distribution and version where there is one), and a hash of its source:
-  the module that registered a built-in kind; every .py file of a plugin's top-level
-  package, or the plugin's one file. The hash is of the code's syntax tree, without
-  docstrings: comments, docstrings and layout are no change, a new commit that leaves the
-  kind's module alone is none either. Another origin or another hash is refused, naming the
-  kind and what changed, unless the command is given --accept-code; the change is
-  then recorded (here, by the commands that write in the run, and in eval.json).
-- Data: a task that reads prepared data (TaskKind.data) records its absolute folder and the
-  SHA-256 of its manifest; `eval`, a resumed `train` and `stability` refuse another.
+- Code: the run's package code is every perencode module of its training and scoring path
+  (ROOTS, `perencode.train`, `.evaluate` and `.stability`, and every perencode module they
+  or its plugin kinds import, directly or not: `modules_record`), each with a hash of its
+  source. Each kind (task, model, encoding) also records where it came from: perencode
+  itself (the package's version and git commit, for information) or a plugin (its module,
+  file, and the installed distribution and version where there is one, and a hash of every
+  .py file of its top-level package, or of its one file). A hash is of the code's syntax
+  tree, without docstrings: comments, docstrings and layout are no change, a new commit
+  that leaves those modules alone is none either. `eval`, a resumed `train` and `stability`
+  refuse another origin or another hash, naming the kind or the modules that changed,
+  unless given --accept-code; the change is then recorded (here, and in eval.json).
+  `figures`, `verify` and `report` read recorded numbers: they compare the runs' code with
+  each other, not with the code loaded now, and mark a cell whose runs' code differs
+  (`code_digest`). A record of version 1 has no `modules`: only its kinds' modules are
+  compared.
+- Data: a task that reads prepared data (TaskKind.data) records its absolute folder and a
+  hash of its content (for the language model: the tokenizer model and the token files, as
+  their manifest lists them, and the sizes they were prepared with; not the manifest's
+  times and logs, so a byte-identical rebuild is the same data); `eval`, a resumed `train`
+  and `stability` refuse another folder, and other content unless given --accept-data.
 
 The fingerprint hashes the recipe (less the data folder's path), the code hashes and the
-data's manifest hash: two runs with one fingerprint ran the same experiment, on any
-machine. A run made before this record existed has none: it is read with one note, and
-shown as "unverified".
+data's content hash: two runs with one fingerprint ran the same experiment with the same
+code, on any machine. A run made before this record existed has none: it is read with one
+note, and shown as "unverified".
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ from perencode.recipe import Recipe, differences, migrate_stored, validate
 
 RECORD = "identity.json"
 FORMAT = "perencode-identity"
-VERSION = 1
+VERSION = 2  # 2: `modules`, the perencode code of the run's path; data by content
 UNVERIFIED = "unverified"
 ACCEPT = "--accept-code"
 MISSING = (f"no {RECORD} (made before perencode recorded a run's recipe, code and data): "
@@ -129,6 +140,95 @@ def code_record(section: str, name: str) -> dict[str, Any] | None:
             "source_sha256": source_hash(files, root) if files else None}
 
 
+# The training and scoring path: the modules a run's numbers come from (its training loop,
+# its final and later evaluations, its gradient stability). Their import closure within
+# perencode, with the perencode modules a plugin kind of the run imports, is the run's
+# package code (`modules`): an edit to any of them (models/base.py, session.py, the task
+# base class, ...) is a change of the run's code, as an edit to a kind's own module is.
+PACKAGE = Path(__file__).resolve().parent
+ROOTS = ("perencode.train", "perencode.evaluate", "perencode.stability")
+
+
+def _package_file(module: str) -> Path | None:
+    """The source file of a perencode module (a package's __init__.py), or None."""
+    base = PACKAGE.joinpath(*module.split(".")[1:])
+    for path in (base / "__init__.py", base.with_suffix(".py")):
+        if path.is_file():
+            return path
+    return None
+
+
+@functools.cache
+def _imports(path: str, stamp: float, module: str | None) -> frozenset[str]:
+    """The perencode modules a source file imports (anywhere in it, and the packages above
+    them, whose __init__ runs first); `module` names the file, for its relative imports."""
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (SyntaxError, ValueError):
+        return frozenset()
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level and module:
+                here = module.split(".") if path.endswith("__init__.py") else \
+                    module.split(".")[:-1]
+                here = here[:len(here) - node.level + 1]
+                target = ".".join([*here, *([target] if target else [])])
+            # `from perencode import runs` imports the module perencode.runs
+            targets = [target, *(f"{target}.{alias.name}" for alias in node.names)]
+        for target in targets:
+            parts = target.split(".")
+            if parts[0] == "perencode":
+                found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return frozenset(found)
+
+
+def _closure(roots: tuple[str, ...]) -> dict[str, Path]:
+    """perencode module -> source file: `roots` and every perencode module they import,
+    directly or not."""
+    found: dict[str, Path] = {}
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        path = _package_file(module) if module not in found else None
+        if path is None:
+            continue
+        found[module] = path
+        todo.extend(_imports(str(path), path.stat().st_mtime, module))
+    return found
+
+
+def modules_record(recipe: Recipe) -> dict[str, str]:
+    """perencode module -> the SHA-256 of its code (syntax tree, as `source_hash`), for
+    every module of the run's training and scoring path (ROOTS' import closure, with the
+    perencode modules its plugin kinds import)."""
+    roots = set(ROOTS)
+    for section, tag in kinds.TAGS.items():
+        plugin = plugins.origin(section, getattr(getattr(recipe, section), tag))
+        if plugin is not None:
+            files, root = _module_files(plugin.module, plugin.file)
+            for path in files:
+                roots |= _imports(str(path), path.stat().st_mtime, None)
+    return {module: hashlib.sha256(_file_code(str(path), path.stat().st_mtime)).hexdigest()
+            for module, path in sorted(_closure(tuple(sorted(roots))).items())}
+
+
+def plugin_files(recipe: Recipe) -> dict[str, str]:
+    """Source file -> the plugin module it belongs to, for the recipe's plugin kinds (to
+    name the plugin when its code raises)."""
+    found = {}
+    for section, tag in kinds.TAGS.items():
+        plugin = plugins.origin(section, getattr(getattr(recipe, section), tag))
+        if plugin is not None:
+            files, _ = _module_files(plugin.module, plugin.file)
+            found.update({str(path.resolve()): plugin.module for path in files})
+    return found
+
+
 def _describe(record: dict) -> str:
     if record.get("origin") == "perencode":
         return f"perencode ({record.get('module')})"
@@ -137,9 +237,30 @@ def _describe(record: dict) -> str:
     return f"plugin {record.get('module')}" + (f" ({where})" if where else "")
 
 
-def code_changes(recorded: dict, recipe: Recipe) -> list[str]:
-    """How the code loaded now differs from `recorded` (identity.json's "code"), one phrase
-    per kind; a kind no registration holds now is not compared (nothing of it runs)."""
+def _modules_change(then: dict, now: dict[str, str], entry: dict) -> str | None:
+    """One phrase naming the perencode modules of the run's path whose code differs."""
+    changed = sorted(m for m in set(then) | set(now) if then.get(m) != now.get(m))
+    if not changed:
+        return None
+    made = next((c for c in entry.get("code", {}).values()
+                 if isinstance(c, dict) and c.get("origin") == "perencode"), {})
+    versions = ""
+    if made.get("version") != __version__ or made.get("commit") != _commit():
+        versions = (f"; perencode {made.get('version')} commit {str(made.get('commit'))[:10]}"
+                    f" then, {__version__} commit {str(_commit())[:10]} now")
+    shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6
+                                      else "")
+    return (f"the code of perencode module{'s' if len(changed) > 1 else ''} {shown} changed "
+            f"since the run was made{versions}")
+
+
+def code_changes(entry: dict, recipe: Recipe) -> list[str]:
+    """How the code loaded now differs from what identity.json `entry` recorded, one
+    phrase per kind and one naming the perencode modules of the run's path that changed
+    (`modules_record`; a record made before it lists none, and only its kinds' modules are
+    compared); a kind no registration holds now is not compared (nothing of it runs)."""
+    recorded = entry.get("code", {})
+    then_modules = entry.get("modules")
     changes = []
     for section, field in kinds.FIELDS.items():
         then = recorded.get(section)
@@ -151,14 +272,33 @@ def code_changes(recorded: dict, recipe: Recipe) -> list[str]:
         if (then.get("origin"), then.get("module")) != (now["origin"], now["module"]):
             changes.append(f"{what} was {_describe(then)} when the run was made, now "
                            f"{_describe(now)}")
-        elif then.get("source_sha256") != now["source_sha256"]:
+        elif then.get("source_sha256") != now["source_sha256"] and not (
+                isinstance(then_modules, dict) and now["origin"] == "perencode"):
+            # (a package kind's module is among `modules`: named there)
             versions = ""
             if then.get("version") != now["version"]:
                 versions = f", version {then.get('version')} then, {now['version']} now"
             changes.append(f"{what}: the code of {_describe(now)} changed since the run was "
                            f"made (source {str(then.get('source_sha256'))[:12]} then, "
                            f"{str(now['source_sha256'])[:12]} now{versions})")
+    if isinstance(then_modules, dict):
+        change = _modules_change(then_modules, modules_record(recipe), entry)
+        if change:
+            changes.append(change)
     return changes
+
+
+def code_digest(entry: dict | None) -> str:
+    """12 hex digits naming the code a run's numbers came from: the code it was made with
+    and the code changes accepted since (`accepted`); "unverified" without a record."""
+    if entry is None:
+        return UNVERIFIED
+    whole = {"code": {k: v.get("source_sha256") for k, v in entry.get("code", {}).items()
+                      if isinstance(v, dict)},
+             "modules": entry.get("modules"),
+             "accepted": [a.get("changes") for a in entry.get("accepted", [])
+                          if isinstance(a, dict) and a.get("kind", "code") == "code"]}
+    return hashlib.sha256(json.dumps(whole, sort_keys=True).encode()).hexdigest()[:12]
 
 
 # --------------------------------------------------------------------------------------
@@ -173,21 +313,37 @@ def data_record(recipe: Recipe) -> dict[str, Any] | None:
     return task.data(recipe.task)
 
 
-def _data_change(recorded: dict, recipe: Recipe) -> str | None:
+ACCEPT_DATA = "--accept-data"
+
+
+def _data_hash(record: dict) -> tuple[str, str | None]:
+    """What names a data record's content: ("content", the hash of what training reads)
+    where it has one, else ("manifest.json", its whole manifest's hash: a record made before
+    content hashes, or a task whose data names no content)."""
+    if record.get("content_sha256"):
+        return "content", record["content_sha256"]
+    return "manifest.json", record.get("manifest_sha256")
+
+
+def _data_change(recorded: dict, recipe: Recipe) -> tuple[str | None, bool]:
+    """How the data the recipe names now differs from `recorded`, and whether the
+    difference is one of content only (`--accept-data` may accept it)."""
     now = data_record(recipe)
     if now is None:
-        return None
+        return None, False
     if now["path"] != recorded.get("path"):
-        return f"its data is {recorded.get('path')}, the recipe now names {now['path']}"
+        return f"its data is {recorded.get('path')}, the recipe now names {now['path']}", False
     if now["manifest_sha256"] is None:
         return (f"its data folder {now['path']} has no manifest.json now (moved or deleted); "
-                "the run can only use the data it was made with")
-    if now["manifest_sha256"] != recorded.get("manifest_sha256"):
-        return (f"its data {now['path']} changed since the run was made (manifest.json "
-                f"{str(recorded.get('manifest_sha256'))[:12]} then, "
-                f"{now['manifest_sha256'][:12]} now: rebuilt by `perencode lm-prepare`?); "
-                "train a new run on it, or rebuild the data as it was")
-    return None
+                "the run can only use the data it was made with"), False
+    what, then = _data_hash(recorded)
+    current = now.get("content_sha256") if what == "content" else now["manifest_sha256"]
+    if current != then:
+        return (f"its data {now['path']} changed since the run was made ({what} "
+                f"{str(then)[:12]} then, {str(current)[:12]} now: rebuilt from other text "
+                "by `perencode lm-prepare`?); train a new run on it, or rebuild the data as it "
+                "was"), True
+    return None, False
 
 
 def _recipe_change(recorded: dict, recipe: Recipe, run_dir: Path) -> str | None:
@@ -203,15 +359,18 @@ def _recipe_change(recorded: dict, recipe: Recipe, run_dir: Path) -> str | None:
             "into a new run directory")
 
 
-def fingerprint(recipe_identity: dict, code: dict, data: dict | None) -> str:
+def fingerprint(recipe_identity: dict, code: dict, data: dict | None,
+                modules: dict | None = None) -> str:
     """12 hex digits of the SHA-256 of the recipe (less the data folder's path), the code's
-    source hashes and the data's manifest hash."""
+    source hashes (its kinds', and its path's perencode `modules`) and the data's content
+    hash."""
     recipe_part = json.loads(json.dumps(recipe_identity))
     if data is not None:
         recipe_part.get("task", {}).pop(data.get("field"), None)
     whole = {"recipe": recipe_part,
              "code": {k: v.get("source_sha256") for k, v in code.items() if v},
-             "data": data.get("manifest_sha256") if data else None}
+             "data": _data_hash(data)[1] if data else None,
+             **({"modules": modules} if modules is not None else {})}
     return hashlib.sha256(json.dumps(whole, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -224,10 +383,11 @@ def record(run_dir: str | Path, recipe: Recipe) -> dict:
     code = {section: code_record(section, getattr(getattr(recipe, section), tag))
             for section, tag in kinds.TAGS.items()}
     data = data_record(recipe)
+    modules = modules_record(recipe)
     entry = {"format": FORMAT, "version": VERSION, "created": now(),
-             "fingerprint": fingerprint(recipe.identity(), code, data),
-             "recipe": recipe.identity(), "code": code, **({"data": data} if data else {}),
-             "accepted": []}
+             "fingerprint": fingerprint(recipe.identity(), code, data, modules),
+             "recipe": recipe.identity(), "code": code, "modules": modules,
+             **({"data": data} if data else {}), "accepted": []}
     atomic_write_json(Path(run_dir) / RECORD, entry)
     return entry
 
@@ -255,12 +415,13 @@ def short(run_dir: str | Path) -> str:
 
 def check(run_dir: str | Path, recipe: Recipe, command: str, *, data: bool = True,
           accept_code_change: bool = False, write: bool = True,
-          note_missing: bool = True) -> list[str]:
+          note_missing: bool = True, accept_data_change: bool = False,
+          code: bool = True) -> list[str]:
     """Refuse (UserError, one line) a run whose recipe.toml was edited, whose data (`data`)
-    changed, or whose code differs from the code loaded now, unless `accept_code_change`.
-    Returns the code changes accepted (empty when none); `write` records them in
-    identity.json (a command holding the run's lock). A run without the record is read
-    with one note (`note_missing`)."""
+    changed (unless `accept_data_change`, for a change of content), or whose code (`code`)
+    differs from the code loaded now (unless `accept_code_change`). Returns the changes accepted
+    (empty when none); `write` records them in identity.json (a command holding the run's
+    lock). A run without the record is read with one note (`note_missing`)."""
     run_dir = Path(run_dir)
     entry = read(run_dir)
     if entry is None:
@@ -269,20 +430,29 @@ def check(run_dir: str | Path, recipe: Recipe, command: str, *, data: bool = Tru
                           soft_wrap=True)
         return []
     problem = _recipe_change(entry.get("recipe", {}), recipe, run_dir)
-    if problem is None and data and isinstance(entry.get("data"), dict):
-        problem = _data_change(entry["data"], recipe)
-        problem = f"{run_dir}: {problem}" if problem else None
     if problem is not None:
         raise UserError(problem)
-    changes = code_changes(entry.get("code", {}), recipe)
+    accepted: list[tuple[str, list[str]]] = []
+    if data and isinstance(entry.get("data"), dict):
+        change, acceptable = _data_change(entry["data"], recipe)
+        if change is not None and not (acceptable and accept_data_change):
+            raise UserError(f"{run_dir}: {change}" + (
+                f"; `perencode {command} {ACCEPT_DATA}` uses the data there now and records "
+                "that it did" if acceptable else ""))
+        if change is not None:
+            accepted.append(("data", [change.partition("; ")[0]]))
+    changes = code_changes(entry, recipe) if code else []
     if changes and not accept_code_change:
         raise UserError(f"{run_dir}: {'; '.join(changes)}; `perencode {command} {ACCEPT}` "
                         "uses the code loaded now and records that it did")
-    if changes and write:
-        entry.setdefault("accepted", []).append(
-            {"time": now(), "command": command, "changes": changes})
+    if changes:
+        accepted.append(("code", changes))
+    if accepted and write:
+        for kind, what in accepted:
+            entry.setdefault("accepted", []).append(
+                {"time": now(), "command": command, "kind": kind, "changes": what})
         atomic_write_json(run_dir / RECORD, entry)
-    return changes
+    return [change for _, what in accepted for change in what]
 
 
 def describe(run_dir: str | Path) -> list[str]:
@@ -300,8 +470,8 @@ def describe(run_dir: str | Path) -> list[str]:
             lines.append(f"{field} = {found.get('name')!r}: {_describe(found)}, source "
                          f"{str(found.get('source_sha256'))[:12]}{extra}")
     if isinstance(entry.get("data"), dict):
-        lines.append(f"data: {entry['data'].get('path')} (manifest.json "
-                     f"{str(entry['data'].get('manifest_sha256'))[:12]})")
+        what, digest = _data_hash(entry["data"])
+        lines.append(f"data: {entry['data'].get('path')} ({what} {str(digest)[:12]})")
     for accepted in entry.get("accepted", []):
         lines.append(f"accepted by {accepted.get('command')} at {accepted.get('time')}: "
                      f"{'; '.join(accepted.get('changes', []))}")

@@ -51,7 +51,8 @@ class TaskKind:
     results: Callable[[dict, list, dict], None] | None = None
     # The prepared data a run reads (perencode.identity): (task_cfg) -> {"field": its
     # [task] key, "path": the absolute folder, "manifest_sha256": that of its manifest, or
-    # None where it has none}; None: the task generates its data.
+    # None where it has none, and optionally "content_sha256": that of what training reads,
+    # compared instead of the manifest's}; None: the task generates its data.
     data: Callable[[Any], dict] | None = None
     # `perencode stability` analyses its runs: pairs of sequences that differ in one rare or
     # frequent token (the dual-frequency bands, docs/paper-facts.md#gradient-stability);

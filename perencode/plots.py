@@ -122,6 +122,12 @@ def _subplots(nrows: int, ncols: int, width: float = 4.0, height: float = 3.2,
     return fig, axes
 
 
+def named(stem: Path, suffix: str) -> Path:
+    """A figure's file: its name (`Part.stem`, which may hold a value's dot: `__lr=0.01`)
+    and `suffix`, never `with_suffix`, which would cut the name at that dot."""
+    return stem.with_name(stem.name + suffix)
+
+
 def _save(fig, stem: Path, note: str = "") -> list[Path]:
     """PNG and PDF of `fig`: one legend for all panels, outside them (never over data), and
     `note` (how these runs differ from the paper's) as a subtitle."""
@@ -144,7 +150,7 @@ def _save(fig, stem: Path, note: str = "") -> list[Path]:
                 lines[-1] += ";"
                 lines.append(piece)
         fig.suptitle("\n".join(lines), color="firebrick", fontsize="medium")
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    paths = [named(stem, ".png"), named(stem, ".pdf")]
     for path in paths:
         buffer = io.BytesIO()
         fig.savefig(buffer, format=path.suffix[1:], dpi=150)
@@ -381,7 +387,7 @@ def table_perplexity(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]
                 row[f"{split} {stat}"] = getattr(values, stat)() if len(values) else math.nan
         rows.append(row)
     table = pd.DataFrame(rows)
-    csv, md = stem.with_suffix(".csv"), stem.with_suffix(".md")
+    csv, md = named(stem, ".csv"), named(stem, ".md")
     atomic_write_text(csv, table.to_csv(index=False))
     header = "| " + " | ".join(table.columns) + " |\n|" + "---|" * len(table.columns) + "\n"
     body = "".join("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) else str(v)
@@ -479,11 +485,16 @@ def settings(df: pd.DataFrame, columns: list[str],
     if not differing:
         return [("", df)], tied
     names = short_names(differing)
-    out = []
+    out: list[tuple[str, pd.DataFrame]] = []
     for values, part in df.groupby(differing, dropna=False, sort=True):
         values = values if isinstance(values, tuple) else (values,)
-        out.append(("__" + "_".join(f"{names[c]}={format_value(v)}"
-                                    for c, v in zip(differing, values)), part))
+        suffix = "__" + "_".join(f"{names[c]}={format_value(v)}"
+                                 for c, v in zip(differing, values))
+        taken = {name for name, _ in out}
+        # two values spelt alike in a file name ("a b" and "a_b"): never one file for both
+        unique = suffix if suffix not in taken else next(
+            f"{suffix}_{n}" for n in range(2, len(out) + 3) if f"{suffix}_{n}" not in taken)
+        out.append((unique, part))
     return out, tied
 
 

@@ -72,6 +72,10 @@ def plan_run(run_dir: Path, without_stability: bool = False) -> Pruned:
     if status["state"] == runs.DIVERGED:
         found.kept_because = "diverged: its last finite checkpoint is kept for inspection"
         return found
+    if status.get("missing"):
+        found.kept_because = (f"finished, but its {status['missing']} is missing: its "
+                              f"checkpoints score it again (`perencode eval {run_dir}`)")
+        return found
     steps = run.checkpoints()
     doomed = [path for _, path in steps]
     task = runs.read_recipe(run_dir, any_kind=True).task.name

@@ -170,7 +170,10 @@ class OptimConfig(Section):
 
 
 class TrainConfig(Section):
-    iterations: int = Field(300_000, ge=1, description="Optimizer steps (batches).")
+    # At most a billion: 3,000 times the paper's longest training; a larger number is a typo
+    # (1e18 would overflow the step counters and promise an ETA of geological length).
+    iterations: int = Field(300_000, ge=1, le=1_000_000_000,
+                            description="Optimizer steps (batches).")
     batch_size: int = Field(512, ge=1, description="Fresh random sequences per iteration.")
     checkpoint_every: int = Field(
         5000, ge=1, description="Save checkpoints/step-<k>.pt every this many iterations."

@@ -32,6 +32,7 @@ class Results:
     recipe_columns: list[str]
     duplicates: list[str] = field(default_factory=list)  # runs of a recipe not used, and why
     notes: list[str] = field(default_factory=list)       # links the run search skipped
+    mixed_code: list[str] = field(default_factory=list)  # cells whose runs' code differs
 
     def diverged(self) -> pd.DataFrame:
         """The runs that stopped on a number that is not finite (no metrics of theirs)."""
@@ -73,14 +74,15 @@ def _training_summary(rows: list[dict]) -> dict:
             "train_accuracy": last.get("accuracy"), "train_seconds": seconds + previous}
 
 
-def _read_eval(run_dir: Path) -> tuple[dict, dict[str, list[dict]]]:
+def _read_eval(run_dir: Path, recipe, status: dict) -> tuple[dict, dict[str, list[dict]]]:
     """eval.json split into scalars and its lists of rows (by_band, by_length, ...); one
     line naming the file when it is damaged (an object with a whole-number iteration and
-    numbers for its metrics, as `perencode eval` writes it)."""
+    numbers for its metrics, as `perencode eval` writes it), or not the run's own
+    (perencode.runs.check_eval)."""
     path = run_dir / "eval.json"
     if not path.exists():
         return {}, {}
-    again = f"`perencode eval {run_dir}` writes it again from the final checkpoint"
+    again = runs.Run(run_dir).restore_hint()  # `eval` only where a checkpoint is left
     try:
         data = runs.read_json(path)
     except UserError as exc:
@@ -95,6 +97,7 @@ def _read_eval(run_dir: Path) -> tuple[dict, dict[str, list[dict]]]:
         if isinstance(value, str):
             raise UserError(f"{path}: '{key}' is {value!r}, not a number (damaged); "
                             f"{again}")
+    runs.check_eval(run_dir, recipe, status)  # a whole file, but the run's own?
     nested = {k: v for k, v in data.items()
               if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)}
     return scalars, nested
@@ -113,12 +116,19 @@ def _read_stability(run_dir: Path) -> pd.DataFrame | None:
 
 
 # Which of two run directories of one recipe is used: the finished one, else the diverged
-# one (its divergence is the result), else the first found.
-_RANK = {runs.FINISHED: 2, runs.DIVERGED: 1, runs.UNFINISHED: 0}
+# one (its divergence is the result), else a finished one whose eval.json is missing, else
+# the first found.
+_RANK = {runs.FINISHED: 3, runs.DIVERGED: 2, runs.UNFINISHED: 0}
+
+
+def _rank(status: dict) -> int:
+    return 1 if status.get("missing") else _RANK[status["state"]]
 
 
 def _describe(run_dir: Path, status: dict) -> str:
     state = status["state"]
+    if status.get("missing"):
+        return f"finished, but its {status['missing']} is missing"
     if state == runs.UNFINISHED:
         steps = runs.Run(run_dir).metrics()
         return f"unfinished (iteration {steps[-1].get('step', 0) if steps else 0})"
@@ -138,11 +148,11 @@ def choose(found: list[tuple[Path, Any, dict]]) -> tuple[dict[str, tuple[Path, A
             kept[key] = (run_dir, recipe, status)
             continue
         used, _, used_status = kept[key]
-        if _RANK[status["state"]] > _RANK[used_status["state"]]:
+        if _rank(status) > _rank(used_status):
             kept[key] = (run_dir, recipe, status)
             lines.append(f"{used}: ignored, {_describe(used, used_status)}; the same "
                          f"recipe's {status['state']} run {run_dir} is used")
-        elif status["state"] == used_status["state"] == runs.FINISHED:
+        elif _rank(status) == _rank(used_status) == _RANK[runs.FINISHED]:
             ours, theirs = (runs.read_json(d / "eval.json") for d in (used, run_dir))
             if ours == theirs:
                 lines.append(f"{run_dir}: ignored, the same recipe and results as {used}")
@@ -164,13 +174,21 @@ def collect(paths: list[Path], command: str = "figures",
     (`choose`). A diverged run has a row (status "diverged", complete False) without
     metrics: a number it produced is never shown.
 
-    A run whose recipe.toml was edited, or whose code differs from the code loaded now
-    (unless `accept_code_change`: its row says so), is refused (perencode.identity, for
-    `command`); each row carries the run's fingerprint."""
+    A run whose recipe.toml was edited, or whose eval.json is not the one its recipe and
+    its finish recorded (perencode.runs.check_eval), is refused (for `command`). Each row
+    carries the run's fingerprint and `code` (perencode.identity.code_digest: the code its
+    numbers came from, changes accepted since included); these are recorded numbers, so
+    the code is compared between the runs of a cell (`mixed_code`), not with the code
+    loaded now (`accept_code_change` is no longer needed: one note says so)."""
     rows: list[dict[str, Any]] = []
     tables: dict[str, list[pd.DataFrame]] = {}
     notes: list[str] = []
     found = []
+    if accept_code_change:
+        console.print(f"[yellow]note:[/] {command} reads recorded numbers and compares the "
+                      "runs' code with each other, not with the code loaded now: "
+                      f"{identity.ACCEPT} changes nothing here", highlight=False,
+                      soft_wrap=True)
     kinds.RECORDED.clear()  # the labels of these runs' plugins' kinds, not of earlier ones
     for run_dir in runs.find_runs(paths, notes):
         recipe = runs.read_recipe(run_dir, any_kind=True)
@@ -179,20 +197,27 @@ def collect(paths: list[Path], command: str = "figures",
     kept, duplicates = choose(found)
     unverified = []
     for run_dir, recipe, status in kept.values():
-        accepted = identity.check(run_dir, recipe, command, data=False, write=False,
-                                  accept_code_change=accept_code_change, note_missing=False)
+        identity.check(run_dir, recipe, command, data=False, code=False, write=False,
+                       note_missing=False)
+        entry = identity.read(run_dir)
+        accepted = [change for a in (entry or {}).get("accepted", []) if isinstance(a, dict)
+                    for change in a.get("changes", [])]
         fingerprint = identity.short(run_dir)
         if fingerprint == identity.UNVERIFIED:
             unverified.append(str(run_dir))
         run = str(run_dir)
         diverged = status["state"] == runs.DIVERGED
-        scalars, nested = _read_eval(run_dir) if not diverged else ({}, {})
+        scalars, nested = _read_eval(run_dir, recipe, status) if not diverged else ({}, {})
         metrics = runs.Run(run_dir).metrics()
         summary = _training_summary(metrics) if not diverged else {
             "train_step": status.get("iteration")}
-        row = {"run": run, **flatten(recipe), **scalars, **summary,
-               "status": status["state"], "complete": status["state"] == runs.FINISHED,
-               "fingerprint": fingerprint,
+        if status.get("missing"):
+            notes.append(f"{run_dir}: finished, but its {status['missing']} is missing: "
+                         f"listed without metrics (complete = False); "
+                         f"{runs.Run(run_dir).restore_hint()}")
+        row = {"run": run, **flatten(recipe), **scalars, **summary, "status": status["state"],
+               "complete": status["state"] == runs.FINISHED and not status.get("missing"),
+               "fingerprint": fingerprint, "code": identity.code_digest(entry),
                **({"code_changes_accepted": "; ".join(accepted)} if accepted else {})}
         tag = runs.sweep_record(run_dir).get("tag")
         if tag:  # `sweep --tag`: a column only where a run has one
@@ -222,7 +247,25 @@ def collect(paths: list[Path], command: str = "figures",
     frame = pd.DataFrame(rows)
     recipe_columns = [c for c in frame.columns if c.split(".")[0] in SECTIONS]
     joined = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}
-    return Results(frame, joined, recipe_columns, duplicates, notes)
+    mixed = mark_mixed_code(frame, recipe_columns)
+    return Results(frame, joined, recipe_columns, duplicates, notes, mixed)
+
+
+def mark_mixed_code(frame: pd.DataFrame, recipe_columns: list[str]) -> list[str]:
+    """Mark (column `code_differs`, True) the runs of a cell (every recipe field but the
+    seed and the bookkeeping) whose runs' code (`code`) is not all the same; one line per
+    such cell, naming each run's code."""
+    frame["code_differs"] = False
+    keys = [c for c in recipe_columns if c not in BOOKKEEPING]
+    lines = []
+    spelt = frame[keys].astype(str)
+    for _, part in frame.groupby([spelt[c] for c in keys], dropna=False, sort=False):
+        if part["code"].nunique() > 1:
+            frame.loc[part.index, "code_differs"] = True
+            shown = ", ".join(f"{r} (code {c})" for r, c in zip(part["run"], part["code"]))
+            lines.append(f"runs of one cell made by different code (identity.json; a "
+                         f"perencode upgrade or --accept-code): {shown}")
+    return lines
 
 
 def say_left_out(results: Results) -> None:
@@ -230,7 +273,7 @@ def say_left_out(results: Results) -> None:
     (`figures`, `verify`)."""
     for line in results.notes:
         console.print(f"[yellow]note:[/] {line}", highlight=False, soft_wrap=True)
-    for line in results.duplicates:
+    for line in [*results.duplicates, *results.mixed_code]:
         console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
 
 

@@ -34,6 +34,8 @@ learning rate is a function of it); it is ignored.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import math
 import os
@@ -44,7 +46,7 @@ from typing import Any
 import torch
 
 from perencode import defaults, environment, identity, plugins
-from perencode.console import console
+from perencode.console import console, note_once
 from perencode.environment import now
 from perencode.errors import UserError
 from perencode.io import (
@@ -85,6 +87,15 @@ EVAL_IDENTITY = {"task": "task.name", "arch": "model.arch", "encoding": "encodin
                  "vocab_size": "task.vocab_size", "seed": "train.seed"}
 
 
+# status.json of a finished run records the SHA-256 of the eval.json it wrote: a reader
+# (figures, verify, report, train) refuses an eval.json edited or copied in since.
+EVAL_HASH = "eval_sha256"
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def eval_identity(recipe: Recipe) -> dict[str, Any]:
     """The identity fields eval.json opens with (EVAL_IDENTITY)."""
     out = {}
@@ -122,8 +133,9 @@ def find_runs(paths: list[Path], notes: list[str] | None = None) -> list[Path]:
                 continue
             path = folder / entry.name
             if entry.is_symlink() and not path.exists():
-                said.append(f"{path}: a link to {os.readlink(path)}, which does not exist "
-                            "(its run was moved or deleted); skipped")
+                why = _not_there(path)
+                said.append(f"{why}; skipped" if "loop" in why else
+                            f"{why} (its run was moved or deleted); skipped")
             elif entry.is_dir():
                 real = os.path.realpath(path)
                 if entry.is_symlink() and real in ancestors(folder):
@@ -139,7 +151,9 @@ def find_runs(paths: list[Path], notes: list[str] | None = None) -> list[Path]:
     for path in paths:
         path = Path(path)
         if not path.exists():
-            raise UserError(f"{path}: no such run directory or folder")
+            raise UserError(_not_there(path))
+        if not path.is_dir():
+            raise UserError(f"{path}: a file, not a run directory or a folder holding them")
         if os.path.realpath(path) not in entered:
             walk(path)
     for line in said:
@@ -148,6 +162,29 @@ def find_runs(paths: list[Path], notes: list[str] | None = None) -> list[Path]:
         else:
             console.print(f"[yellow]note:[/] {line}", highlight=False, soft_wrap=True)
     return found
+
+
+def _not_there(path: Path) -> str:
+    """Why `path`, which does not resolve, is not a folder: a link to nothing, a loop of
+    links, or nothing at all."""
+    if not os.path.islink(path):
+        return f"{path}: no such run directory or folder"
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{path}: a loop of symbolic links (it leads back to itself)"
+    return f"{path}: a link to {os.readlink(path)}, which does not exist"
+
+
+def enclosing_run(path: Path) -> Path | None:
+    """The run directory (holding recipe.toml) that `path` lies inside, or None. `train`
+    refuses to make a run there: `find_runs` stops at a run directory, so a run inside
+    another would never be found."""
+    for folder in Path(os.path.abspath(path)).parents:
+        if (folder / "recipe.toml").is_file():
+            return folder
+    return None
 
 
 def _finite(value: Any) -> bool:
@@ -238,11 +275,13 @@ class Run:
     def status(self) -> dict[str, Any]:
         """The run's completeness and numerical health: {"state": FINISHED, DIVERGED or
         UNFINISHED, ...} (the layout above). Read from status.json (a run recorded finished
-        whose eval.json was deleted since has no result: unfinished); a run directory
+        whose eval.json was deleted since stays finished, with "missing": `_missing`); a
+        run directory
         written before perencode kept it has its state inferred (and "inferred" says from
         what): diverged when metrics.jsonl holds a loss that is not a number, finished when
         eval.json is of the final iteration (one without an iteration: when the final
-        iteration's checkpoint is there, the rule of those versions)."""
+        iteration's checkpoint is there, the rule of those versions), finished without
+        eval.json when env.json's end time and the final metrics row say so."""
         if self.status_path.exists():
             try:
                 data = read_json(self.status_path)
@@ -250,14 +289,9 @@ class Run:
                 data, why = None, str(exc)
             else:
                 why = f"{self.status_path}: not a run status"
-            eval_gone = isinstance(data, dict) and data.get("state") == FINISHED \
-                and not (self.dir / "eval.json").exists()  # no result: not finished
-            if isinstance(data, dict) and data.get("state") in STATES and not eval_gone:
-                return data
-            if eval_gone:
-                return {"state": UNFINISHED}
-            console.print(f"[yellow]note:[/] {why}; the run's state is inferred from its "
-                          "other files", highlight=False, soft_wrap=True)
+            if isinstance(data, dict) and data.get("state") in STATES:
+                return self._missing(data)
+            note_once(f"{why}; the run's state is inferred from its other files")
         if not (self.dir / "recipe.toml").exists():
             return {"state": UNFINISHED}
         total = read_recipe(self.dir, any_kind=True).train.iterations
@@ -275,7 +309,38 @@ class Run:
             if at == total or (at is None and steps and steps[-1][0] == total):
                 return {"state": FINISHED, "iteration": total,
                         "inferred": "eval.json of the final iteration"}
+        elif self._ended(total):
+            return {"state": FINISHED, "iteration": total, "missing": "eval.json",
+                    "inferred": "env.json's end time and metrics.jsonl's final step"}
         return {"state": UNFINISHED}
+
+    def _missing(self, recorded: dict) -> dict[str, Any]:
+        """A recorded state, with "missing": "eval.json" where the run is recorded finished
+        and its eval.json was deleted since: it stays finished (never trained again) and
+        has no result until the file is restored or written again (`train` and the sweep
+        say which)."""
+        if recorded.get("state") == FINISHED and not (self.dir / "eval.json").exists():
+            return {**recorded, "missing": "eval.json"}
+        return recorded
+
+    def _ended(self, total: int) -> bool:
+        """Whether the run's other files say it finished (env.json's end time, written
+        after eval.json, and a metrics.jsonl row of the final iteration)."""
+        try:
+            ended = "end_time" in read_json(self.dir / "env.json")
+        except UserError:
+            return False
+        rows = self.metrics() if ended else []
+        return bool(rows) and rows[-1]["step"] == total
+
+    def restore_hint(self) -> str:
+        """How a finished run whose eval.json is missing gets it back."""
+        if self.checkpoints():
+            return (f"restore it from a copy of the run, or `perencode eval {self.dir}` "
+                    "scores the final checkpoint again")
+        return ("its checkpoints were deleted (pruned): restore it from a copy of the run, "
+                f"or train the recipe into a new run directory (`perencode train "
+                f"{self.dir / 'recipe.toml'} --run-dir NEW_DIR`)")
 
     def is_complete(self) -> bool:
         """The final evaluation is written (status); checkpoints may have been deleted."""
@@ -309,6 +374,11 @@ class Run:
         run_dir = self.dir
         if run_dir.exists() and not run_dir.is_dir():
             raise UserError(f"{run_dir}: exists and is not a directory; choose another --run-dir")
+        outer = enclosing_run(run_dir)
+        if outer is not None:
+            raise UserError(f"{run_dir}: inside the run directory {outer} (a run directory "
+                            "holds no other run: figures, verify, report and prune would "
+                            "never see it); choose a --run-dir outside it")
         path = run_dir / "recipe.toml"
         if path.exists():
             # Read as results are (a kind of a plugin not loaded keeps its name): a different
@@ -486,9 +556,8 @@ class Run:
             else:
                 rows.append(row)
         if damaged:
-            console.print(f"[yellow]note:[/] {path}: skipped damaged line"
-                          f"{'s' if len(damaged) > 1 else ''} {', '.join(damaged)}; "
-                          f"kept the {len(rows)} valid rows", highlight=False, soft_wrap=True)
+            note_once(f"{path}: skipped damaged line{'s' if len(damaged) > 1 else ''} "
+                      f"{', '.join(damaged)}; kept the {len(rows)} valid rows")
         return rows
 
     def truncate_metrics(self, last_step: int) -> None:
@@ -508,18 +577,29 @@ class Run:
         return steps[-1][1] if steps else None
 
     def write_eval(self, result: dict, name: str = "eval.json") -> Path:
+        """Write `result` to `name`; eval.json of a run recorded finished also gets its
+        hash recorded in status.json again (`check_eval`)."""
         path = self.dir / name
         atomic_write_json(path, result)
+        if name == "eval.json" and self.status_path.exists():
+            try:
+                record = read_json(self.status_path)
+            except UserError:
+                record = {}
+            if record.get("state") == FINISHED:
+                atomic_write_json(self.status_path, {**record, EVAL_HASH: sha256_of(path)})
         return path
 
     def finish(self, result: dict) -> Path:
-        """eval.json of the final model, then the end time in env.json."""
+        """eval.json of the final model, then the end time in env.json, then status.json
+        (finished, with eval.json's hash)."""
         path = self.write_eval(result)
         env_path = self.dir / "env.json"
         env = read_json(env_path) if env_path.exists() else {}
         env["end_time"] = now()
         atomic_write_json(env_path, env)
-        self.record_status(FINISHED, iteration=self.recipe.train.iterations)
+        self.record_status(FINISHED, iteration=self.recipe.train.iterations,
+                           **{EVAL_HASH: sha256_of(path)})
         return path
 
     def diverged(self, iteration: int, reason: str) -> Path | None:
@@ -533,6 +613,51 @@ class Run:
         self.record_status(DIVERGED, iteration=iteration, reason=reason,
                            checkpoint=str(last.relative_to(self.dir)) if last else None)
         return last
+
+
+def check_eval(run_dir: str | Path, recipe: Recipe, status: dict | None = None) -> None:
+    """Refuse (UserError, one line) a run's eval.json that is not the one the run wrote:
+    identity fields (EVAL_IDENTITY) that are not the run recipe's (another run's file), or
+    content whose SHA-256 is not the one status.json recorded when the run finished (or
+    `eval` last wrote it): edited or copied in since. A run finished before the hash was
+    recorded has its identity fields checked only. No eval.json: nothing to check."""
+    run = Run(run_dir)
+    path = run.dir / "eval.json"
+    if not path.is_file():
+        return
+    data = read_json(path)
+    ours = eval_identity(recipe)
+    differ = [f"{key} {data[key]!r} (the run's is {ours[key]!r})" for key in EVAL_IDENTITY
+              if key in data and data[key] != ours[key]]
+    again = run.restore_hint().replace("restore it", "restore the run's own")
+    if differ:
+        raise UserError(f"{path}: the result of another run ({', '.join(differ)}); {again}")
+    status = run.status() if status is None else status
+    recorded = status.get(EVAL_HASH)
+    if recorded and sha256_of(path) != recorded:
+        raise UserError(f"{path}: not the eval.json this run wrote (its SHA-256 differs from "
+                        f"the one {STATUS_NAME} recorded: edited, or copied from another "
+                        f"run); {again}")
+
+
+def integrity(run_dir: str | Path) -> list[str]:
+    """What no longer matches a run's record, one line each (empty when all does): its
+    recipe.toml against identity.json (perencode.identity), its eval.json against its
+    recipe and the hash recorded when it finished (`check_eval`). For `show`, which prints
+    a run's files: the other commands refuse such a run."""
+    found = []
+    try:
+        recipe = read_recipe(run_dir, any_kind=True)
+    except UserError as exc:
+        return [str(exc)]
+    for check in (lambda: identity.check(run_dir, recipe, "show", data=False, code=False,
+                                         write=False, note_missing=False),
+                  lambda: check_eval(run_dir, recipe)):
+        try:
+            check()
+        except UserError as exc:
+            found.append(str(exc))
+    return found
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from perencode import runs
+from perencode.errors import UserError
 from perencode.models import SequenceModel, build_model
 from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import Batch, make
@@ -131,6 +132,16 @@ def build(recipe: Recipe, device: torch.device) -> tuple:
     return task, build_model(recipe, task.shapes).to(device)
 
 
+class NotFinite(UserError):
+    """An evaluation of the model after `iteration` met `what` (logits or a metric that is
+    not finite): a divergence at evaluation, nothing scored."""
+
+    def __init__(self, iteration: int, what: str):
+        super().__init__(f"diverged at evaluation after iteration {iteration}: {what}; "
+                         "nothing is scored")
+        self.iteration, self.what = iteration, what
+
+
 class Step(NamedTuple):
     """One iteration: its learning rate, its batch, the loss, the correct predictions (when
     counted) and the gradient norm before clipping (None without clipping); the tensors
@@ -195,15 +206,28 @@ class Session:
     @torch.no_grad()
     def evaluate(self, **options) -> dict:
         """The model's scores on the task's held-out data (eval.json's dict, without its
-        iteration): `perencode eval` and the end of `perencode train` alike."""
+        iteration): `perencode eval` and the end of `perencode train` alike. Logits or a
+        metric that are not finite raise NotFinite: the argmax of NaN is class 0, a score no
+        model earned, so nothing is scored."""
         model = self.model
         was_training = model.training
+        finite: list[Tensor] = []  # one flag per batch, read once at the end (no sync)
+
+        def logits(batch: Batch) -> Tensor:
+            out = output_logits(model, batch)
+            finite.append(torch.isfinite(out).all())
+            return out
+
         model.eval()
         try:
-            metrics = self.task.evaluate(lambda batch: output_logits(model, batch),
-                                         self.recipe.train.eval_batch_size, **options)
+            metrics = self.task.evaluate(logits, self.recipe.train.eval_batch_size, **options)
         finally:
             model.train(was_training)
+        if finite and not bool(torch.stack(finite).all()):
+            raise NotFinite(self.iteration, "logits are not finite")
+        for key, value in metrics.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise NotFinite(self.iteration, f"{key} is {value}")
         return {**runs.eval_identity(self.recipe), **metrics}
 
     def state(self) -> dict:

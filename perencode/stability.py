@@ -69,7 +69,8 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 def analyse_run(run_dir: str | Path, triplets: int = defaults.STABILITY_TRIPLETS,
                 metric: str = defaults.STABILITY_METRIC, device: str = defaults.DEVICE,
                 every: int = defaults.STABILITY_EVERY, batch: int = defaults.STABILITY_BATCH,
-                progress: bool = True, accept_code_change: bool = False) -> Path:
+                progress: bool = True, accept_code_change: bool = False,
+                accept_data_change: bool = False) -> Path:
     """Gradient stability at every (every-th) checkpoint of a dual-frequency run.
 
     Writes RUN_DIR/stability.csv (columns COLUMNS; two rows per triplet and checkpoint,
@@ -78,7 +79,8 @@ def analyse_run(run_dir: str | Path, triplets: int = defaults.STABILITY_TRIPLETS
     an interrupted analysis resumes where it stopped. `metric` names the column copied into
     `stability` (METRICS). Memory grows linearly with `batch` (docs/stability.md). The run's
     recipe.toml, data and code must be those it was made with (perencode.identity; other
-    code with `accept_code_change`, recorded in its identity.json).
+    code with `accept_code_change`, other data with `accept_data_change`, recorded in its
+    identity.json).
     """
     if metric not in METRICS:
         raise UserError(f"--metric '{metric}': expected one of {', '.join(METRICS)}")
@@ -100,7 +102,8 @@ def analyse_run(run_dir: str | Path, triplets: int = defaults.STABILITY_TRIPLETS
     dev = resolve_device(device)
     with hold(run.dir, "stability"):
         remove_stale_temps(run.dir)
-        identity.check(run.dir, recipe, "stability", accept_code_change=accept_code_change)
+        identity.check(run.dir, recipe, "stability", accept_code_change=accept_code_change,
+                       accept_data_change=accept_data_change)
         return _analyse(run, chosen, dev, triplets, metric, every, batch, progress)
 
 
@@ -140,4 +143,7 @@ def _analyse(run: runs.Run, chosen: Triplets, dev: torch.device, triplets: int, 
                            **run_fields)
             rows.extend(new)
             _write_csv(path, rows)
+    # One line, true in each case: a finished analysis is left as it is.
+    console.print(f"wrote {path}" if todo else f"{path}: every checkpoint analysed already; "
+                  "kept as it is", highlight=False, soft_wrap=True)
     return path

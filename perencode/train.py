@@ -3,9 +3,11 @@ data, not by subclassing the loop)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -14,11 +16,12 @@ from torch import Tensor, nn
 from perencode import defaults, identity, preflight, runs
 from perencode.console import console
 from perencode.device import resolve_device, set_parent_death_signal
+from perencode.errors import UserError
 from perencode.io import WriteError, remove_stale_temps
 from perencode.lock import PARENT_ENV, hold
 from perencode.progress import Reporter
 from perencode.recipe import Recipe
-from perencode.session import CHUNK_LOGITS, Session
+from perencode.session import CHUNK_LOGITS, NotFinite, Session
 from perencode.tasks import Batch, held_out_warning
 from perencode.tracking import HELD_OUT, TensorBoardLog
 
@@ -142,7 +145,7 @@ def _check_health(run: runs.Run, pending: list[tuple[int, Tensor, Tensor | None]
 
 def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = defaults.DEVICE,
           progress: bool = True, tensorboard: bool = False, force: bool = False,
-          accept_code_change: bool = False) -> dict:
+          accept_code_change: bool = False, accept_data_change: bool = False) -> dict:
     """Train (or resume, or report complete) the run of `recipe` in `run_dir`.
 
     Returns the eval.json dict (that of the earlier training when the run was already
@@ -158,7 +161,8 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = defa
     is never refused as "a different recipe". The run directory is locked from its claim
     to its eval.json (perencode.lock): a second `train` of it fails at once. An existing
     run's recipe.toml, data and code must be those it was made with (perencode.identity;
-    `accept_code_change` accepts other code, and records it). A write the
+    `accept_code_change` accepts other code, `accept_data_change` other data content, and
+    records it). A write the
     filesystem refuses (full disk, quota, read-only) ends it with a UserError naming the
     file and the newest complete checkpoint (by iteration).
     """
@@ -174,10 +178,17 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = defa
             try:
                 if (run.dir / "recipe.toml").is_file():
                     identity.check(run.dir, runs.read_recipe(run.dir, any_kind=True), "train",
-                                   accept_code_change=accept_code_change)
+                                   accept_code_change=accept_code_change,
+                                   accept_data_change=accept_data_change)
                 existed = run.check_claim(recipe)
                 status = run.status() if existed else {"state": runs.UNFINISHED}
                 if status["state"] == runs.FINISHED:
+                    if status.get("missing"):  # never trained again: its model is its result
+                        raise UserError(f"{run.dir}: finished at iteration "
+                                        f"{status.get('iteration')}, but its "
+                                        f"{status['missing']} is missing; not trained again: "
+                                        f"{run.restore_hint()}")
+                    runs.check_eval(run.dir, recipe, status)
                     return runs.read_json(run.dir / "eval.json")
                 if status["state"] == runs.DIVERGED:
                     kept = status.get("checkpoint")
@@ -201,6 +212,40 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = defa
                 run.dir.rmdir()
             except OSError:
                 pass
+
+
+@contextlib.contextmanager
+def _naming_plugins(run: runs.Run, session: Session):
+    """An exception raised in a plugin's code while training becomes one line naming the
+    plugin, the iteration and the checkpoint to resume from, not a traceback through
+    perencode's loop; any other exception is left as it is (a bug of perencode's)."""
+    try:
+        yield
+    except (UserError, Interrupted, Diverged):
+        raise
+    except Exception as exc:
+        files = identity.plugin_files(run.recipe)
+        frames = [os.path.realpath(frame.filename) for frame in traceback.extract_tb(
+            exc.__traceback__)]
+        culprit = next((files[f] for f in reversed(frames) if f in files), None)
+        if culprit is None:
+            raise
+        text = str(exc).strip().splitlines()
+        raise UserError(f"{run.dir}: plugin {culprit} raised {type(exc).__name__}"
+                        f"{': ' + text[-1] if text else ''} at iteration "
+                        f"{session.iteration + 1}; {_kept(run)} once the plugin is fixed") \
+            from None
+
+
+def _evaluate(run: runs.Run, session: Session) -> dict:
+    """The session's held-out scores; logits or a metric that are not finite are a
+    divergence at evaluation (Diverged, recorded in status.json): nothing is scored."""
+    try:
+        return session.evaluate()
+    except NotFinite as exc:
+        reason = f"{exc.what} at evaluation"
+        raise Diverged(run.dir, exc.iteration, reason,
+                       run.diverged(exc.iteration, reason)) from None
 
 
 def _kept(run: runs.Run) -> str:
@@ -231,7 +276,8 @@ def _train(run: runs.Run, session: Session, progress: bool, existed: bool,
                         enabled=progress)
     pending: list[tuple[int, Tensor, Tensor | None]] = []  # steps since the last health check
     scores = None  # the held-out scores of the last periodic evaluation (train.eval_every)
-    with reporter, _Stop() as stop, board.resumed_at(start, tc.batch_size, recipe.to_toml()):
+    with reporter, _Stop() as stop, board.resumed_at(start, tc.batch_size, recipe.to_toml()), \
+            _naming_plugins(run, session):
         for k in range(start + 1, tc.iterations + 1):
             log = k % tc.log_every == 0 or k == tc.iterations
             step = session.step(count_hits=log)
@@ -245,7 +291,7 @@ def _train(run: runs.Run, session: Session, progress: bool, existed: bool,
                 row = {"step": k, "loss": float(loss.detach()), "accuracy": acc,
                        "lr": step.lr, "seconds": round(time.perf_counter() - t0, 3)}
                 if tc.eval_every is not None and k % tc.eval_every == 0:
-                    scores = session.evaluate()
+                    scores = _evaluate(run, session)
                     row.update(held_out_row(scores))
                 run.log(row)
                 board.log(row)
@@ -264,7 +310,8 @@ def _train(run: runs.Run, session: Session, progress: bool, existed: bool,
 
     # The last step's periodic scores are the final ones: the same model, not scored twice.
     last_scored = tc.eval_every is not None and tc.iterations % tc.eval_every == 0
-    result = scores if last_scored and scores is not None else session.evaluate()
+    with _naming_plugins(run, session):
+        result = scores if last_scored and scores is not None else _evaluate(run, session)
     result["iteration"] = tc.iterations
     run.finish(result)
     return result

@@ -3,6 +3,7 @@ overrides, a `perencode train` command line), the in-process CLI, console-output
 tmpfs and the processes a command spawned."""
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -197,3 +198,21 @@ PYTHON = sys.executable
 def paper_like(tmp_path_factory) -> Path:
     """tests/fake_runs.py's stand-in for the paper's grids, built once per module."""
     return paper_like_runs(tmp_path_factory.mktemp("runs"))
+
+
+def unfinish(run_dir: Path) -> None:
+    """A finished run as if killed before its end: no eval.json, status.json or end time in
+    env.json (a run recorded finished stays finished whatever file is missing: never
+    trained again)."""
+    run_dir = Path(run_dir)
+    for name in ("eval.json", "status.json"):
+        (run_dir / name).unlink(missing_ok=True)
+    env = run_dir / "env.json"
+    try:
+        data = json.loads(env.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(data, dict):  # a damaged env.json says nothing of an end
+        return
+    data.pop("end_time", None)
+    env.write_text(json.dumps(data))

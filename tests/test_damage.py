@@ -27,6 +27,7 @@ from conftest import (
     subprocess_env,
     tmpfs,
     train_args,
+    unfinish,
 )
 
 import perencode.io
@@ -56,7 +57,7 @@ def _copy(finished: Path, tmp_path: Path) -> Path:
 
 def _unfinish(run: Path) -> None:
     """The run as if killed after its step-20 checkpoint: train resumes it from there."""
-    (run / "eval.json").unlink()
+    unfinish(run)
     (run / "checkpoints/step-30.pt").unlink()
 
 
@@ -257,8 +258,8 @@ def test_a_damaged_eval_json_is_one_line_in_every_reader(cli, finished, tmp_path
                     ["report", run, "--claims", "quick", "--out", tmp_path / "r"]):
         line = one_line(*cli(*command))
         assert line.startswith(f"error: {path}: {says}"), (command, line)
-        assert line.endswith(f"`perencode eval {run}` writes it again from the final "
-                             "checkpoint"), line
+        assert line.endswith(f"restore it from a copy of the run, or `perencode eval {run}` "
+                             "scores the final checkpoint again"), line
 
 
 @pytest.mark.parametrize("data, says", [(b"\xff{}", "not UTF-8 text (byte 0xff at offset 0)"),

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, unfinish
 
 from perencode import doctor, kinds, preflight, session
 from perencode.session import CHUNK_LOGITS
@@ -140,7 +140,7 @@ def test_a_checkpoint_from_another_device_type_resumes_on_a_new_stream(tmp_path,
         train(recipe, run.dir, device="cpu", progress=False)
         uninterrupted = runs.load_checkpoint(run.checkpoint_path(4))["model"]
         run.checkpoint_path(4).unlink()
-        (run.dir / "eval.json").unlink()
+        unfinish(run.dir)
         state = runs.load_checkpoint(run.checkpoint_path(2))
         state["rng"]["generator"] = torch.zeros(16, dtype=torch.uint8)
         atomic_torch_save(run.checkpoint_path(2), state)

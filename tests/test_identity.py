@@ -18,6 +18,7 @@ from test_stability import TINY_DUAL
 
 from perencode import identity, kinds
 from perencode.errors import UserError
+from perencode.recipe import validate
 from perencode.rehearsal import write_corpus as make_corpus
 
 SHORT = ["train.iterations=10", "train.checkpoint_every=5", "task.vocab_size=16",
@@ -120,14 +121,17 @@ def test_an_edited_loose_plugin_is_refused_until_accepted(tmp_path):
     (run_dir / "eval.json").write_bytes(scored)
     for command in (["eval", run_dir, "--device", "cpu"], [*train_args(run_dir)[:1], RECIPE,
                     "--run-dir", run_dir, "--device", "cpu", "--no-progress",
-                    *tiny_overrides(*SHORT, "encoding.kind=my_ramp")],
-                    ["figures", run_dir, "--out", tmp_path / "figures"]):
+                    *tiny_overrides(*SHORT, "encoding.kind=my_ramp")]):
         code, text = perencode("--plugin", plugin, *command)
         line = one_line(text)
         assert code == 2 and "encoding.kind = 'my_ramp': the code of plugin my_ramp " \
             f"({plugin}) changed since the run was made" in line \
             and f"`perencode {command[0]} --accept-code`" in line, text
     assert (run_dir / "eval.json").read_bytes() == scored
+    # figures reads the numbers the recorded code computed: it compares the runs' code with
+    # each other (one run here), not with the code loaded now.
+    code, text = perencode("--plugin", plugin, "figures", run_dir, "--out", tmp_path / "f")
+    assert code == 0 and "error" not in text, text
     code, text = perencode("--plugin", plugin, "eval", run_dir, "--device", "cpu",
                            "--accept-code")
     assert code == 0, text
@@ -216,12 +220,29 @@ def test_a_language_model_run_keeps_its_data(tmp_path, monkeypatch):
     # The relative folder is resolved when the run is made: the run keeps the absolute one.
     assert f'data = "{here / "lmdata"}"' in (run / "recipe.toml").read_text()
     data = json.loads((run / "identity.json").read_text())["data"]
-    assert data["path"] == str(here / "lmdata") and len(data["manifest_sha256"]) == 64
+    assert data["path"] == str(here / "lmdata") and len(data["manifest_sha256"]) == 64 \
+        and len(data["content_sha256"]) == 64
     scored = json.loads((run / "eval.json").read_text())
     # From another folder with its own ./lmdata, in another process: the run's data.
     code, text = perencode("eval", run, "--device", "cpu", cwd=elsewhere)
     assert code == 0, text
     assert json.loads((run / "eval.json").read_text()) == scored
+    # The same data rebuilt (another manifest: its time, timings and log differ): the same
+    # data, accepted; a copy built elsewhere is the same data too (one fingerprint).
+    manifest = (here / "lmdata" / "manifest.json").read_bytes()
+    shutil.rmtree(here / "lmdata")
+    prepare_cli(corpus, here / "lmdata")
+    assert (here / "lmdata" / "manifest.json").read_bytes() != manifest
+    code, text = run_cli("eval", run, "--device", "cpu")
+    assert code == 0, text
+    assert json.loads((run / "eval.json").read_text()) == scored
+    prepare_cli(corpus, tmp_path / "again")
+    entry = identity.read(run)
+    again = validate({**entry["recipe"], "task": {**entry["recipe"]["task"],
+                                                  "data": str(tmp_path / "again")}}, "again")
+    assert identity.data_record(again)["content_sha256"] == data["content_sha256"]
+    assert identity.fingerprint(again.identity(), entry["code"], identity.data_record(again),
+                                entry["modules"]) == entry["fingerprint"]
     # The data rebuilt in place (from another version of the corpus): refused.
     newer = tmp_path / "newer"
     newer.mkdir()
@@ -235,8 +256,13 @@ def test_a_language_model_run_keeps_its_data(tmp_path, monkeypatch):
         code, text = run_cli(*command)
         line = one_line(text)
         assert code == 2 and f"{run}: its data {here / 'lmdata'} changed since the run was " \
-            "made (manifest.json" in line, text
+            "made (content" in line and f"`perencode {command[0]} --accept-data`" in line, text
     assert (run / "eval.json").read_bytes() == before
+    code, text = run_cli("eval", run, "--device", "cpu", "--accept-data")
+    assert code == 0, text
+    accepted = identity.read(run)["accepted"]
+    assert [(a["command"], a["kind"]) for a in accepted] == [("eval", "data")]
+    assert "its data" in json.loads((run / "eval.json").read_text())["code_changes_accepted"][0]
 
 
 # --------------------------------------------------------------------------------------
@@ -315,8 +341,15 @@ def test_an_old_unfinished_run_resumes_with_a_note(tmp_path):
     code, _ = run_cli(*train_args(run, 'train.keep_checkpoints="all"'))
     assert code == 0
     whole = json.loads((run / "eval.json").read_text())
-    for name in ("eval.json", "identity.json", "checkpoints/step-10.pt"):
+    # An unfinished run of a perencode before identity.json and status.json: stopped after
+    # its checkpoint of iteration 5 (no end time, no later metrics row).
+    for name in ("eval.json", "identity.json", "status.json", "checkpoints/step-10.pt"):
         (run / name).unlink()
+    env = json.loads((run / "env.json").read_text())
+    del env["end_time"]
+    (run / "env.json").write_text(json.dumps(env))
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(rows[0] + "\n")
     code, text = run_cli(*train_args(run))
     assert code == 0 and "no identity.json" in text and "resuming from iteration 5" in text, text
     assert json.loads((run / "eval.json").read_text()) == whole

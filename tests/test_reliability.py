@@ -32,6 +32,7 @@ from conftest import (
     subprocess_env,
     tiny_toml,
     train_args,
+    unfinish,
 )
 from conftest import (
     flat as _flat,
@@ -71,7 +72,7 @@ def test_a_foreign_checkpoint_of_the_same_shape_is_set_aside_and_never_adopted(c
     assert cli(*_args(ours, "train.seed=111"))[0] == 0
     ckpts = ours / "checkpoints"
     # Unfinished again, its newest checkpoint replaced by the other seed's (same shapes).
-    (ours / "eval.json").unlink()
+    unfinish(ours)
     shutil.copy(theirs / "checkpoints/step-10.pt", ckpts / "step-10.pt")
     code, text = cli(*_args(ours, "train.seed=111"))
     assert code == 0, text
@@ -84,7 +85,7 @@ def test_a_foreign_checkpoint_of_the_same_shape_is_set_aside_and_never_adopted(c
     assert not _same(_weights(ckpts / "step-10.pt"), _weights(theirs / "checkpoints/step-10.pt"))
 
     # Every checkpoint foreign: it starts over, saying so, and still ends as seed 111.
-    (ours / "eval.json").unlink()
+    unfinish(ours)
     for step in (5, 10):
         shutil.copy(theirs / f"checkpoints/step-{step}.pt", ckpts / f"step-{step}.pt")
     code, text = cli(*_args(ours, "train.seed=111"))
@@ -100,7 +101,7 @@ def test_a_checkpoint_of_another_shape_is_set_aside_as_another_recipes(cli, tmp_
     ours, bigger = tmp_path / "k8", tmp_path / "k16"
     assert cli(*_args(ours))[0] == 0
     assert cli(*_args(bigger, "task.vocab_size=16"))[0] == 0
-    (ours / "eval.json").unlink()
+    unfinish(ours)
     shutil.copy(bigger / "checkpoints/step-10.pt", ours / "checkpoints/step-10.pt")
     code, text = cli(*_args(ours))
     assert code == 0, text

@@ -130,8 +130,11 @@ def test_prune_frees_the_checkpoints_and_keeps_what_the_results_need(trained, tm
     done = _copy(trained, tmp_path / "runs" / "done")
     (done / "status.json").unlink()  # an earlier perencode's run: recorded before pruning
     partial = _copy(trained, tmp_path / "runs" / "partial")
-    for name in ("status.json", "eval.json"):
+    for name in ("status.json", "eval.json"):  # and no end time: an unfinished run
         (partial / name).unlink()
+    env = json.loads((partial / "env.json").read_text())
+    del env["end_time"]
+    (partial / "env.json").write_text(json.dumps(env))
     dual = tmp_path / "runs" / "dual"
     assert run_cli(*_train_args(dual, recipe=DUAL))[0] == 0
     kept = {p: p.stat().st_size for p in (tmp_path / "runs").rglob("*") if p.is_file()}
@@ -238,8 +241,11 @@ def test_diverged_runs_are_shown_as_such_never_as_numbers(trained, tmp_path):
 
 def test_of_two_runs_of_one_recipe_the_finished_one_is_used(trained, tmp_path):
     partial = _copy(trained, tmp_path / "runs" / "a_partial")
-    for name in ("status.json", "eval.json"):
+    for name in ("status.json", "eval.json"):  # and no end time: an unfinished run
         (partial / name).unlink()
+    env = json.loads((partial / "env.json").read_text())
+    del env["end_time"]
+    (partial / "env.json").write_text(json.dumps(env))
     complete = _copy(trained, tmp_path / "runs" / "b_complete")
     code, text = run_cli("figures", tmp_path / "runs", "--out", tmp_path / "figs")
     assert code == 0 and (f"{partial}: ignored, unfinished (iteration 10); the same recipe's "

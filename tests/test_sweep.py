@@ -13,7 +13,7 @@ import time
 import pandas as pd
 import pytest
 import torch
-from conftest import PYTHON, ROOT, assert_scores_consistent, subprocess_env, tiny_toml
+from conftest import PYTHON, ROOT, assert_scores_consistent, subprocess_env, tiny_toml, unfinish
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
@@ -78,7 +78,7 @@ def test_rerun_skips_finished_and_resumes_unfinished(swept):
     grid, out, _, _ = swept
     logs = {c: (out / "tiny" / c / "train.log").read_text() for c in CELLS}
     unfinished = out / "tiny" / CELLS[0]
-    (unfinished / "eval.json").unlink()
+    unfinish(unfinished)
     (unfinished / "checkpoints" / "step-10.pt").unlink()
     code, output = sweep(grid, "--runs", out, "--jobs", "2")
     assert code == 0, output

@@ -22,6 +22,7 @@ from conftest import (
     tiny_overrides,
     tmpfs,
     train_args,
+    unfinish,
 )
 
 import perencode.io
@@ -320,7 +321,7 @@ def test_padding_row_of_a_task_is_zero_and_frozen(arch):
 def test_a_corrupted_env_json_is_set_aside_and_the_run_goes_on(cli, tmp_path):
     out = tmp_path / "run"
     assert cli(*_train_args(out, 10))[0] == 0
-    (out / "eval.json").unlink()  # unfinished again: the rerun reads env.json
+    unfinish(out)  # unfinished again: the rerun reads env.json
     (out / "env.json").write_text("{not json")
     code, text = cli(*_train_args(out, 10))
     assert code == 0 and "env.json: not valid JSON" in text and "Traceback" not in text
@@ -452,7 +453,7 @@ def test_an_unreadable_latest_checkpoint_is_set_aside_and_the_run_resumes(cli, t
     ckpts = out / "checkpoints"
     final = runs.load_checkpoint(ckpts / "step-20.pt")["model"]
     result = json.loads((out / "eval.json").read_text())
-    (out / "eval.json").unlink()
+    unfinish(out)
     truncated = (ckpts / "step-20.pt").read_bytes()[:1000]
     (ckpts / "step-20.pt").write_bytes(truncated)
     (ckpts / "resume.pt").write_bytes(b"\x00garbage")

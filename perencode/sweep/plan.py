@@ -213,6 +213,10 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[PlannedRun]:
             if run.state in (RunState.PARTIAL, RunState.REUSE) else {"state": runs.UNFINISHED}
         if status["state"] == runs.FINISHED and run.state == RunState.PARTIAL:
             run.state = RunState.DONE
+        if status["state"] == runs.FINISHED and status.get("missing"):  # never retrained
+            run.message = ("; ".join(filter(None, [run.message, f"finished, but its "
+                           f"{status['missing']} is missing: not trained again; "
+                           f"{runs.Run(run.twin or run_dir).restore_hint()}"])))
         elif status["state"] == runs.DIVERGED:
             said = (f"diverged at iteration {status.get('iteration')} "
                     f"({status.get('reason')}); not trained again")

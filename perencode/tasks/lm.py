@@ -13,6 +13,8 @@ paragraph's start.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -166,13 +168,33 @@ class LanguageModelConfig(TaskConfig):
         return self
 
 
+# What training reads of a prepared folder (perencode.lm.data.load): the token files and
+# the tokenizer model. The manifest's other entries (its creation time, the build's stage
+# timings, the SentencePiece log) change at every rebuild of the same data.
+READ_FILES = (".bin", ".idx", ".model")
+READ_FIELDS = ("format_version", "vocab_size", "max_tokens", "token_dtype")
+
+
 def data_identity(cfg: LanguageModelConfig) -> dict:
-    """The data a run reads (perencode.identity): its folder and its manifest's SHA-256
-    (the manifest lists every file's own)."""
+    """The data a run reads (perencode.identity): its folder, its manifest's SHA-256, and
+    the SHA-256 of its content (`content_sha256`: the files training reads, by the hashes
+    their manifest lists, which loading checks against the files, and the sizes they were
+    prepared with), so that a byte-identical rebuild is the same data."""
     assert cfg.data is not None  # LanguageModelConfig requires it
     manifest = Path(cfg.data) / MANIFEST
+    content = None
+    if manifest.is_file():
+        try:
+            listed = json.loads(manifest.read_text(encoding="utf-8"))
+            read = {name: entry["sha256"] for name, entry in listed["files"].items()
+                    if name.endswith(READ_FILES)}
+            whole = {"files": read, **{key: listed.get(key) for key in READ_FIELDS}}
+            content = hashlib.sha256(json.dumps(whole, sort_keys=True).encode()).hexdigest()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            content = None  # a damaged manifest: loading the data says what is wrong
     return {"field": "data", "path": cfg.data,
-            "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None}
+            "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None,
+            "content_sha256": content}
 
 
 def results(row: dict, metrics: list[dict], tables: dict) -> None:
