@@ -136,6 +136,39 @@ def test_exit_code_report_and_files(tmp_path, monkeypatch, verdicts, code):
         assert "not run: needs something" in md
 
 
+def test_a_central_check_not_run_is_incomplete_not_agree(tmp_path, monkeypatch):
+    def missing(_):
+        raise au.NotRun("needs timm 0.9.12: pip install timm==0.9.12 --no-deps")
+
+    agree = _groups(AGREE)[0]
+    monkeypatch.setattr(crosscheck, "GROUPS", (agree, ("schedule", "x", "y", missing)))
+    out = tmp_path / "out"
+    got, text = run_cli("crosscheck", fake_repository(tmp_path / "repo"), "--out", out)
+    assert got == crosscheck.INCOMPLETE and got not in (0, 1)
+    summary = text.strip().splitlines()[-1]
+    assert summary.startswith("INCOMPLETE: central checks not run: schedule (needs timm")
+    assert "pip install timm==0.9.12 --no-deps" in summary and "1 agree, 0 disagree" in summary
+    assert json.loads((out / "crosscheck.json").read_text())["complete"] is False
+    assert "INCOMPLETE" in (out / "crosscheck.md").read_text()
+    # A disagreement still exits 1, the incompleteness named beside it.
+    monkeypatch.setattr(crosscheck, "GROUPS", (_groups(DISAGREE)[0],
+                                               ("schedule", "x", "y", missing)))
+    got, text = run_cli("crosscheck", fake_repository(tmp_path / "repo"), "--out", out)
+    assert got == 1 and text.strip().splitlines()[-1].startswith("INCOMPLETE")
+
+
+def test_terminal_lines_fit_80_columns():
+    long = Comparison("training loop: lstm variable_length", "x" * 300, "y" * 300,
+                      {"fp32": 1e-5}, {"fp32": 2e-6})
+    bad = Comparison("dual_frequency: by band", "x", "y", verdict=DISAGREE, reason="r" * 500)
+    shown = crosscheck.lines([long, bad], 80)
+    plain = [line.replace("[green]", "").replace("[bold red]", "").replace("[/]", "")
+             for line in shown]
+    assert len(plain) == 2 and all(len(p) <= 80 for p in plain)
+    assert plain[0].startswith("agree     training loop: lstm variable_length max error")
+    assert plain[1].startswith("disagree  dual_frequency: by band") and plain[1].endswith("…")
+
+
 # -- every check agrees with the authors' code ---------------------------------------------
 
 GROUP_FUNCTIONS = [g for g in crosscheck.GROUPS if g[0] not in ("language model",)]
@@ -171,18 +204,26 @@ def test_language_model_is_not_run_with_its_reason(authors):
         assert "torchtext" in check.reason
 
 
+class _NoTimm:
+    """A meta-path finder that makes timm not importable and not found, as without it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "timm" or name.startswith("timm."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
 @needs_authors
 def test_without_timm_only_the_scheduler_checks_are_not_run(monkeypatch):
-    def missing():
-        raise au.NotRun("no timm")
-
-    monkeypatch.setattr(au, "_stub_timm", missing)
+    monkeypatch.setattr(sys, "meta_path", [_NoTimm(), *sys.meta_path])
+    monkeypatch.setattr(au, "_timm_folder", lambda: None)
     before = sys.modules.get("timm")
     with au.authors_code(au.locate(AUTHORS)) as a:
         for fn in (schedule.check_schedule, models.check_trajectory):
             (check,) = crosscheck._run("x", "x", "x", functools.partial(fn, a))
             assert check.verdict == NOT_RUN
             assert "pip install timm==0.9.12 --no-deps" in check.reason
+            assert "perencode[crosscheck]" in check.reason
         # Their scripts still import: the task checks run their test methods.
         assert {c.verdict for c in tasks.check_fixed_length(a)} == {AGREE}
     assert sys.modules.get("timm") is before  # the stand-in is gone with their modules
