@@ -1,0 +1,69 @@
+"""The paths crosscheck round 3 reaches: dense sampling, the dual-frequency bands, scoring
+through Session.evaluate, trained encodings, the S4D loop, the chunked loss, resuming, the
+perplexity formula. For each, the unchanged package agrees and one planted fault (the
+package's function monkeypatched, as a reimplementer's slip would change it) disagrees."""
+
+import pytest
+from test_crosscheck import AUTHORS, by_name, needs_authors
+
+from perencode import session
+from perencode.crosscheck import authors as au
+from perencode.crosscheck import tasks
+from perencode.crosscheck.report import AGREE, DISAGREE
+
+
+@pytest.fixture(scope="module")
+def authors():
+    with au.authors_code(au.locate(AUTHORS)) as a:
+        yield a
+
+
+@needs_authors
+def test_dense_sampling_agrees_and_a_uniform_list_disagrees(authors, monkeypatch):
+    from perencode.tasks.base import SyntheticTask
+    from perencode.tasks.dual_frequency import DualFrequencyTask
+    checks = by_name(tasks.check_dual_frequency(authors))
+    assert checks["dual_frequency: dense sampling"].verdict == AGREE
+    assert "from the list of rows left: True" in checks["dual_frequency: dense sampling"].compared
+    assert by_name(tasks.check_fixed_length(authors))["reverse: dense sampling"].verdict == AGREE
+    # The rows left drawn uniformly, not by their chance under `draw`: rare rows too often.
+    monkeypatch.setattr(DualFrequencyTask, "chance", SyntheticTask.chance)
+    checks = by_name(tasks.check_dual_frequency(authors))
+    assert checks["dual_frequency: dense sampling"].verdict == DISAGREE
+    assert checks["dual_frequency: sampling"].verdict == AGREE  # the sparse path is unchanged
+
+
+@needs_authors
+def test_bands_agree_and_bands_one_position_off_disagree(authors, monkeypatch):
+    from perencode.tasks.dual_frequency import DualFrequencyTask
+    assert by_name(tasks.check_dual_frequency(authors))["dual_frequency: by band"].verdict == AGREE
+    score = DualFrequencyTask.score
+
+    def shifted(self, batches, predictions):  # bands of 0-based positions 1..L
+        out = score(self, batches, predictions)
+        for band in out["by_band"]:
+            cells = [r for r in out["by_condition"] if r["target"] == band["target"]
+                     and r["disturbants"] == band["disturbants"]
+                     and band["first"] <= r["position"] + 1 <= band["last"]]
+            band["accuracy"] = sum(r["accuracy"] for r in cells) / len(cells)
+        return out
+
+    monkeypatch.setattr(DualFrequencyTask, "score", shifted)
+    checks = by_name(tasks.check_dual_frequency(authors))
+    assert checks["dual_frequency: by band"].verdict == DISAGREE
+    assert checks["dual_frequency: scoring"].verdict == AGREE
+
+
+@needs_authors
+def test_scoring_goes_through_session_evaluate(authors, monkeypatch):
+    """Session.evaluate reading the outputs one step early: the targets no longer agree."""
+    def early(model, batch):
+        h = model(batch.inputs)  # [B, T, K]
+        T_out = batch.output_targets.shape[1]
+        return model.head(h[:, -T_out - 1:-1])
+
+    monkeypatch.setattr(session, "output_logits", early)
+    checks = by_name(tasks.check_fixed_length(authors))
+    assert checks["reverse: targets"].verdict == DISAGREE
+    assert checks["reverse: scoring"].verdict == DISAGREE
+    assert checks["reverse: sampling"].verdict == AGREE
