@@ -4,11 +4,12 @@ perplexity formula. For each, the unchanged package agrees and one planted fault
 package's function monkeypatched, as a reimplementer's slip would change it) disagrees."""
 
 import pytest
-from test_crosscheck import AUTHORS, by_name, needs_authors
+import torch
+from test_crosscheck import AUTHORS, by_name, needs_authors, needs_timm
 
 from perencode import session
 from perencode.crosscheck import authors as au
-from perencode.crosscheck import tasks
+from perencode.crosscheck import loop, models, tasks
 from perencode.crosscheck.report import AGREE, DISAGREE
 
 
@@ -67,3 +68,62 @@ def test_scoring_goes_through_session_evaluate(authors, monkeypatch):
     assert checks["reverse: targets"].verdict == DISAGREE
     assert checks["reverse: scoring"].verdict == DISAGREE
     assert checks["reverse: sampling"].verdict == AGREE
+
+
+def _after_encoding_init(monkeypatch, change):
+    from perencode.encoding import PositionalEncoding
+    init = PositionalEncoding.__init__
+
+    def changed(self, cfg, dim, steps):
+        init(self, cfg, dim, steps)
+        change(self)
+
+    monkeypatch.setattr(PositionalEncoding, "__init__", changed)
+
+
+@needs_timm
+@needs_authors
+def test_trained_encodings_agree_and_a_frozen_or_detached_one_disagrees(authors, monkeypatch):
+    cases = [("gru", "none"), ("gru", "learnable"), ("gru", "duplicate")]
+    assert {c.verdict for c in models.check_trajectory(authors, steps=3, cases=cases)} == {AGREE}
+
+    def frozen(enc):  # the learnable table left out of training
+        if enc.kind == "learnable":
+            enc.table.requires_grad_(False)
+
+    _after_encoding_init(monkeypatch, frozen)
+    checks = by_name(models.check_trajectory(authors, steps=3, cases=cases))
+    assert checks["Adam trajectory: gru learnable"].verdict == DISAGREE
+    assert "ours only [], theirs only ['time_encoder.embeddings']" in \
+        checks["Adam trajectory: gru learnable"].reason
+    assert checks["Adam trajectory: gru none"].verdict == AGREE
+    monkeypatch.undo()
+
+    def detached(enc):  # the duplicate copy passes no gradient to the embedding
+        if enc.kind == "duplicate":
+            enc.vectors = lambda x: x.detach()
+
+    _after_encoding_init(monkeypatch, detached)
+    checks = by_name(models.check_trajectory(authors, steps=3, cases=cases))
+    assert checks["Adam trajectory: gru duplicate"].verdict == DISAGREE
+    assert checks["Adam trajectory: gru learnable"].verdict == AGREE
+
+
+@needs_timm
+@needs_authors
+def test_s4d_loop_agrees_and_untrained_poles_disagree(authors, monkeypatch):
+    check = loop.compare(authors, "s4d")
+    assert check.verdict == AGREE, check.reason
+    assert "clipping fired on" in check.compared
+    original = session.make_optimizer
+
+    def without_poles(model, optim):  # S4D's A left fixed, as some reimplementations do
+        keep = [p for n, p in model.named_parameters() if n not in ("s4d.log_A_real",
+                                                                    "s4d.A_imag")]
+        holder = torch.nn.ParameterList(keep)
+        return original(holder, optim)
+
+    monkeypatch.setattr(session, "make_optimizer", without_poles)
+    assert loop.compare(authors, "s4d").verdict == DISAGREE
+    (trajectory,) = models.check_trajectory(authors, steps=3, cases=[("s4d", "none")])
+    assert trajectory.verdict == DISAGREE and "kernel.log_A_real" in trajectory.reason
