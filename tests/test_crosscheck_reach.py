@@ -127,3 +127,48 @@ def test_s4d_loop_agrees_and_untrained_poles_disagree(authors, monkeypatch):
     assert loop.compare(authors, "s4d").verdict == DISAGREE
     (trajectory,) = models.check_trajectory(authors, steps=3, cases=[("s4d", "none")])
     assert trajectory.verdict == DISAGREE and "kernel.log_A_real" in trajectory.reason
+
+
+@needs_timm
+@needs_authors
+def test_chunked_loss_agrees_and_a_mean_of_chunk_means_disagrees(authors, monkeypatch):
+    from perencode.crosscheck import loss
+    assert {c.verdict for c in loss.check_chunked_loss(authors)} == {AGREE}
+    original = session.loss_fn
+
+    def chunk_means(model, batch, count_hits=False, chunk_logits=session.CHUNK_LOGITS):
+        """The chunked path averaging each chunk's mean: wrong when the last is shorter."""
+        if chunk_logits >= session.CHUNK_LOGITS:
+            return original(model, batch, count_hits, chunk_logits)
+        h = session.output_features(model, batch)
+        target = batch.output_targets
+        if batch.output_mask is not None:
+            h, target = h[batch.output_mask], target[batch.output_mask]
+        else:
+            h, target = h.reshape(-1, h.shape[-1]), target.reshape(-1)
+        rows = max(1, chunk_logits // model.head.out_features)
+        means = [torch.nn.functional.cross_entropy(model.head(h[s:s + rows]), target[s:s + rows])
+                 for s in range(0, len(target), rows)]
+        hits = (model.head(h).argmax(-1) == target).sum() if count_hits else None
+        return torch.stack(means).mean(), hits
+
+    monkeypatch.setattr(session, "loss_fn", chunk_means)
+    assert [c.verdict for c in loss.check_chunked_loss(authors)] == [DISAGREE, DISAGREE]
+
+
+@needs_timm
+@needs_authors
+def test_resume_agrees_and_a_resume_without_adam_state_disagrees(authors, monkeypatch):
+    from perencode.crosscheck import resume
+    (check,) = resume.check_resume(authors)
+    assert check.verdict == AGREE, check.reason
+    assert "warmup_lr_init (0, not 0.007)" in check.difference
+    load = session.Session.load
+
+    def forgetful(self, path, state):  # the weights and the stream, not Adam's moments
+        load(self, path, state)
+        self.optimizer = session.make_optimizer(self.model, self.recipe.optim)
+
+    monkeypatch.setattr(session.Session, "load", forgetful)
+    (check,) = resume.check_resume(authors)
+    assert check.verdict == DISAGREE and "ours resumed vs uninterrupted" in check.reason

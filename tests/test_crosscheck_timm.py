@@ -19,7 +19,9 @@ from perencode.crosscheck.report import AGREE, NOT_RUN
 
 # The central groups and two that import their scripts (whose Learner module imports timm's
 # scheduler at its top) and compare their test methods and Learner.train.
-GROUPS = ("schedule", "Adam trajectory", "training loop", "fixed-length tasks", "predecessor")
+GROUPS = ("schedule", "Adam trajectory", "training loop", "chunked loss", "resume",
+          "fixed-length tasks", "predecessor")
+CENTRAL = ["schedule", "Adam trajectory", "training loop", "chunked loss", "resume"]
 
 CHILD = textwrap.dedent("""
     import sys
@@ -69,15 +71,14 @@ def test_without_a_working_timm_the_crosscheck_is_incomplete(tmp_path, how):
     assert "Traceback" not in text
     summary = text.strip().splitlines()[-1]
     assert summary.startswith("INCOMPLETE: central checks not run: schedule, Adam "
-                              "trajectory, training loop ("), summary
+                              "trajectory, training loop, chunked loss, resume ("), summary
     assert "pip install timm==0.9.12 --no-deps" in summary
     assert all(len(line) <= 80 for line in child.stdout.splitlines()[:-1]), child.stdout
     data = json.loads((out / "crosscheck.json").read_text())
     assert data["complete"] is False
-    assert set(data["central_not_run"]) == {"schedule", "Adam trajectory", "training loop"}
+    assert list(data["central_not_run"]) == CENTRAL == list(crosscheck.CENTRAL)
     verdicts = [(c["name"], c["verdict"]) for c in data["checks"]]
     # One "not run" line per central group, and every other check agrees.
-    assert [n for n, v in verdicts if v == NOT_RUN] == ["schedule", "Adam trajectory",
-                                                        "training loop"]
+    assert [n for n, v in verdicts if v == NOT_RUN] == CENTRAL
     others = [v for n, v in verdicts if v != NOT_RUN]
     assert len(others) > 10 and set(others) == {AGREE}

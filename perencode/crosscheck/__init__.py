@@ -28,8 +28,10 @@ from perencode.crosscheck import (
     init,
     lm,
     loop,
+    loss,
     models,
     recipes,
+    resume,
     schedule,
     stability,
     tasks,
@@ -58,6 +60,12 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Comparison]]], ...] 
      models.check_trajectory),
     ("training loop", "lr, loss and parameters at every iteration of perencode's loop",
      "utils.training_template.Learner.train", loop.check_loop),
+    ("chunked loss", "the loss, hits and gradients with a forced small chunk_logits",
+     "train_palindrome[_variable-length].Learner.train_per_iteration",
+     loss.check_chunked_loss),
+    ("resume", "an interrupted and resumed run against the uninterrupted one",
+     "utils.training_template.Learner.save_model, retrieve_model, train",
+     resume.check_resume),
     ("fixed-length tasks", "reverse, sort, reverse_add", "data.dataset, their tests",
      tasks.check_fixed_length),
     ("variable_length", "variable-length reverse", "data.dataset, their test",
@@ -77,7 +85,7 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Comparison]]], ...] 
 # The groups that see every loss, optimizer, clipping, schedule and head fault of the step
 # `perencode train` runs: without them an "agree" says little, so their "not run" makes the
 # whole crosscheck incomplete (exit INCOMPLETE), not a pass.
-CENTRAL = ("schedule", "Adam trajectory", "training loop")
+CENTRAL = ("schedule", "Adam trajectory", "training loop", "chunked loss", "resume")
 
 
 def _run(group: str, compared: str, theirs: str,

@@ -17,13 +17,14 @@ import functools
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from perencode.crosscheck.authors import Authors
 from perencode.crosscheck.report import Comparison, numeric
+from perencode.models import SequenceModel
 from perencode.recipe import Recipe, TaskConfig
 from perencode.session import Session
 from perencode.tasks import make
@@ -147,7 +148,8 @@ def _ours(task, predictions_of: Callable[[list], list]):
     predictions = predictions_of(batches)
     oracle = Oracle(task.K, _answers(batches, predictions, trim=False))
     recipe = Recipe.model_validate({"task": task.cfg.model_dump(), "train": {"seed": SEED}})
-    session = Session(recipe, torch.device("cpu"), OracleModel(oracle))
+    # A stand-in, not a SequenceModel: Session.evaluate needs only its call and its head.
+    session = Session(recipe, torch.device("cpu"), cast(SequenceModel, OracleModel(oracle)))
     if not torch.equal(session.task.held_out, task.held_out):
         raise AssertionError("the session's task is not the task compared")
     scores = session.evaluate()
