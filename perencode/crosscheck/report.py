@@ -85,9 +85,9 @@ def lines(checks: list[Comparison], width: int) -> list[str]:
     name_width = min(NAME_WIDTH, max((len(c.name) for c in checks), default=0))
     for c in checks:
         if c.verdict == AGREE:
-            detail = f"max error {_fmt(c.error)}" if c.error else ""
-            if c.difference:
-                detail = "documented difference" + (f"; {detail}" if detail else "")
+            # A documented difference says more than its zero error.
+            detail = (f"documented: {c.difference}" if c.difference else
+                      f"max error {_fmt(c.error)}" if c.error else "")
         else:
             detail = c.reason
         text = f"{c.name:<{name_width}} {detail}".rstrip()
