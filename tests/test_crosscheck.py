@@ -136,6 +136,39 @@ def test_exit_code_report_and_files(tmp_path, monkeypatch, verdicts, code):
         assert "not run: needs something" in md
 
 
+def test_a_central_check_not_run_is_incomplete_not_agree(tmp_path, monkeypatch):
+    def missing(_):
+        raise au.NotRun("needs timm 0.9.12: pip install timm==0.9.12 --no-deps")
+
+    agree = _groups(AGREE)[0]
+    monkeypatch.setattr(crosscheck, "GROUPS", (agree, ("schedule", "x", "y", missing)))
+    out = tmp_path / "out"
+    got, text = run_cli("crosscheck", fake_repository(tmp_path / "repo"), "--out", out)
+    assert got == crosscheck.INCOMPLETE and got not in (0, 1)
+    summary = text.strip().splitlines()[-1]
+    assert summary.startswith("INCOMPLETE: central checks not run: schedule (needs timm")
+    assert "pip install timm==0.9.12 --no-deps" in summary and "1 agree, 0 disagree" in summary
+    assert json.loads((out / "crosscheck.json").read_text())["complete"] is False
+    assert "INCOMPLETE" in (out / "crosscheck.md").read_text()
+    # A disagreement still exits 1, the incompleteness named beside it.
+    monkeypatch.setattr(crosscheck, "GROUPS", (_groups(DISAGREE)[0],
+                                               ("schedule", "x", "y", missing)))
+    got, text = run_cli("crosscheck", fake_repository(tmp_path / "repo"), "--out", out)
+    assert got == 1 and text.strip().splitlines()[-1].startswith("INCOMPLETE")
+
+
+def test_terminal_lines_fit_80_columns():
+    long = Comparison("training loop: lstm variable_length", "x" * 300, "y" * 300,
+                      {"fp32": 1e-5}, {"fp32": 2e-6})
+    bad = Comparison("dual_frequency: by band", "x", "y", verdict=DISAGREE, reason="r" * 500)
+    shown = crosscheck.lines([long, bad], 80)
+    plain = [line.replace("[green]", "").replace("[bold red]", "").replace("[/]", "")
+             for line in shown]
+    assert len(plain) == 2 and all(len(p) <= 80 for p in plain)
+    assert plain[0].startswith("agree     training loop: lstm variable_length max error")
+    assert plain[1].startswith("disagree  dual_frequency: by band") and plain[1].endswith("…")
+
+
 # -- every check agrees with the authors' code ---------------------------------------------
 
 GROUP_FUNCTIONS = [g for g in crosscheck.GROUPS if g[0] not in ("language model",)]
@@ -164,25 +197,49 @@ def test_documented_differences_are_named(authors):
 
 
 @needs_authors
-def test_language_model_is_not_run_with_its_reason(authors):
-    (check,) = crosscheck._run("language model", "lm", "train_lm.py",
-                               lambda: crosscheck.lm.check_lm(authors))
-    if check.verdict == NOT_RUN:
-        assert "torchtext" in check.reason
+def test_language_model_perplexity_agrees_and_no_stand_in_is_left(authors, monkeypatch):
+    from perencode.tasks.lm import LanguageModelTask
+    checks = by_name(crosscheck.lm.check_lm(authors))
+    assert checks["language model: perplexity"].verdict == AGREE
+    vocabulary = checks["language model: vocabulary"]
+    if crosscheck.lm.missing():  # torchtext is not here: the layout check says what it needs
+        assert vocabulary.verdict == NOT_RUN and "torchtext 0.16.1" in vocabulary.reason
+        assert "stand-ins" in checks["language model: perplexity"].theirs
+        assert not [n for n in sys.modules if n.split(".")[0] in ("torchtext", "torchdata")]
+    else:
+        assert vocabulary.verdict == AGREE
+    rows = LanguageModelTask.rows
+
+    def first_unscored(self, split, index, device):  # a paragraph's second token not scored
+        batch = rows(self, split, index, device)
+        assert batch.output_mask is not None  # the LM masks padding and <unk>
+        batch.output_mask[:, 0] = False
+        return batch
+
+    monkeypatch.setattr(LanguageModelTask, "rows", first_unscored)
+    assert disagrees(crosscheck.lm.check_lm(authors), "language model: perplexity")
+
+
+class _NoTimm:
+    """A meta-path finder that makes timm not importable and not found, as without it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "timm" or name.startswith("timm."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
 
 
 @needs_authors
 def test_without_timm_only_the_scheduler_checks_are_not_run(monkeypatch):
-    def missing():
-        raise au.NotRun("no timm")
-
-    monkeypatch.setattr(au, "_stub_timm", missing)
+    monkeypatch.setattr(sys, "meta_path", [_NoTimm(), *sys.meta_path])
+    monkeypatch.setattr(au, "_timm_folder", lambda: None)
     before = sys.modules.get("timm")
     with au.authors_code(au.locate(AUTHORS)) as a:
         for fn in (schedule.check_schedule, models.check_trajectory):
             (check,) = crosscheck._run("x", "x", "x", functools.partial(fn, a))
             assert check.verdict == NOT_RUN
             assert "pip install timm==0.9.12 --no-deps" in check.reason
+            assert "perencode[crosscheck]" in check.reason
         # Their scripts still import: the task checks run their test methods.
         assert {c.verdict for c in tasks.check_fixed_length(a)} == {AGREE}
     assert sys.modules.get("timm") is before  # the stand-in is gone with their modules
@@ -230,7 +287,7 @@ def test_adam_eps_is_seen(authors, monkeypatch):
     original = session.make_optimizer
     monkeypatch.setattr(session, "make_optimizer",
                         lambda m, o: original(m, o.model_copy(update={"eps": 1e-8})))
-    checks = models.check_trajectory(authors, steps=3)
+    checks = models.check_trajectory(authors, steps=3, cases=[("gru", "none"), ("s4d", "none")])
     assert all(c.verdict == DISAGREE for c in checks)
     assert all(c.error["fp64"] > 1e-11 for c in checks)
 
@@ -314,6 +371,28 @@ def test_variable_length_distribution_and_targets_are_seen(authors, monkeypatch)
 def test_stability_weighting_is_seen(authors, monkeypatch):
     monkeypatch.setitem(our_stability.METRICS, "weighted", our_stability.METRICS["mean"])
     assert all(c.verdict == DISAGREE for c in stability.check_stability(authors))
+
+
+def test_stability_metric_against_spec_and_the_printed_eq_3_4_by_hand():
+    """The stability metric has no counterpart to run in the authors' figures: a hand-worked
+    case pins what SPEC section 6 says the code computes, and shows Eq. 3-4 as printed
+    differ. Rows: J^A = [[3, 4], [0, 1]], J^B = [[4, 3], [0, 2]]:
+    n^A = (5, 1), n^B = (5, 2); cos = (24/25, 1); w = (25, 2) / 27, so the weighted cosine
+    is (25 * 24/25 + 2 * 1) / 27 = 26/27 and the plain mean 0.98. Eq. 4: alpha^A = (5, 1)/6,
+    alpha^B = (5, 2)/7; Eq. 3: sum_i alpha^A_i alpha^B_i <J^A_i, J^B_i>
+    = (25/42) 24 + (2/42) 2 = 604/42."""
+    A = torch.tensor([[3.0, 4.0], [0.0, 1.0]], dtype=torch.float64)
+    B = torch.tensor([[4.0, 3.0], [0.0, 2.0]], dtype=torch.float64)
+    assert float(our_stability.gradient_stability(A, B)) == pytest.approx(26 / 27, abs=1e-15)
+    metrics = our_stability.stability_metrics(A, B)
+    assert float(metrics["weighted"]) == pytest.approx(26 / 27, abs=1e-15)
+    assert float(metrics["mean"]) == pytest.approx(0.98, abs=1e-15)
+    assert float(metrics["printed"]) == pytest.approx(604 / 42, abs=1e-12)
+    # Identical Jacobians: 1 as SPEC's weighted cosine, not 1 as printed
+    # (alpha = (5, 1)/6: (25/36) 25 + (1/36) 1 = 626/36).
+    same = our_stability.stability_metrics(A, A)
+    assert float(same["weighted"]) == pytest.approx(1.0, abs=1e-15)
+    assert float(same["printed"]) == pytest.approx(626 / 36, abs=1e-12)
 
 
 # -- the whole command ---------------------------------------------------------------------

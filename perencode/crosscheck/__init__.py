@@ -2,10 +2,13 @@
 weights (REPRODUCE.md, "Check the implementation against the authors' code").
 
 `run_crosscheck(repo, out)` imports the authors' modules from the user's clone
-(authors.py), runs every group of checks, prints one table and writes crosscheck.md and
-crosscheck.json. Exit codes: 0 every check agrees or could not run (with its reason), 1 a
-check disagrees, 2 nothing could be compared (their code does not run); a folder that is not
-their repository, or an --out that cannot be written, is a UserError (exit 2).
+(authors.py), runs every group of checks, prints one line per check and writes crosscheck.md
+(the detail) and crosscheck.json. Exit codes: 0 every check agrees, or one outside CENTRAL
+could not run (with its reason); 1 a check disagrees; 2 nothing could be compared (their
+code does not run); 3 incomplete: a CENTRAL check could not run (the summary line says so
+first and names what to install), so "agree" would not cover every path `train` runs. A
+folder that is not their repository, or an --out that cannot be written, is a UserError
+(exit 2).
 """
 
 from __future__ import annotations
@@ -25,21 +28,26 @@ from perencode.crosscheck import (
     init,
     lm,
     loop,
+    loss,
     models,
     recipes,
+    resume,
     schedule,
     stability,
     tasks,
     training,
 )
 from perencode.crosscheck.authors import KNOWN_COMMIT, Authors, NotRun, authors_code, locate
-from perencode.crosscheck.report import DISAGREE, NOT_RUN, UNDECIDED, Comparison, table, write
+from perencode.crosscheck.report import DISAGREE, NOT_RUN, UNDECIDED, Comparison, lines, write
 from perencode.crosscheck.seeds import check_seeds
 from perencode.device import resolve_device
 from perencode.errors import UserError
 from perencode.io import WriteError
 
-__all__ = ["GROUPS", "KNOWN_COMMIT", "run_crosscheck"]
+__all__ = ["CENTRAL", "GROUPS", "INCOMPLETE", "KNOWN_COMMIT", "lines", "run_crosscheck"]
+
+# Exit status when a central check could not run (apart from 1, a disagreement).
+INCOMPLETE = 3
 
 # (group, what it compares, what of theirs it runs, the function)
 GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Comparison]]], ...] = (
@@ -52,6 +60,12 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Comparison]]], ...] 
      models.check_trajectory),
     ("training loop", "lr, loss and parameters at every iteration of perencode's loop",
      "utils.training_template.Learner.train", loop.check_loop),
+    ("chunked loss", "the loss, hits and gradients with a forced small chunk_logits",
+     "train_palindrome[_variable-length].Learner.train_per_iteration",
+     loss.check_chunked_loss),
+    ("resume", "an interrupted and resumed run against the uninterrupted one",
+     "utils.training_template.Learner.save_model, retrieve_model, train",
+     resume.check_resume),
     ("fixed-length tasks", "reverse, sort, reverse_add", "data.dataset, their tests",
      tasks.check_fixed_length),
     ("variable_length", "variable-length reverse", "data.dataset, their test",
@@ -68,6 +82,10 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Comparison]]], ...] 
     ("recipes", "defaults and paper grids against their command lines",
      "replication.sh, their argparse defaults", recipes.check_recipes),
 )
+# The groups that see every loss, optimizer, clipping, schedule and head fault of the step
+# `perencode train` runs: without them an "agree" says little, so their "not run" makes the
+# whole crosscheck incomplete (exit INCOMPLETE), not a pass.
+CENTRAL = ("schedule", "Adam trajectory", "training loop", "chunked loss", "resume")
 
 
 def _run(group: str, compared: str, theirs: str,
@@ -111,52 +129,63 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
     dev = resolve_device(device)
     started = time.perf_counter()
     checks: list[Comparison] = []
+    missing: dict[str, str] = {}  # central group -> why it did not run
     with authors_code(repo) as authors:
         for i, (group, compared, theirs, fn) in enumerate(GROUPS, start=1):
             if progress:
                 console.print(f"[{i}/{len(GROUPS)}] {group}", highlight=False)
-            checks += _run(group, compared, theirs, functools.partial(fn, authors))
+            found = _run(group, compared, theirs, functools.partial(fn, authors))
+            why = [c.reason for c in found if c.verdict == NOT_RUN]
+            if group in CENTRAL and why:
+                missing[group] = why[0]
+            checks += found
         if train:
             checks += _run("training", "held-out accuracy after training", "their Learner",
                            lambda: training.check_training(authors, shape, seeds, dev,
                                                            progress, margin))
     wall = time.perf_counter() - started
     commit = repo.commit or f"unknown (no .git; written against {KNOWN_COMMIT})"
+    failed = sum(c.verdict == DISAGREE for c in checks)
+    skipped = sum(c.verdict == NOT_RUN for c in checks)
+    undecided = sum(c.verdict == UNDECIDED for c in checks)
+    counts = (f"{len(checks) - failed - skipped - undecided} agree, {failed} disagree, "
+              f"{skipped} not run" + (f", {undecided} undecided (more seeds: see its row)"
+                                      if undecided else ""))
+    incomplete = (f"INCOMPLETE: central checks not run: {', '.join(missing)} ("
+                  f"{next(iter(missing.values()))})" if missing else "")
     header = [f"- authors' repository: `{repo.root}`, commit {commit}",
               f"- perencode {__version__}, torch {torch.__version__}, Python "
               f"{platform.python_version()}, device {dev}",
               f"- wall time {wall:.1f} s",
+              f"- {incomplete + '; ' if incomplete else ''}{counts}",
               "- verdicts: agree (within the tolerance, or the documented difference exactly), "
               "disagree, not run (with the reason); --train: agree = equivalent by TOST "
               "within the stated margin, disagree = different, undecided = more seeds "
               "needed"]
     if repo.note:
         header.append(f"- {repo.note}")
-    console.print(table(checks, f"perencode crosscheck against {repo.root} ({wall:.0f} s)"))
+    for line in lines(checks, console.width):
+        console.print(line, highlight=False, overflow="ellipsis", no_wrap=True, crop=True)
     try:
         write(out, checks, header, {"repository": str(repo.root), "commit": repo.commit,
                                     "written_against": KNOWN_COMMIT, "note": repo.note,
                                     "perencode": __version__, "torch": torch.__version__,
-                                    "device": str(dev), "wall_seconds": round(wall, 2)})
+                                    "device": str(dev), "wall_seconds": round(wall, 2),
+                                    "complete": not missing, "central_not_run": missing})
     except (OSError, WriteError) as exc:  # WriteError may name the temporary file
         reason = exc.strerror if isinstance(exc, OSError) else str(exc).split(": ")[-1]
         raise UserError(f"--out {out}: cannot write crosscheck.md and crosscheck.json there "
                         f"({reason or exc})") from None
-    failed = sum(c.verdict == DISAGREE for c in checks)
-    skipped = sum(c.verdict == NOT_RUN for c in checks)
-    undecided = sum(c.verdict == UNDECIDED for c in checks)
-    console.print(f"{len(checks) - failed - skipped - undecided} agree, {failed} disagree, "
-                  f"{skipped} not run" + (f", {undecided} undecided (more seeds: see its row)"
-                                          if undecided else "")
-                  + f"; wrote {out / 'crosscheck.md'} and {out / 'crosscheck.json'}",
-                  highlight=False)
+    # The summary: incompleteness first (it changes what "agree" means), then the counts.
+    console.print(f"{incomplete + '; ' if incomplete else ''}{counts}; {wall:.0f} s; detail "
+                  f"in {out / 'crosscheck.md'}", highlight=False)
     if failed:
         return 1
     if skipped == len(checks):
         console.print("crosscheck: nothing could be compared (every check: not run)",
                       highlight=False)
         return 2
-    return 0
+    return INCOMPLETE if missing else 0
 
 
 def _check_writable(out: Path) -> None:

@@ -39,6 +39,9 @@ REQUIRED = ("code/model/rnn.py", "code/model/s4.py", "code/model/ssm.py",
 _THEIR_PACKAGES = ("model", "data", "utils")
 TIMM_VERSION = "0.9.12"
 TIMM_INSTALL = f"pip install timm=={TIMM_VERSION} --no-deps"
+# What a "not run" names: the one-liner (timm's own dependencies are not needed, and its
+# torchvision would not load beside a pinned torch), or the extra.
+INSTALL_HINT = f"{TIMM_INSTALL} (or pip install 'perencode[crosscheck]')"
 
 
 class NotRun(Exception):
@@ -112,7 +115,10 @@ def _timm_folder() -> Path | None:
     loaded = sys.modules.get("timm")
     if loaded is not None and getattr(loaded, "__path__", None):
         return Path(list(loaded.__path__)[0])
-    spec = importlib.util.find_spec("timm")
+    try:
+        spec = importlib.util.find_spec("timm")
+    except (ImportError, ValueError):  # a finder that refuses it: not installed for us
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(list(spec.submodule_search_locations)[0])
@@ -129,29 +135,41 @@ def timm_version() -> str | None:
     return match.group(1) if match else "unknown"
 
 
+def _drop_timm() -> None:
+    """Forget every timm module (real or stand-in) loaded inside the block."""
+    for name in [n for n in sys.modules if n == "timm" or n.startswith("timm.")]:
+        del sys.modules[name]
+
+
 def _stub_timm() -> bool:
     """Make `from timm.scheduler import CosineLRScheduler` work without timm's package
     __init__, which imports its image models and with them torchvision. The scheduler's
     own modules need only torch and numpy: they are loaded as they are, from the installed
-    timm. Returns whether stubs were put in sys.modules."""
+    timm. Returns whether stubs were put in sys.modules; a timm that is missing, partial or
+    broken raises NotRun naming what to install, and leaves no timm module behind (a
+    half-built stub would make every later import of their scripts fail)."""
     if "timm" in sys.modules:
         return False
     try:
         importlib.import_module("timm.scheduler")
         return False  # a full timm imports: nothing to stub (unloaded with the rest)
-    except ImportError:
-        for name in [n for n in sys.modules if n == "timm" or n.startswith("timm.")]:
-            del sys.modules[name]
+    except Exception:  # torchvision that does not load, or a broken install: try the files
+        _drop_timm()
     base = _timm_folder()
     if base is None:
-        raise NotRun(f"needs timm (the authors' scheduler): {TIMM_INSTALL}")
-    for name, folder in (("timm", base), ("timm.scheduler", base / "scheduler")):
-        stub: Any = types.ModuleType(name)  # a package of the files in `folder`
-        stub.__path__ = [str(folder)]
-        sys.modules[name] = stub
-    cosine = importlib.import_module("timm.scheduler.cosine_lr")
-    scheduler: Any = sys.modules["timm.scheduler"]
-    scheduler.CosineLRScheduler = cosine.CosineLRScheduler
+        raise NotRun(f"needs timm {TIMM_VERSION} (the authors' scheduler): {INSTALL_HINT}")
+    try:
+        for name, folder in (("timm", base), ("timm.scheduler", base / "scheduler")):
+            stub: Any = types.ModuleType(name)  # a package of the files in `folder`
+            stub.__path__ = [str(folder)]
+            sys.modules[name] = stub
+        cosine = importlib.import_module("timm.scheduler.cosine_lr")
+        scheduler: Any = sys.modules["timm.scheduler"]
+        scheduler.CosineLRScheduler = cosine.CosineLRScheduler
+    except Exception as exc:
+        _drop_timm()
+        raise NotRun(f"timm at {base} cannot load its scheduler ({type(exc).__name__}: "
+                     f"{str(exc)[:80]}); reinstall: {INSTALL_HINT}") from None
     return True
 
 
@@ -169,8 +187,9 @@ class Authors:
         """One of their scripts (`train_palindrome_dual-freq.py`), loaded as a module
         without running its `__main__` block. Scripts import timm's scheduler through
         their Learner."""
-        if not _timm_ready():
-            _placeholder_timm()
+        reason = _timm_ready()
+        if reason:
+            _placeholder_timm(reason)
         name = "_authors_" + re.sub(r"\W", "_", filename[:-3])
         if name in sys.modules:
             return sys.modules[name]
@@ -183,38 +202,49 @@ class Authors:
 
     def cosine_scheduler(self):
         """timm's CosineLRScheduler, the class their Learner constructs."""
-        if not _timm_ready():
-            raise NotRun(f"needs timm {TIMM_VERSION} (the authors' scheduler): {TIMM_INSTALL}")
+        reason = _timm_ready()
+        if reason:
+            raise NotRun(reason)
         return sys.modules["timm.scheduler"].CosineLRScheduler
 
 
-def _timm_ready() -> bool:
-    """Whether timm's real CosineLRScheduler is importable (loading it if need be)."""
+def _timm_ready() -> str:
+    """Whether timm's real CosineLRScheduler is importable (loading it if need be): "" when
+    it is, else why not."""
     loaded = sys.modules.get("timm.scheduler")
     if loaded is not None:
-        return not getattr(loaded, "PLACEHOLDER", False)
+        if getattr(loaded, "PLACEHOLDER", False):
+            return str(loaded.PLACEHOLDER)
+        if hasattr(loaded, "CosineLRScheduler"):
+            return ""
+        _drop_timm()  # a timm.scheduler without the class: not theirs
     try:
         _stub_timm()
-    except (NotRun, ImportError):
-        return False
-    return hasattr(sys.modules.get("timm.scheduler"), "CosineLRScheduler")
+    except NotRun as exc:
+        _drop_timm()
+        return str(exc)
+    if hasattr(sys.modules.get("timm.scheduler"), "CosineLRScheduler"):
+        return ""
+    _drop_timm()
+    return f"timm's scheduler has no CosineLRScheduler; reinstall: {INSTALL_HINT}"
 
 
-class _MissingScheduler:
-    def __init__(self, *args, **kwargs):
-        raise NotRun(f"needs timm {TIMM_VERSION} (the authors' scheduler): {TIMM_INSTALL}")
-
-
-def _placeholder_timm() -> None:
+def _placeholder_timm(reason: str) -> None:
     """Without timm, their scripts still import (their Learner module imports the scheduler
     at the top): a stand-in whose scheduler cannot be constructed. The checks that need
-    the scheduler then report "not run"; the others use their scripts' test methods."""
+    the scheduler then report "not run" with `reason`; the others use their scripts' test
+    methods."""
+
+    class MissingScheduler:
+        def __init__(self, *args, **kwargs):
+            raise NotRun(reason)
+
     for name in ("timm", "timm.scheduler"):
         stub: Any = types.ModuleType(name)
-        stub.__path__, stub.PLACEHOLDER = [], True
+        stub.__path__, stub.PLACEHOLDER = [], reason
         sys.modules[name] = stub
     scheduler: Any = sys.modules["timm.scheduler"]
-    scheduler.CosineLRScheduler = _MissingScheduler
+    scheduler.CosineLRScheduler = MissingScheduler
 
 
 def _theirs(name: str, module: types.ModuleType | None, code: Path) -> bool:

@@ -68,29 +68,44 @@ def theirs(authors: Authors, arch: str, form: str) -> nn.Module:
     return authors.module("model.rnn").RNN(K, H, arch.upper(), **kwargs)
 
 
+def their_name(name: str) -> str:
+    """Our parameter's name in the authors' model."""
+    if name == "encoding.table":
+        return "time_encoder.embeddings"
+    if name.startswith("head."):
+        return "to_logits." + name[len("head."):]
+    if name.startswith("s4d.out_proj."):
+        return "ssm.0.output_linear.0." + name[len("s4d.out_proj."):]
+    if name == "s4d.D":
+        return "ssm.0.D"
+    if name.startswith("s4d."):
+        return "ssm.0.kernel." + name[len("s4d."):]
+    return name
+
+
 def their_state_dict(model: nn.Module, target: nn.Module) -> dict[str, Tensor]:
     """Our parameters under the authors' names. Their sinusoidal frequencies are their own
     buffer (ours is recomputed, not stored) and are kept."""
     out = {}
     for name, value in model.state_dict().items():
-        if name == "encoding.table":
-            name = "time_encoder.embeddings"
-        elif name.startswith("head."):
-            name = "to_logits." + name[len("head."):]
-        elif name.startswith("s4d.out_proj."):
+        if name.startswith("s4d.out_proj.") and value.dim() == 2:
             # Their 1x1 Conv1d(H, 2H) is our Linear(H, 2H) with a kernel dimension.
-            name = "ssm.0.output_linear.0." + name[len("s4d.out_proj."):]
-            value = value[..., None] if value.dim() == 2 else value
-        elif name == "s4d.D":
-            name = "ssm.0.D"
-        elif name.startswith("s4d."):
-            name = "ssm.0.kernel." + name[len("s4d."):]
-        out[name] = value
+            value = value[..., None]
+        out[their_name(name)] = value
     own = target.state_dict()
     for name in own:
         if name.endswith("time_encoder.frequencies"):
             out[name] = own[name]
     return out
+
+
+def trained(model: nn.Module, optimizer: torch.optim.Optimizer, rename=lambda n: n) -> set[str]:
+    """The names (`rename`d) of the model's parameters that `optimizer` updates: in its
+    parameter groups and requiring a gradient (named_parameters, not state_dict, which
+    cannot tell a parameter from a buffer)."""
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return {rename(n) for n, p in model.named_parameters() if id(p) in stepped
+            and p.requires_grad}
 
 
 def pair(authors: Authors, arch: str, form: str, seed: int = 0
@@ -186,42 +201,61 @@ def their_learner(authors: Authors, arch: str, model: nn.Module, iterations: int
     return learner, optim_config, scheduler_config
 
 
-def check_trajectory(authors: Authors, steps: int = 6) -> list[Comparison]:
+# (architecture, encoding): every encoding kind on the GRU (the learnable table and the
+# duplicate embedding train and pass gradients), the S4D without and with one.
+TRAJECTORIES = ([("gru", form) for form in FORMS] + [("lstm", "learnable"), ("s4d", "none"),
+                                                     ("s4d", "learnable")])
+
+
+def check_trajectory(authors: Authors, steps: int = 6,
+                     cases: list[tuple[str, str]] | None = None) -> list[Comparison]:
     """`steps` Adam steps with clipping and the warm-up + cosine schedule, from the same
     weights on the same batches: ours through perencode.session.Session.step, theirs
-    through their Learner.train_per_iteration."""
+    through their Learner.train_per_iteration; and the same set of trained parameters."""
     iterations, warmup = steps, 2
     gen = torch.Generator().manual_seed(3)
     batches = [torch.randint(0, K, (8, L), generator=gen) for _ in range(steps)]
     checks = []
-    for arch in ("gru", "s4d"):
-        errors, settings = {}, ""
+    for arch, form in cases or TRAJECTORIES:
+        errors, settings, wrong = {}, "", ""
         # The package's defaults (the code's) but for the warm-up and the length.
         recipe = Recipe.model_validate({
             "task": {"name": "reverse", "vocab_size": K, "length": L, "held_out": 4},
             "model": {"arch": arch, "hidden_size": H, "embed_size": E,
                       **({"d_state": D_STATE} if arch == "s4d" else {})},
-            "encoding": {"kind": "none"}, "optim": {"warmup": warmup},
+            "encoding": {"kind": form}, "optim": {"warmup": warmup},
             "train": {"iterations": iterations, "batch_size": 8, "seed": 0}})
         optim = recipe.optim
+        names = 0
         for name, dtype in DTYPES.items():
-            mine, other = pair(authors, arch, "none", seed=11)
+            mine, other = pair(authors, arch, form, seed=11)
             mine, other = mine.to(dtype).train(), other.to(dtype).train()
             learner, oc, sc = their_learner(authors, arch, other, iterations, warmup, optim.lr)
             settings = f"their Adam {oc}, scheduler {sc}"
             session = Session(recipe, torch.device("cpu"), mine)
+            ours_set = trained(mine, session.optimizer, their_name)
+            theirs_set = trained(other, learner.optimizer)
+            names = len(theirs_set)
+            if ours_set != theirs_set:
+                wrong = (f"trained parameters differ: ours only {sorted(ours_set - theirs_set)}"
+                         f", theirs only {sorted(theirs_set - ours_set)}")
             for k, rows in enumerate(batches, start=1):
                 session.step(session.task.build(rows))
                 learner.train_per_iteration(rows, {}, k)
             mapped = their_state_dict(mine, other)
             errors[name] = max(float((mapped[n] - v).abs().max())
                                for n, v in other.state_dict().items())
+            if wrong:
+                errors[name] = math.inf
         # fp32 allows for different summation orders; fp64 would show a changed Adam
-        # constant (eps 1e-9 -> 1e-8 moves parameters by ~1e-9).
+        # constant (eps 1e-9 -> 1e-8 moves parameters by ~1e-9). The sinusoidal tables
+        # differ by fp32 rounding (the forward check), which the steps carry.
+        fp64 = 1e-7 if form == "sinusoidal" else 1e-11
         checks.append(numeric(
-            f"Adam trajectory: {arch}", f"parameters after {steps} steps (warm-up {warmup}, "
-            f"cosine over {iterations}, clip {optim.clip_norm}); {settings}",
+            f"Adam trajectory: {arch} {form}", f"parameters after {steps} steps (warm-up "
+            f"{warmup}, cosine over {iterations}, clip {optim.clip_norm}), and the {names} "
+            f"trained parameters by name (named_parameters in each optimizer); {settings}",
             f"{'train_palindrome_ssm' if arch == 's4d' else 'train_palindrome'}.Learner"
             ".train_per_iteration, torch Adam, timm CosineLRScheduler",
-            {"fp32": 1e-5, "fp64": 1e-11}, errors))
+            {"fp32": 1e-5, "fp64": fp64}, errors, reason=wrong))
     return checks

@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.markup import escape
-from rich.table import Table
 
 from perencode.io import atomic_write_json, atomic_write_text
 
@@ -74,18 +73,29 @@ def verdict_text(check: Comparison) -> str:
     return text
 
 
-def table(checks: list[Comparison], title: str) -> Table:
-    t = Table(title=title, show_lines=False)
-    t.add_column("check", min_width=12)
-    t.add_column("compared", min_width=20, ratio=3)
-    t.add_column("tolerance fp32 / fp64", min_width=9)
-    t.add_column("max error fp32 / fp64", min_width=9)
-    t.add_column("verdict", min_width=12, ratio=2)
-    colour = {AGREE: "green", DISAGREE: "bold red", NOT_RUN: "yellow", UNDECIDED: "yellow"}
+COLOUR = {AGREE: "green", DISAGREE: "bold red", NOT_RUN: "yellow", UNDECIDED: "yellow"}
+NAME_WIDTH = 34  # the longest check names ("training loop: lstm variable_length") fit
+
+
+def lines(checks: list[Comparison], width: int) -> list[str]:
+    """One line per check for a terminal `width` columns wide (rich markup): the verdict, the
+    check's name, and its largest errors (agree) or its reason (otherwise), cut at the
+    width; crosscheck.md has the rest."""
+    out = []
+    name_width = min(NAME_WIDTH, max((len(c.name) for c in checks), default=0))
     for c in checks:
-        t.add_row(c.name, escape(c.compared), _fmt(c.tolerance), _fmt(c.error),
-                  f"[{colour[c.verdict]}]{escape(verdict_text(c))}[/]")
-    return t
+        if c.verdict == AGREE:
+            # A documented difference says more than its zero error.
+            detail = (f"documented: {c.difference}" if c.difference else
+                      f"max error {_fmt(c.error)}" if c.error else "")
+        else:
+            detail = c.reason
+        text = f"{c.name:<{name_width}} {detail}".rstrip()
+        room = max(width - 10, 20)  # the verdict takes 9 columns and a space
+        if len(text) > room:
+            text = text[:room - 1] + "…"
+        out.append(f"[{COLOUR[c.verdict]}]{c.verdict:<9}[/] {escape(text)}")
+    return out
 
 
 def markdown(checks: list[Comparison], header: list[str]) -> str:

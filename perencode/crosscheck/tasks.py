@@ -5,7 +5,10 @@ Scoring is compared by handing their `test` a stand-in network (`Oracle`) that r
 inputs their code builds and answers with predictions we choose: our targets (their score
 must be perfect: the targets and the input layout agree), then our targets with
 substitutions and adjacent swaps (their token/sequence accuracy and Damerau-Levenshtein
-distance must equal ours on the same predictions).
+distance must equal ours on the same predictions). Our side scores the same answers the way
+`perencode eval` does: perencode.session.Session.evaluate around a model (`OracleModel`)
+whose logits are the oracle's, so the output steps it reads, the argmax and task.evaluate
+are all on the path compared.
 """
 
 from __future__ import annotations
@@ -14,20 +17,23 @@ import functools
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from perencode.crosscheck.authors import Authors
 from perencode.crosscheck.report import Comparison, numeric
-from perencode.recipe import TaskConfig
+from perencode.models import SequenceModel
+from perencode.recipe import Recipe, TaskConfig
+from perencode.session import Session
 from perencode.tasks import make
 from perencode.tasks.dual_frequency import DualFrequencyConfig
 
 SCORE_TOL = {"fp32": 1e-6, "fp64": 1e-6}  # their accuracies are fp32 means
 Z_TOL = {"fp32": 5.0, "fp64": 5.0}
 DRAWS = 2000
+SEED = 1  # every task compared here is made from this seed
 
 
 class Log:
@@ -94,7 +100,22 @@ def corrupt(targets: Tensor, K: int, mask: Tensor | None = None) -> Tensor:
     return pred
 
 
-def _answers(batches, predictions) -> dict:
+class OracleModel(torch.nn.Module):
+    """A model for Session.evaluate whose logits at every step are the oracle's (the head
+    passes them through); one parameter, for the session's optimizer."""
+
+    def __init__(self, oracle: Oracle):
+        super().__init__()
+        self.oracle, self.head = oracle, torch.nn.Identity()
+        self.anchor = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        return self.oracle(inputs)  # [B, T, K]
+
+
+def _answers(batches, predictions, trim: bool = True) -> dict:
+    """{input row: (output steps, predicted tokens)}; `trim`: variable-length rows cut to
+    the 2l steps their test feeds (our model is fed the padded row)."""
     out = {}
     for batch, pred in zip(batches, predictions):
         T_out = batch.output_targets.shape[1]
@@ -106,7 +127,7 @@ def _answers(batches, predictions) -> dict:
             else:
                 keep = batch.output_mask[b]
                 steps, tokens = batch.output_steps[b][keep].tolist(), pred[b][keep].tolist()
-            if batch.lengths is not None:  # their test feeds each length exactly 2l steps
+            if trim and batch.lengths is not None:  # their test feeds each length 2l steps
                 row = row[:2 * int(batch.lengths[b])]
             out[tuple(row.tolist())] = (steps, tokens)
     return out
@@ -121,9 +142,21 @@ def _learner(module, model, K: int, attr: str = "rnn"):
 
 
 def _ours(task, predictions_of: Callable[[list], list]):
+    """(held-out batches, the predictions chosen for them, our scores of those predictions
+    through Session.evaluate)."""
     batches = list(task.held_out_batches(10**6))
     predictions = predictions_of(batches)
-    return batches, predictions, task.score(batches, predictions)
+    oracle = Oracle(task.K, _answers(batches, predictions, trim=False))
+    recipe = Recipe.model_validate({"task": task.cfg.model_dump(), "train": {"seed": SEED}})
+    # A stand-in, not a SequenceModel: Session.evaluate needs only its call and its head.
+    session = Session(recipe, torch.device("cpu"), cast(SequenceModel, OracleModel(oracle)))
+    if not torch.equal(session.task.held_out, task.held_out):
+        raise AssertionError("the session's task is not the task compared")
+    scores = session.evaluate()
+    if oracle.unknown:
+        raise AssertionError(f"Session.evaluate fed {oracle.unknown} rows that are not the "
+                             "task's held-out inputs")
+    return batches, predictions, scores
 
 
 def _predicted(make_pred: Callable[[Tensor], Tensor], batches: list) -> list[Tensor]:
@@ -158,6 +191,37 @@ def _sampling_check(name: str, ours_rows: Tensor, theirs_rows: Tensor, bins: int
                    unit="largest two-sample z")
 
 
+def _dense_sampling_check(name: str, task, theirs) -> Comparison:
+    """Training rows where most rows are held out (task.sample draws from the list of the
+    rows left, weighted by each row's chance) against their rejection sampler given the same
+    held-out rows: the frequency of every whole row, so a row drawn with the wrong weight,
+    or a held-out row drawn at all, is seen."""
+    K, L = task.K, task.L
+    dense = task._rows_left is not None  # the path compared: the list of rows left
+    theirs.held_out = task.held_out.clone()  # their __getitem__ rejects these rows
+    gen = torch.Generator().manual_seed(5)
+    ours_rows = task.sample(DRAWS, gen).sequences
+    their_rows = _their_draws(theirs, DRAWS, 6)
+    index = K ** torch.arange(L - 1, -1, -1)  # a row as one base-K number
+
+    def row_index(rows: Tensor) -> Tensor:
+        return (rows * index).sum(1)
+
+    check = _sampling_check(
+        name, ours_rows, their_rows, K ** L, f"frequency of each of "
+        f"the {K ** L} rows in {DRAWS} training rows, {len(task.held_out)} held out "
+        f"({task.held_out_share:.0%} of draws; ours from the list of rows left: {dense})",
+        f"data.dataset.{type(theirs).__name__}.__getitem__ (rejection) with our held-out rows",
+        stat=row_index)
+    check.name = f"{name}: dense sampling"
+    leaks = _held_in(ours_rows, task.held_out) + _held_in(their_rows, task.held_out)
+    if not dense or leaks:
+        check.verdict = "disagree"
+        check.reason = ("the task did not take its dense path (rows left)" if not dense
+                        else f"{leaks} held-out rows drawn")
+    return check
+
+
 def _scoring_checks(name: str, task, learner_of: Callable[[Oracle], Any],
                     their_held_out: Tensor | dict, K: int, dl_tester=None,
                     theirs_what: str = "", per_length: bool = False) -> list[Comparison]:
@@ -165,7 +229,7 @@ def _scoring_checks(name: str, task, learner_of: Callable[[Oracle], Any],
     predictions give the same numbers); `per_length`: their test logs one line per length
     (variable length)."""
     checks = []
-    exact_batches, exact_pred, _ = _ours(task, lambda bs: [b.output_targets for b in bs])
+    exact_batches, exact_pred, exact = _ours(task, lambda bs: [b.output_targets for b in bs])
     oracle = Oracle(K, _answers(exact_batches, exact_pred))
     learner = learner_of(oracle)
     with torch.no_grad():
@@ -173,12 +237,13 @@ def _scoring_checks(name: str, task, learner_of: Callable[[Oracle], Any],
     # The worst of their token accuracies (one line, or one per length).
     theirs_acc = min(float(x) for x in re.findall(r"\(token\): ([0-9.eE+-]+)",
                                                   "\n".join(learner.logger.lines)))
-    err = abs(1.0 - theirs_acc) + (math.inf if oracle.unknown else 0.0)
+    err = (abs(1.0 - theirs_acc) + abs(1.0 - exact["token_accuracy"])
+           + (math.inf if oracle.unknown else 0.0))
     checks.append(numeric(
-        f"{name}: targets", f"their test scores our targets on our held-out set "
-        f"({len(task.held_out)} rows): token accuracy must be 1; inputs their code builds "
-        f"must be ours ({oracle.unknown} unknown)", theirs_what, SCORE_TOL,
-        {"fp32": err, "fp64": err}, unit="|1 - their accuracy|"))
+        f"{name}: targets", f"their test and our Session.evaluate score our targets on our "
+        f"held-out set ({len(task.held_out)} rows): token accuracy must be 1 on both sides; "
+        f"inputs their code builds must be ours ({oracle.unknown} unknown)", theirs_what,
+        SCORE_TOL, {"fp32": err, "fp64": err}, unit="|1 - their accuracy| + |1 - ours|"))
 
     bad_batches, bad_pred, ours = _ours(task, lambda bs: [
         corrupt(b.output_targets, K, b.output_mask) for b in bs])
@@ -260,7 +325,7 @@ def check_fixed_length(authors: Authors) -> list[Comparison]:
              ("reverse_add", "train_delayed-sum.py", None, 2))
     for name, script, dl_script, width in specs:
         K, L = 6, 4
-        task = make(TaskConfig.of(name=name, vocab_size=K, length=L, held_out=64), seed=1)
+        task = make(TaskConfig.of(name=name, vocab_size=K, length=L, held_out=64), seed=SEED)
         held = task.held_out
         with torch.random.fork_rng():
             torch.manual_seed(2)
@@ -283,6 +348,10 @@ def check_fixed_length(authors: Authors) -> list[Comparison]:
         checks.append(_sampling_check(
             name, ours_train, their_train, K, f"token frequencies of {DRAWS} training rows",
             "data.dataset.RandomSequence.__getitem__"))
+        if name == "reverse":  # 20 of the 27 rows held out: the dense path
+            dense = make(TaskConfig.of(name=name, vocab_size=3, length=3, held_out=20),
+                         seed=SEED)
+            checks.append(_dense_sampling_check(name, dense, dataset.RandomSequence(3, 3)))
         module = authors.script(script)
         tester = None
         if dl_script:
@@ -298,7 +367,7 @@ def check_variable_length(authors: Authors) -> list[Comparison]:
     dataset = authors.module("data.dataset")
     K, L, low = 6, 8, 4
     task = make(TaskConfig.of(name="variable_length", vocab_size=K, length=L, min_length=low,
-                              held_out=16), seed=1)
+                              held_out=16), seed=SEED)
     with torch.random.fork_rng():
         torch.manual_seed(2)
         theirs = dataset.VariableLengthSequence(K, L, num_held_out=16, min_length=low)
@@ -330,7 +399,7 @@ def check_variable_length(authors: Authors) -> list[Comparison]:
 def check_predecessor(authors: Authors) -> list[Comparison]:
     dataset = authors.module("data.dataset")
     K, L = 12, 6
-    task = make(TaskConfig.of(name="predecessor", vocab_size=K, length=L, held_out=64), seed=1)
+    task = make(TaskConfig.of(name="predecessor", vocab_size=K, length=L, held_out=64), seed=SEED)
     with torch.random.fork_rng():
         torch.manual_seed(2)
         theirs = dataset.NonRepeatingRandomSequence(K, L, num_held_out=64)
@@ -376,7 +445,7 @@ def check_predecessor(authors: Authors) -> list[Comparison]:
         SCORE_TOL, {"fp32": err, "fp64": err}, unit="|1 - accuracy| summed"))
     # Documented difference: their test re-draws the queries at every call; ours are fixed.
     first, second = (i[:, -1] for i in oracle.inputs[:2])
-    again = make(TaskConfig.of(name="predecessor", vocab_size=K, length=L, held_out=64), seed=1)
+    again = make(TaskConfig.of(name="predecessor", vocab_size=K, length=L, held_out=64), seed=SEED)
     theirs_redraw = bool((first != second).any())
     ours_fixed = bool(torch.equal(again.held_out, task.held_out))
     their_q = {int(((r[:-1] == r[-1]).nonzero())[0]) for r in oracle.inputs[0]}
@@ -407,7 +476,7 @@ def check_dual_frequency(authors: Authors) -> list[Comparison]:
     K, L, per = 8, 8, 2
     cfg = TaskConfig.of(name="dual_frequency", vocab_size=K, length=L, held_out_per_cell=per)
     assert isinstance(cfg, DualFrequencyConfig)
-    task = make(cfg, seed=1)
+    task = make(cfg, seed=SEED)
     rarity = _replication_value(authors, "rarity")
     with torch.random.fork_rng():
         torch.manual_seed(2)
@@ -420,6 +489,11 @@ def check_dual_frequency(authors: Authors) -> list[Comparison]:
         "dual_frequency", ours_rows, their_rows, K, f"token frequencies of {DRAWS} training "
         f"rows (ours: rarity {cfg.rarity}; theirs: {theirs.rarity}, replication.sh)",
         "data.dataset.FreqentVSRare.__getitem__")]
+    # K = 4, L = 2: the 8 structured rows are half of the chance of a draw (dense).
+    dense_cfg = TaskConfig.of(name="dual_frequency", vocab_size=4, length=2, held_out_per_cell=1)
+    checks.append(_dense_sampling_check(
+        "dual_frequency", make(dense_cfg, seed=SEED),
+        dataset.FreqentVSRare(4, 2, **({} if rarity is None else {"rarity": rarity}))))
 
     # The structured test set: ours [4 L per, L] in (target, disturbants, position, copy)
     # order; theirs [2, 2, per, L(position), L].
@@ -485,19 +559,38 @@ def check_dual_frequency(authors: Authors) -> list[Comparison]:
         oracle = Oracle(K, _answers(batches, preds))
         learner = _learner(module, oracle, K)
         with torch.no_grad():
-            learner.test(theirs_layout := ours5.contiguous())
+            learner.test(ours5.contiguous())
+        unknown = math.inf if oracle.unknown else 0.0
+        theirs_at = {}  # (target, disturbants, 1-based position): their accuracy
         errs = []
         for row in ours["by_condition"]:
-            value = learner.logger.number(
+            key = (row["target"], row["disturbants"], row["position"])
+            theirs_at[key] = learner.logger.number(
                 rf"{row['target']} tokens input at t={row['position'] - 1} surrounded by "
                 rf"{row['disturbants']} token \(token\)")
-            errs.append(abs((1.0 if label == "targets" else row["accuracy"]) - value))
-        err = max(errs) + (math.inf if oracle.unknown else 0.0)
-        del theirs_layout
+            errs.append(abs((1.0 if label == "targets" else row["accuracy"]) - theirs_at[key]))
         checks.append(numeric(
             f"dual_frequency: {label}", f"target-token accuracy per condition "
             f"({'/'.join(names)} x {'/'.join(names)}) and position 1..{L}"
             + (": ours are perfect to their test" if label == "targets"
                else ", same corrupted predictions"),
-            "train_palindrome_dual-freq.Learner.test", SCORE_TOL, {"fp32": err, "fp64": err}))
+            "train_palindrome_dual-freq.Learner.test", SCORE_TOL,
+            {"fp32": max(errs) + unknown, "fp64": max(errs) + unknown}))
+        if label == "scoring":
+            # Their test logs positions, not bands: a band's accuracy is the mean of its
+            # positions' (each holds `per` sequences).
+            band_errs, bands = [], []
+            for row in ours["by_band"]:
+                span = range(row["first"], row["last"] + 1)
+                theirs_band = sum(theirs_at[(row["target"], row["disturbants"], t)]
+                                  for t in span) / len(span)
+                band_errs.append(abs(row["accuracy"] - theirs_band))
+                bands.append(row["band"])
+            err = (max(band_errs) if band_errs else math.inf) + unknown
+            checks.append(numeric(
+                "dual_frequency: by band", f"target-token accuracy per condition and band "
+                f"({', '.join(dict.fromkeys(bands))} of L={L}; 1-16 ... 49-64 at L=64), same "
+                "corrupted predictions", "train_palindrome_dual-freq.Learner.test, its "
+                "per-position accuracies averaged over each band", SCORE_TOL,
+                {"fp32": err, "fp64": err}))
     return checks

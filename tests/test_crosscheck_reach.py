@@ -1,0 +1,174 @@
+"""The paths crosscheck round 3 reaches: dense sampling, the dual-frequency bands, scoring
+through Session.evaluate, trained encodings, the S4D loop, the chunked loss, resuming, the
+perplexity formula. For each, the unchanged package agrees and one planted fault (the
+package's function monkeypatched, as a reimplementer's slip would change it) disagrees."""
+
+import pytest
+import torch
+from test_crosscheck import AUTHORS, by_name, needs_authors, needs_timm
+
+from perencode import session
+from perencode.crosscheck import authors as au
+from perencode.crosscheck import loop, models, tasks
+from perencode.crosscheck.report import AGREE, DISAGREE
+
+
+@pytest.fixture(scope="module")
+def authors():
+    with au.authors_code(au.locate(AUTHORS)) as a:
+        yield a
+
+
+@needs_authors
+def test_dense_sampling_agrees_and_a_uniform_list_disagrees(authors, monkeypatch):
+    from perencode.tasks.base import SyntheticTask
+    from perencode.tasks.dual_frequency import DualFrequencyTask
+    checks = by_name(tasks.check_dual_frequency(authors))
+    assert checks["dual_frequency: dense sampling"].verdict == AGREE
+    assert "from the list of rows left: True" in checks["dual_frequency: dense sampling"].compared
+    assert by_name(tasks.check_fixed_length(authors))["reverse: dense sampling"].verdict == AGREE
+    # The rows left drawn uniformly, not by their chance under `draw`: rare rows too often.
+    monkeypatch.setattr(DualFrequencyTask, "chance", SyntheticTask.chance)
+    checks = by_name(tasks.check_dual_frequency(authors))
+    assert checks["dual_frequency: dense sampling"].verdict == DISAGREE
+    assert checks["dual_frequency: sampling"].verdict == AGREE  # the sparse path is unchanged
+
+
+@needs_authors
+def test_bands_agree_and_bands_one_position_off_disagree(authors, monkeypatch):
+    from perencode.tasks.dual_frequency import DualFrequencyTask
+    assert by_name(tasks.check_dual_frequency(authors))["dual_frequency: by band"].verdict == AGREE
+    score = DualFrequencyTask.score
+
+    def shifted(self, batches, predictions):  # bands of 0-based positions 1..L
+        out = score(self, batches, predictions)
+        for band in out["by_band"]:
+            cells = [r for r in out["by_condition"] if r["target"] == band["target"]
+                     and r["disturbants"] == band["disturbants"]
+                     and band["first"] <= r["position"] + 1 <= band["last"]]
+            band["accuracy"] = sum(r["accuracy"] for r in cells) / len(cells)
+        return out
+
+    monkeypatch.setattr(DualFrequencyTask, "score", shifted)
+    checks = by_name(tasks.check_dual_frequency(authors))
+    assert checks["dual_frequency: by band"].verdict == DISAGREE
+    assert checks["dual_frequency: scoring"].verdict == AGREE
+
+
+@needs_authors
+def test_scoring_goes_through_session_evaluate(authors, monkeypatch):
+    """Session.evaluate reading the outputs one step early: the targets no longer agree."""
+    def early(model, batch):
+        h = model(batch.inputs)  # [B, T, K]
+        T_out = batch.output_targets.shape[1]
+        return model.head(h[:, -T_out - 1:-1])
+
+    monkeypatch.setattr(session, "output_logits", early)
+    checks = by_name(tasks.check_fixed_length(authors))
+    assert checks["reverse: targets"].verdict == DISAGREE
+    assert checks["reverse: scoring"].verdict == DISAGREE
+    assert checks["reverse: sampling"].verdict == AGREE
+
+
+def _after_encoding_init(monkeypatch, change):
+    from perencode.encoding import PositionalEncoding
+    init = PositionalEncoding.__init__
+
+    def changed(self, cfg, dim, steps):
+        init(self, cfg, dim, steps)
+        change(self)
+
+    monkeypatch.setattr(PositionalEncoding, "__init__", changed)
+
+
+@needs_timm
+@needs_authors
+def test_trained_encodings_agree_and_a_frozen_or_detached_one_disagrees(authors, monkeypatch):
+    cases = [("gru", "none"), ("gru", "learnable"), ("gru", "duplicate")]
+    assert {c.verdict for c in models.check_trajectory(authors, steps=3, cases=cases)} == {AGREE}
+
+    def frozen(enc):  # the learnable table left out of training
+        if enc.kind == "learnable":
+            enc.table.requires_grad_(False)
+
+    _after_encoding_init(monkeypatch, frozen)
+    checks = by_name(models.check_trajectory(authors, steps=3, cases=cases))
+    assert checks["Adam trajectory: gru learnable"].verdict == DISAGREE
+    assert "ours only [], theirs only ['time_encoder.embeddings']" in \
+        checks["Adam trajectory: gru learnable"].reason
+    assert checks["Adam trajectory: gru none"].verdict == AGREE
+    monkeypatch.undo()
+
+    def detached(enc):  # the duplicate copy passes no gradient to the embedding
+        if enc.kind == "duplicate":
+            enc.vectors = lambda x: x.detach()
+
+    _after_encoding_init(monkeypatch, detached)
+    checks = by_name(models.check_trajectory(authors, steps=3, cases=cases))
+    assert checks["Adam trajectory: gru duplicate"].verdict == DISAGREE
+    assert checks["Adam trajectory: gru learnable"].verdict == AGREE
+
+
+@needs_timm
+@needs_authors
+def test_s4d_loop_agrees_and_untrained_poles_disagree(authors, monkeypatch):
+    check = loop.compare(authors, "s4d")
+    assert check.verdict == AGREE, check.reason
+    assert "clipping fired on" in check.compared
+    original = session.make_optimizer
+
+    def without_poles(model, optim):  # S4D's A left fixed, as some reimplementations do
+        keep = [p for n, p in model.named_parameters() if n not in ("s4d.log_A_real",
+                                                                    "s4d.A_imag")]
+        holder = torch.nn.ParameterList(keep)
+        return original(holder, optim)
+
+    monkeypatch.setattr(session, "make_optimizer", without_poles)
+    assert loop.compare(authors, "s4d").verdict == DISAGREE
+    (trajectory,) = models.check_trajectory(authors, steps=3, cases=[("s4d", "none")])
+    assert trajectory.verdict == DISAGREE and "kernel.log_A_real" in trajectory.reason
+
+
+@needs_timm
+@needs_authors
+def test_chunked_loss_agrees_and_a_mean_of_chunk_means_disagrees(authors, monkeypatch):
+    from perencode.crosscheck import loss
+    assert {c.verdict for c in loss.check_chunked_loss(authors)} == {AGREE}
+    original = session.loss_fn
+
+    def chunk_means(model, batch, count_hits=False, chunk_logits=session.CHUNK_LOGITS):
+        """The chunked path averaging each chunk's mean: wrong when the last is shorter."""
+        if chunk_logits >= session.CHUNK_LOGITS:
+            return original(model, batch, count_hits, chunk_logits)
+        h = session.output_features(model, batch)
+        target = batch.output_targets
+        if batch.output_mask is not None:
+            h, target = h[batch.output_mask], target[batch.output_mask]
+        else:
+            h, target = h.reshape(-1, h.shape[-1]), target.reshape(-1)
+        rows = max(1, chunk_logits // model.head.out_features)
+        means = [torch.nn.functional.cross_entropy(model.head(h[s:s + rows]), target[s:s + rows])
+                 for s in range(0, len(target), rows)]
+        hits = (model.head(h).argmax(-1) == target).sum() if count_hits else None
+        return torch.stack(means).mean(), hits
+
+    monkeypatch.setattr(session, "loss_fn", chunk_means)
+    assert [c.verdict for c in loss.check_chunked_loss(authors)] == [DISAGREE, DISAGREE]
+
+
+@needs_timm
+@needs_authors
+def test_resume_agrees_and_a_resume_without_adam_state_disagrees(authors, monkeypatch):
+    from perencode.crosscheck import resume
+    (check,) = resume.check_resume(authors)
+    assert check.verdict == AGREE, check.reason
+    assert "warmup_lr_init (0, not 0.007)" in check.difference
+    load = session.Session.load
+
+    def forgetful(self, path, state):  # the weights and the stream, not Adam's moments
+        load(self, path, state)
+        self.optimizer = session.make_optimizer(self.model, self.recipe.optim)
+
+    monkeypatch.setattr(session.Session, "load", forgetful)
+    (check,) = resume.check_resume(authors)
+    assert check.verdict == DISAGREE and "ours resumed vs uninterrupted" in check.reason
