@@ -173,7 +173,7 @@ def cost_runs(grids: list[Grid], device: GPU, runs_root: Path,
 
 
 def _precision(recipe: Recipe, override: str | None) -> str:
-    return override or getattr(recipe.train, "precision", "authors")
+    return override or recipe.train.precision
 
 
 # --------------------------------------------------------------------------------------
@@ -197,13 +197,13 @@ def claim_runs(claim: Claim, table: pd.DataFrame, claims: dict[str, Claim]) -> s
         groups = [select(rows, recipe_filters(g, table.columns), f"claim {claim.id}")
                   for g in (claim.a, claim.b)]
         rows = pd.concat(groups) if any(len(g) for g in groups) else rows.iloc[:0]
-    ends = None
+    ends: tuple[str | None, list[str]] | None = None
     if claim.cells in ("first", "last") and claim.by and claim.by[0] in rows.columns:
         ends = (claim.by[0], [claim.cells])
     if claim.test == "trend" and claim.along in rows.columns:
         ends = (claim.along, ["first", "last"])
     if ends is not None and len(rows):
-        column, which = ends
+        column, which = str(ends[0]), ends[1]
         values = sorted(rows[column].dropna().unique())
         keep = [values[0] if w == "first" else values[-1] for w in which]
         rows = rows[rows[column].isin(keep)]
@@ -538,8 +538,8 @@ def _print(doc: dict[str, Any], executor: str, gpus: int, runs_per_gpu: int,
     effect = budget["detectable_effect_sd"]
     console.print(f"budget {budget['hours']:g} GPU-hours: {budget['runs']} runs, "
                   f"{_h(budget['modelled_hours'])} modelled; seeds: {budget['seeds']}; at "
-                  f"{budget['seeds_shown']} seeds a cell a one-sided Welch t at 95% decides with 80% power a "
-                  f"difference of {effect['difference']:.2g} sd, a threshold "
+                  f"{budget['seeds_shown']} seeds a cell a one-sided Welch t at 95% decides "
+                  f"with 80% power a difference of {effect['difference']:.2g} sd, a threshold "
                   f"{effect['threshold']:.2g} sd away", highlight=False, soft_wrap=True)
     console.print(f"decided ({len(budget['decided'])}): {', '.join(budget['decided']) or '-'}",
                   highlight=False, soft_wrap=True)
