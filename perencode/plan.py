@@ -18,9 +18,10 @@ import itertools
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pandas as pd
 import torch
@@ -43,7 +44,7 @@ from perencode.cost import (
     work,
 )
 from perencode.errors import UserError
-from perencode.grid import Grid, SlurmConfig, load_grid
+from perencode.grid import Grid, SlurmConfig, SweepConfig, load_grid
 from perencode.io import atomic_write_json, atomic_write_text
 from perencode.preflight import estimate
 from perencode.recipe import Recipe, run_key
@@ -53,6 +54,8 @@ from perencode.validation import validate_table
 from perencode.verdicts import Claim, claims_file, load_claims, select
 
 PLAN_FILE = "plan.json"
+# The analyses a grid runs on its runs (`[sweep] after`), each writing the table of its name.
+ANALYSES = get_args(get_args(SweepConfig.model_fields["after"].annotation)[0])
 SEED = "train.seed"
 
 
@@ -135,15 +138,18 @@ def measured_label(device: GPU, cache: Estimates) -> str | None:
     return None
 
 
-def cost_runs(grids: list[Grid], device: GPU, runs_root: Path,
-              precision: str | None = None) -> tuple[list[GridCost], dict[str, Run]]:
+def cost_runs(grids: list[Grid], device: GPU, runs_root: Path, precision: str | None = None,
+              sized: dict[str, tuple[Work, int]] | None = None,
+              ) -> tuple[list[GridCost], dict[str, Run]]:
     """The unique runs of `grids` (linked by run_key, as the sweep links them) and what each
     grid trains of them. `precision`: price every run at this train.precision instead of its
-    recipe's (what the lever saves)."""
+    recipe's (what the lever saves). `sized`: FLOPs and memory by shape, filled as shapes
+    are met (a second pass reuses them)."""
     cache = Estimates(runs_root)
     label = measured_label(device, cache)
     unique: dict[str, Run] = {}
-    costs, memory, works = [], {}, {}
+    costs: list[GridCost] = []
+    sized = {} if sized is None else sized
     for grid in grids:
         cost = GridCost(grid)
         for cell in grid.cells:
@@ -154,18 +160,18 @@ def cost_runs(grids: list[Grid], device: GPU, runs_root: Path,
                 continue
             recipe = cell.recipe
             shape = shape_key(recipe)
-            if shape not in works:
-                works[shape] = work(recipe)
-                memory[shape] = estimate(recipe, CHUNK_LOGITS).total
+            if shape not in sized:
+                sized[shape] = (work(recipe), estimate(recipe, CHUNK_LOGITS).total)
+            flops, memory = sized[shape]
             seconds, how = None, ""
             if label is not None and precision is None:
                 seconds, was_measured = cache.seconds(label, recipe)
                 how = "measured" if was_measured else "extrapolated"
             if seconds is None:
-                seconds, how = modelled_seconds(works[shape], device, _precision(recipe,
-                                                                                 precision)), ""
-            run = Run(key, recipe, grid.name, [(grid.name, cell.name)], works[shape], seconds,
-                      how, memory[shape])
+                seconds, how = modelled_seconds(flops, device,
+                                                _precision(recipe, precision)), ""
+            run = Run(key, recipe, grid.name, [(grid.name, cell.name)], flops, seconds, how,
+                      memory)
             unique[key] = run
             cost.runs.append(run)
         costs.append(cost)
@@ -191,8 +197,8 @@ def claim_runs(claim: Claim, table: pd.DataFrame, claims: dict[str, Claim]) -> s
     groups), only the first or last cell where the claim says so, and the runs of the claim
     it is compared with (`than`)."""
     rows = select(table, recipe_filters(claim.where, table.columns), f"claim {claim.id}")
-    if any(claim.table in a for a in table["analyses"]):  # an analysis's table: its runs only
-        rows = rows[rows["analyses"].map(lambda a: claim.table in a)]
+    if claim.table in ANALYSES:  # an analysis's table: the runs a grid analyses, only
+        rows = rows[rows["analyses"].map(lambda a: claim.table in a).astype(bool)]
     if claim.test == "difference":
         groups = [select(rows, recipe_filters(g, table.columns), f"claim {claim.id}")
                   for g in (claim.a, claim.b)]
@@ -286,7 +292,7 @@ def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFra
                                     "left"))
             continue
         chosen.update(extra)
-        if any(claim.table in r.analyses for r in table.itertuples()):
+        if claim.table in ANALYSES:
             for key in keys:
                 analyses.setdefault(key, set()).add(claim.table)
         spent += more
@@ -419,8 +425,9 @@ def plan(paths: list[Path], gpu_name: str | None = None, claims: str | Path = de
         raise UserError(f"--seeds {seeds}: expected at least 2 (a t test needs two per group)")
     grids = [load_grid(p) for p in grid_files(paths)]
     device, device_source = choose_gpu(gpu_name, runs_root)
-    costs, unique = cost_runs(grids, device, runs_root)
-    _, as_tf32 = cost_runs(grids, device, runs_root, precision="tf32")
+    sized: dict[str, tuple[Work, int]] = {}
+    costs, unique = cost_runs(grids, device, runs_root, sized=sized)
+    _, as_tf32 = cost_runs(grids, device, runs_root, precision="tf32", sized=sized)
     claims_path = claims_file(claims)
     parsed = load_claims(claims_path)
     index = {c.id: c for c in parsed}
@@ -476,7 +483,7 @@ def plan(paths: list[Path], gpu_name: str | None = None, claims: str | Path = de
             doc["budget"]["written"] = [str(p) for p in
                                         write_plan(budgeted, grids, write, claims_path, device)]
     if as_json:
-        console.print_json(json.dumps(doc))
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         _print(doc, executor, gpus, runs_per_gpu, write)
     return doc
@@ -494,7 +501,8 @@ def _print(doc: dict[str, Any], executor: str, gpus: int, runs_per_gpu: int,
                          overflow="fold")
     for entry in doc["grids"]:
         row = [entry["grid"], str(entry["cells"]), str(entry["runs"]), str(entry["shared"]),
-               _h(entry["gpu_hours"]), _gb(entry["memory_bytes"]),
+               _h(entry["gpu_hours"]) if entry["runs"] else "-",
+               _gb(entry["memory_bytes"]) if entry["runs"] else "-",
                ", ".join(c.split("-")[0] for c in entry["claims"]) or "-"]
         if executor == "slurm":
             s = entry["slurm"]
@@ -515,7 +523,7 @@ def _print(doc: dict[str, Any], executor: str, gpus: int, runs_per_gpu: int,
         f"{doc['runs']} unique runs of {doc['cells']} cells (a run shared by grids counted "
         f"once); {_h(doc['gpu_hours'])} on {g['name']} ({how}); at the peak "
         f"rates, a floor: {_h(doc['gpu_hours_at_peak'])}. Recurrent layers "
-        f"{doc['layer_eflop']:,.0f} EFLOP, heads {doc['head_eflop']:,.0f} EFLOP.",
+        f"{doc['layer_eflop']:,.3g} EFLOP, heads {doc['head_eflop']:,.3g} EFLOP.",
         highlight=False, soft_wrap=True)
     for scored in doc["scored"]:
         console.print(f"language model: {scored} scored positions a sequence", highlight=False)
@@ -525,7 +533,7 @@ def _print(doc: dict[str, Any], executor: str, gpus: int, runs_per_gpu: int,
     if executor == "slurm":
         s = doc["slurm"]
         console.print(f"slurm: {s['jobs']} jobs (one run each), {_h(s['gpu_hours_charged'])} "
-                      f"GPU-hours charged; {s['over_limit']} run(s) exceed their job's time "
+                      f"charged; {s['over_limit']} run(s) exceed their job's time "
                       f"limit and rely on requeue ({s['requeues']} requeues expected)",
                       highlight=False)
     else:
