@@ -1,6 +1,8 @@
-"""What a run costs, whichever command asks (`sweep --dry-run`/`--estimate`, `doctor`):
-disk (exact sizes of the checkpoints kept), compute (a FLOP count per iteration) and
-seconds per iteration, measured per shape and cached in a folder's .estimates.json.
+"""What a run costs, whichever command asks (`sweep --dry-run`/`--estimate`, `doctor`,
+`plan`): disk (exact sizes of the checkpoints kept), compute (a FLOP count per iteration,
+split into the recurrent layer's and the head's), seconds per iteration measured per shape
+and cached in a folder's .estimates.json, or modelled for a GPU of a table from its
+published rates (`plan`), and the seeds a claim needs.
 
 Seconds per iteration of a shape not measured on this device are extrapolated from measured
 shapes of the same architecture by their FLOP ratio.
@@ -12,7 +14,6 @@ import datetime as _dt
 import json
 import math
 import platform
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -112,9 +113,13 @@ class Estimates:
         entry = self.data.get(device, {}).get(shape_key(recipe))
         return entry["seconds_per_iteration"] if entry else None
 
-    def put(self, device: str, recipe: Recipe, seconds: float) -> None:
+    def put(self, device: str, recipe: Recipe, seconds: float,
+            spread: tuple[float, float] | None = None) -> None:
+        """A measurement of `recipe`'s shape on `device`: seconds per iteration (a median of
+        repeats, their lowest and highest in `spread`)."""
         self.data.setdefault(device, {})[shape_key(recipe)] = {
             "seconds_per_iteration": seconds, "arch": recipe.model.arch,
+            **({"spread": list(spread)} if spread is not None else {}),
             "flops_per_iteration": flops_per_iteration(recipe),
             "measured": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
         atomic_write_json(self.path, self.data)
@@ -131,27 +136,6 @@ class Estimates:
         if not rates:
             return None, False
         return rates[len(rates) // 2] * flops_per_iteration(recipe), False
-
-
-def matmul_rate(device: torch.device, threads: int, n: int = 1024, repeats: int = 4) -> float:
-    """FLOP/s of this device on a fp32 [n, n] x [n, n] product (a tenth of a second; no
-    training step): the most any training step can run at, so FLOPs / rate is a floor on its
-    time. Recurrent steps are small products and run well below it."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        a = torch.randn(n, n, device=device)
-        torch.mm(a, a)  # warm-up
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            torch.mm(a, a)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return repeats * 2 * n ** 3 / (time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(previous)
 
 
 # --------------------------------------------------------------------------------------
