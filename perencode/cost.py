@@ -175,13 +175,14 @@ GPUS = {
 }
 GPU_ALIASES = {"a100-80gb": "a100", "4090": "rtx4090", "h100-80gb": "h100"}
 
-# Fractions of those peaks a training step is modelled to reach (until `bench` on the GPU
-# measures it): the head is one large product ([scored outputs, H] x [H, K], thousands of
-# rows), which cuBLAS runs near its peak; a recurrent layer is a chain of T small products
-# ([B, H] x [H, gates x H] a step, each waiting for the last) plus the pointwise gate
-# arithmetic, which cuDNN runs far below its peak. These two numbers are the model's
-# assumptions, not measurements; REPRODUCE.md's cost section gives the resulting range.
-EFFICIENCY = {"head": 0.8, "layer": 0.25}
+# Fractions of those peaks a training step is modelled to reach, by where its products run
+# (until `bench` on the GPU measures it): a matmul (a head, [scored outputs, H] x [H, K] with
+# thousands of rows; an S4D layer's maps over B x T rows) is one large product, which cuBLAS
+# runs near its peak; cuDNN's recurrent layer is a chain of T small products ([B, H] x
+# [H, gates x H] a step, each waiting for the last) plus the pointwise gate arithmetic, far
+# below its peak. These two numbers are the model's assumptions, not measurements;
+# REPRODUCE.md's cost section gives the floor at the peak rates beside them.
+EFFICIENCY = {"cudnn": 0.25, "matmul": 0.8}
 PRECISIONS = ("authors", "tf32")
 
 
@@ -253,14 +254,14 @@ def rates(w: Work, device: GPU, precision: str = "authors") -> tuple[float, floa
 
 def modelled_seconds(w: Work, device: GPU, precision: str = "authors",
                      efficiency: dict[str, float] | None = None) -> float:
-    """Seconds per iteration: each part's FLOPs at its rate times its modelled efficiency
-    (`efficiency` None: EFFICIENCY; {"layer": 1, "head": 1}: the peak rates, a floor)."""
+    """Seconds per iteration: each part's FLOPs at its rate times the modelled efficiency
+    of where it runs (`efficiency` None: EFFICIENCY; PEAK: the peak rates, a floor)."""
     eff = EFFICIENCY if efficiency is None else efficiency
     layer_rate, head_rate = rates(w, device, precision)
-    return w.layer / (layer_rate * eff["layer"]) + w.head / (head_rate * eff["head"])
+    return w.layer / (layer_rate * eff[w.layer_switch]) + w.head / (head_rate * eff["matmul"])
 
 
-PEAK = {"layer": 1.0, "head": 1.0}
+PEAK = {"cudnn": 1.0, "matmul": 1.0}
 
 
 # --------------------------------------------------------------------------------------

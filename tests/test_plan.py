@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, run_cli, tiny_recipe, tiny_toml
 
 from perencode import cost
 from perencode.grid import SlurmConfig, load_grid
-from perencode.plan import Run, cost_runs, local_wall, slurm_view
-from perencode.recipe import validate
+from perencode.plan import Run, cost_runs, cost_section, local_wall, slurm_view, with_section
+from perencode.recipe import run_key, validate
 from perencode.sweep.plan import RunState, prepare
 from perencode.sweep.plan import plan as sweep_plan
 
@@ -55,6 +56,9 @@ def test_cudnn_layers_run_in_tf32_and_heads_in_fp32_unless_asked():
         w.layer / 156e12 + w.head / 19.5e12)
     assert cost.modelled_seconds(w, A100) == pytest.approx(
         w.layer / (156e12 * 0.25) + w.head / (19.5e12 * 0.8))
+    # an S4D's layer is matmuls: fp32, at the matmul efficiency
+    assert cost.modelled_seconds(s4d, A100) == pytest.approx(
+        s4d.layer / (19.5e12 * 0.8) + s4d.head / (19.5e12 * 0.8))
 
 
 def test_the_language_model_counts_only_its_scored_positions(tmp_path):
@@ -69,7 +73,7 @@ def test_the_language_model_counts_only_its_scored_positions(tmp_path):
     w = cost.work(r)
     assert w.scored == 7.5 and w.scored_source.endswith("manifest.json")
     # head over 7.5 positions a sequence (K = 63 classes, H = 16, B = 8); the layer over all
-    # 32 padded steps: LSTM? no, the tiny recipe's GRU
+    # 32 padded steps (the tiny recipe's GRU: 3 gates)
     assert w.head == 3 * 2 * 8 * 7.5 * 16 * 63
     assert w.layer == 3 * 2 * 8 * 32 * (3 * (16 * 16 + 16 * 16))
 
@@ -231,3 +235,40 @@ def test_plan_sweep_verify_marks_the_claims_outside_the_plan(tmp_path):
     assert verdicts["small-pe"]["verdict"] == "pass"
     assert verdicts["large"]["verdict"] == "not run"
     assert "outside the plan" in verdicts["large"]["note"]
+
+
+# -- the precision lever and REPRODUCE.md -------------------------------------------------------
+
+def test_precision_is_in_the_identity_only_when_not_the_authors():
+    authors, tf32 = recipe(), recipe(train={"precision": "tf32"})
+    assert "precision" not in authors.identity()["train"]  # runs made before it keep theirs
+    assert tf32.identity()["train"]["precision"] == "tf32"
+    assert run_key(authors) != run_key(tf32)
+    w = cost.work(tf32)
+    assert cost.modelled_seconds(w, A100, tf32.train.precision) < cost.modelled_seconds(w, A100)
+
+
+def test_the_session_sets_torchs_tf32_switches_by_the_recipe():
+    import torch
+
+    from perencode.session import Session
+
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    try:
+        Session(recipe(train={"precision": "tf32"}), torch.device("cpu"))
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        Session(recipe(), torch.device("cpu"))
+        assert not torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.slow
+def test_reproduce_md_cost_section_is_what_plan_writes(monkeypatch):
+    if (ROOT / "data/wikitext103/manifest.json").exists():
+        pytest.skip("the corpus is prepared here: the section is written without it")
+    monkeypatch.chdir(ROOT)
+    text = (ROOT / "REPRODUCE.md").read_text(encoding="utf-8")
+    section = cost_section([Path("recipes/paper")])
+    assert with_section(text, section) == text, "run `python tools/cost_section.py`"
+    assert "| 24 |" in section and "| 100 |" in section and "| 500 |" in section
