@@ -724,6 +724,10 @@ def plan_(
         [], "--slurm", metavar="KEY=VALUE", help="Any field of the grids' \\[slurm] tables, "
         "e.g. --slurm time_min=720. Repeatable."),
     runs: RunsRoot = None,
+    observed: list[Path] = typer.Option([], "--observed", metavar="RUNS", help="--budget: "
+                                        "finished runs whose effect sizes and spreads set the "
+                                        "seeds each claim needs (others: --effect or --seeds). "
+                                        "Repeatable."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """What grids cost in GPU-hours on a GPU, and which claims a budget decides."""
@@ -733,7 +737,7 @@ def plan_(
     plan(grids, gpu, claims=claims, budget=budget, seeds=seeds, effect=effect,
          executor=executor, gpus=gpus, runs_per_gpu=runs_per_gpu,
          slurm=slurm_overrides(slurm_options), runs_root=runs or defaults.RUNS, write=write,
-         as_json=as_json)
+         as_json=as_json, observed=observed)
 
 
 @app.command()

@@ -48,7 +48,7 @@ from perencode.grid import Grid, SlurmConfig, SweepConfig, load_grid
 from perencode.io import atomic_write_json, atomic_write_text
 from perencode.preflight import estimate
 from perencode.recipe import Recipe, run_key
-from perencode.results import flatten
+from perencode.results import collect, flatten
 from perencode.session import CHUNK_LOGITS
 from perencode.validation import validate_table
 from perencode.verdicts import Claim, claims_file, load_claims, select
@@ -234,6 +234,41 @@ def groups_of(claim: Claim) -> int:
     return 2 if claim.test in ("difference", "trend") else 1
 
 
+def observed_effects(claims: list[Claim], paths: list[Path]) -> dict[str, float]:
+    """Each claim's effect in standard deviations of the seeds, as finished runs under
+    `paths` show it (claims on the runs table with a threshold, difference or approx test,
+    where every cell has two runs or more): |mean - value| / sd for a value, |mean_a -
+    mean_b| / the groups' root mean variance for a difference; the smallest over the
+    claim's cells (the hardest cell decides how many seeds it needs)."""
+    runs = collect(paths, "plan").runs
+    runs = runs[runs["complete"].astype(bool)]
+    found: dict[str, float] = {}
+    for claim in claims:
+        if claim.table != "runs" or claim.test not in ("threshold", "difference", "approx") \
+                or claim.metric not in runs.columns:
+            continue
+        rows = select(runs, recipe_filters(claim.where, runs.columns), f"claim {claim.id}")
+        keys = [k for k in claim.by if k in rows.columns]
+        effects = []
+        for _, cell in (rows.groupby(keys, dropna=False) if keys else [((), rows)]):
+            if claim.test == "difference":
+                a, b = (select(cell, recipe_filters(g, cell.columns), f"claim {claim.id}")
+                        [claim.metric].astype(float) for g in (claim.a, claim.b))
+                if min(len(a), len(b)) < 2:
+                    continue
+                spread = math.sqrt((a.var() + b.var()) / 2)
+                gap = abs(a.mean() - b.mean()) - (claim.value if claim.than is None else 0)
+            else:
+                values = cell[claim.metric].astype(float)
+                if len(values) < 2:
+                    continue
+                spread, gap = values.std(), abs(values.mean() - claim.value)
+            effects.append(math.inf if spread == 0 else abs(gap) / spread)
+        if effects:
+            found[claim.id] = min(effects)
+    return found
+
+
 # --------------------------------------------------------------------------------------
 # A budget
 # --------------------------------------------------------------------------------------
@@ -248,15 +283,20 @@ class Budgeted:
     decided: list[Claim]
     left_out: list[tuple[Claim, str]]                       # claim, why
     cost: float = 0.0
+    # claim id -> (seeds a cell, "observed" or "--effect") where a power calculation set them
+    seeds_per_claim: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFrame,
-                  budget: float, seeds: int | None, effect: float | None) -> Budgeted:
+                  budget: float, seeds: int | None, effect: float | None,
+                  observed: dict[str, float] | None = None) -> Budgeted:
     """The claims, in the file's order (headline first), whose runs fit in `budget`
     device-hours together with the claims before them; a claim that does not fit is left
     out and the next one tried. Each cell gets the first `seeds` seeds of its grid (a
-    claim's `effect` in standard deviations: the seeds that decide it, seeds_needed; else
-    the grid's own seeds, the paper's five)."""
+    claim's effect in standard deviations, `observed` in runs (by claim id) or else the
+    reviewer's `effect`: the seeds that decide it, seeds_needed; else the grid's own seeds,
+    the paper's five)."""
+    observed = observed or {}
     by_config: dict[str, list[Run]] = {}
     for run in unique.values():
         by_config.setdefault(run.config, []).append(run)
@@ -265,21 +305,27 @@ def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFra
     index = {c.id: c for c in claims}
     chosen: dict[str, Run] = {}
     analyses: dict[str, set[str]] = {}
+    seeds_used: dict[str, tuple[int, str]] = {}
     decided, left_out, spent = [], [], 0.0
     source = ("--seeds" if seeds is not None else
               f"for an effect of {effect:g} standard deviations (--effect, the reviewer's "
               "assumption)" if effect is not None else "the grids' own seeds (the paper's)")
+    if observed and seeds is None:
+        source = (f"for the effect observed in the runs given ({len(observed)} claim(s)), "
+                  f"else {source}")
     for claim in claims:
         keys = claim_runs(claim, table, index)
         if not keys:
             left_out.append((claim, "no cell of these grids"))
             continue
         n = seeds
-        if n is None and effect is not None:
-            n = seeds_needed(effect, groups_of(claim))
+        size = observed.get(claim.id, effect)
+        if n is None and size is not None:
+            n = seeds_needed(size, groups_of(claim))
             if n is None:
-                left_out.append((claim, f"an effect of {effect:g} sd needs over 100 seeds"))
+                left_out.append((claim, f"an effect of {size:.2g} sd needs over 100 seeds"))
                 continue
+            seeds_used[claim.id] = (n, "observed" if claim.id in observed else "--effect")
         extra: dict[str, Run] = {}
         for config in sorted({unique[k].config for k in keys}):
             runs = by_config[config]
@@ -298,7 +344,8 @@ def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFra
         spent += more
         decided.append(claim)
     shown = seeds if seeds is not None else 0
-    return Budgeted(budget, shown, source, chosen, analyses, decided, left_out, spent)
+    return Budgeted(budget, shown, source, chosen, analyses, decided, left_out, spent,
+                    seeds_used)
 
 
 def write_plan(budgeted: Budgeted, grids: list[Grid], out: Path, claims_path: Path,
@@ -415,7 +462,8 @@ def plan(paths: list[Path], gpu_name: str | None = None, claims: str | Path = de
          budget: float | None = None, seeds: int | None = None, effect: float | None = None,
          executor: str = "local", gpus: int = 1, runs_per_gpu: int = defaults.SWEEP_RUNS_PER_GPU,
          slurm: dict[str, Any] | None = None, runs_root: Path = defaults.RUNS,
-         write: Path | None = None, as_json: bool = False) -> dict[str, Any]:
+         write: Path | None = None, as_json: bool = False,
+         observed: list[Path] | None = None) -> dict[str, Any]:
     """The plan's document (what --json prints), printed for people unless `as_json`."""
     if executor not in ("local", "slurm"):
         raise UserError(f"--executor '{executor}': expected local or slurm")
@@ -470,7 +518,8 @@ def plan(paths: list[Path], gpu_name: str | None = None, claims: str | Path = de
                         for k in ("jobs", "over_limit", "requeues", "gpu_hours_charged")}
     budgeted = None
     if budget is not None:
-        budgeted = within_budget(parsed, unique, table, budget, seeds, effect)
+        effects = observed_effects(parsed, observed) if observed else {}
+        budgeted = within_budget(parsed, unique, table, budget, seeds, effect, effects)
         n = seeds or 5
         doc["budget"] = {
             "hours": budget, "modelled_hours": budgeted.cost, "runs": len(budgeted.chosen),
@@ -478,6 +527,9 @@ def plan(paths: list[Path], gpu_name: str | None = None, claims: str | Path = de
             "detectable_effect_sd": {"difference": detectable_effect(n, 2),
                                      "threshold": detectable_effect(n, 1)},
             "decided": [c.id for c in budgeted.decided],
+            "seeds_per_claim": {k: {"seeds": n, "effect": how, "effect_sd": effects.get(k,
+                                                                                       effect)}
+                                for k, (n, how) in budgeted.seeds_per_claim.items()},
             "left_out": [{"id": c.id, "why": why} for c, why in budgeted.left_out]}
         if write is not None:
             doc["budget"]["written"] = [str(p) for p in
@@ -551,6 +603,9 @@ def _print(doc: dict[str, Any], executor: str, gpus: int, runs_per_gpu: int,
                   f"{effect['threshold']:.2g} sd away", highlight=False, soft_wrap=True)
     console.print(f"decided ({len(budget['decided'])}): {', '.join(budget['decided']) or '-'}",
                   highlight=False, soft_wrap=True)
+    for claim_id, chosen in budget["seeds_per_claim"].items():
+        console.print(f"  {claim_id}: {chosen['seeds']} seeds a cell for {chosen['effect_sd']:.2g} "
+                      f"sd ({chosen['effect']})", highlight=False)
     for item in budget["left_out"]:
         console.print(f"left out: {item['id']}: {item['why']}", highlight=False, soft_wrap=True)
     if write is not None:

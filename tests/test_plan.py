@@ -235,6 +235,14 @@ def test_plan_sweep_verify_marks_the_claims_outside_the_plan(tmp_path):
     assert verdicts["small-pe"]["verdict"] == "pass"
     assert verdicts["large"]["verdict"] == "not run"
     assert "outside the plan" in verdicts["large"]["note"]
+    # The runs trained give the claim's observed effect size: the seeds follow from it.
+    code, text = run_cli("plan", grid, "--gpu", "a100", "--claims", claims, "--budget", "1",
+                         "--observed", tmp_path / "runs", "--json")
+    assert code == 0, text
+    chosen = json.loads(text)["budget"]["seeds_per_claim"]
+    assert list(chosen) == ["small-pe"] and chosen["small-pe"]["effect"] == "observed"
+    effect = chosen["small-pe"]["effect_sd"]
+    assert chosen["small-pe"]["seeds"] == cost.seeds_needed(effect, groups=1)
 
 
 # -- the precision lever and REPRODUCE.md -------------------------------------------------------
@@ -272,3 +280,27 @@ def test_reproduce_md_cost_section_is_what_plan_writes(monkeypatch):
     section = cost_section([Path("recipes/paper")])
     assert with_section(text, section) == text, "run `python tools/cost_section.py`"
     assert "| 24 |" in section and "| 100 |" in section and "| 500 |" in section
+
+
+def test_a_measurement_on_that_gpu_replaces_the_model(tmp_path):
+    """`sweep --estimate` (or `doctor`) on an A100 cached a shape's seconds per iteration:
+    the plan prices that shape by it, and the shapes of the same architecture by their FLOP
+    ratio to it; the table's figures stay for another GPU."""
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES)
+    [g] = grids = [load_grid(grid)]
+    measured = g.cells[0].recipe
+    cost.Estimates(tmp_path / "runs").put("NVIDIA A100-SXM4-80GB", measured, 0.5,
+                                          spread=(0.4, 0.7))
+    _, unique = cost_runs(grids, A100, tmp_path / "runs")
+    runs = {r.recipe.train.seed: r for r in unique.values()
+            if run_key(r.recipe) == run_key(measured)}
+    assert runs[111].seconds == 0.5 and runs[111].measured == "measured"
+    others = [r for r in unique.values() if r.recipe.model_dump() != measured.model_dump()
+              and cost.shape_key(r.recipe) != cost.shape_key(measured)]
+    assert others and all(r.measured == "extrapolated" for r in others)
+    for r in others:
+        assert r.seconds == pytest.approx(0.5 * cost.flops_per_iteration(r.recipe)
+                                          / cost.flops_per_iteration(measured))
+    _, on_h100 = cost_runs(grids, cost.gpu("h100"), tmp_path / "runs")
+    assert all(r.measured == "" for r in on_h100.values())
