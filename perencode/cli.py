@@ -696,13 +696,62 @@ def verify(
     as_json: bool = typer.Option(False, "--json", help="Print verify.json (every field of "
                                  "every claim) on stdout instead of the tables."),
     accept_code_change: AcceptCode = False,
+    plan: Path | None = typer.Option(None, "--plan", help="A plan.json of `perencode plan "
+                                     "--budget --write`: the claims it left out are shown as "
+                                     "not run (outside the plan)."),
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
     from perencode.verify import verify_runs
 
     code = verify_runs(runs, claims=claims, out=out, as_json=as_json,
-                       accept_code_change=accept_code_change)
+                       accept_code_change=accept_code_change, plan=plan)
     raise typer.Exit(0 if report_only else code)
+
+
+@app.command("plan")
+@user_errors
+def plan_(
+    grids: list[Path] = typer.Argument(..., help="Grid files, or folders of them: "
+                                       "recipes/paper is the whole paper."),
+    claims: Claims = defaults.CLAIMS,
+    gpu: str | None = typer.Option(None, "--gpu", help="The GPU the jobs will get: a100 "
+                                   "(80 GB), a100-40gb, h100, l40s, v100, rtx4090 (default: "
+                                   "the GPU present; never this machine's CPU)."),
+    budget: float | None = typer.Option(None, "--budget", metavar="HOURS", help="GPU-hours "
+                                        "to spend: the claims, headline first, whose cells "
+                                        "fit, and those left out."),
+    seeds: int | None = typer.Option(None, "--seeds", help="--budget: seeds a cell "
+                                     "(default: the grid's, the paper's five)."),
+    effect: float | None = typer.Option(None, "--effect", metavar="SD", help="--budget: the "
+                                        "effect each claim is to be decided at, in standard "
+                                        "deviations of the seeds: each claim gets the seeds a "
+                                        "one-sided Welch t at 95% needs for 80% power."),
+    write: Path | None = typer.Option(None, "--write", metavar="DIR", help="--budget: write "
+                                      "the plan's grid files (for `perencode sweep`) and "
+                                      "plan.json (for `verify --plan`) into DIR."),
+    executor: str = typer.Option("local", help="local or slurm: the wall time, or the SLURM "
+                                 "jobs, time limits and requeues."),
+    gpus: int = typer.Option(1, min=1, help="GPUs the local executor has."),
+    runs_per_gpu: int = typer.Option(defaults.SWEEP_RUNS_PER_GPU, min=1,
+                                     help="Runs sharing one GPU (local)."),
+    slurm_options: list[str] = typer.Option(
+        [], "--slurm", metavar="KEY=VALUE", help="Any field of the grids' \\[slurm] tables, "
+        "e.g. --slurm time_min=720. Repeatable."),
+    runs: RunsRoot = None,
+    observed: list[Path] = typer.Option([], "--observed", metavar="RUNS", help="--budget: "
+                                        "finished runs whose effect sizes and spreads set the "
+                                        "seeds each claim needs (others: --effect or --seeds). "
+                                        "Repeatable."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    """What grids cost in GPU-hours on a GPU, and which claims a budget decides."""
+    from perencode.grid import slurm_overrides
+    from perencode.plan import plan
+
+    plan(grids, gpu, claims=claims, budget=budget, seeds=seeds, effect=effect,
+         executor=executor, gpus=gpus, runs_per_gpu=runs_per_gpu,
+         slurm=slurm_overrides(slurm_options), runs_root=runs or defaults.RUNS, write=write,
+         as_json=as_json, observed=observed)
 
 
 @app.command()

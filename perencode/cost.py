@@ -1,6 +1,8 @@
-"""What a run costs, whichever command asks (`sweep --dry-run`/`--estimate`, `doctor`):
-disk (exact sizes of the checkpoints kept), compute (a FLOP count per iteration) and
-seconds per iteration, measured per shape and cached in a folder's .estimates.json.
+"""What a run costs, whichever command asks (`sweep --dry-run`/`--estimate`, `doctor`,
+`plan`): disk (exact sizes of the checkpoints kept), compute (a FLOP count per iteration,
+split into the recurrent layer's and the head's), seconds per iteration measured per shape
+and cached in a folder's .estimates.json, or modelled for a GPU of a table from its
+published rates (`plan`), and the seeds a claim needs.
 
 Seconds per iteration of a shape not measured on this device are extrapolated from measured
 shapes of the same architecture by their FLOP ratio.
@@ -10,8 +12,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import platform
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -19,6 +22,7 @@ import torch
 
 from perencode import kinds
 from perencode.encoding import input_width
+from perencode.errors import UserError
 from perencode.io import atomic_write_json
 from perencode.models import SequenceModel
 from perencode.preflight import meta_model, parameter_count
@@ -109,9 +113,13 @@ class Estimates:
         entry = self.data.get(device, {}).get(shape_key(recipe))
         return entry["seconds_per_iteration"] if entry else None
 
-    def put(self, device: str, recipe: Recipe, seconds: float) -> None:
+    def put(self, device: str, recipe: Recipe, seconds: float,
+            spread: tuple[float, float] | None = None) -> None:
+        """A measurement of `recipe`'s shape on `device`: seconds per iteration (a median of
+        repeats, their lowest and highest in `spread`)."""
         self.data.setdefault(device, {})[shape_key(recipe)] = {
             "seconds_per_iteration": seconds, "arch": recipe.model.arch,
+            **({"spread": list(spread)} if spread is not None else {}),
             "flops_per_iteration": flops_per_iteration(recipe),
             "measured": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
         atomic_write_json(self.path, self.data)
@@ -130,22 +138,205 @@ class Estimates:
         return rates[len(rates) // 2] * flops_per_iteration(recipe), False
 
 
-def matmul_rate(device: torch.device, threads: int, n: int = 1024, repeats: int = 4) -> float:
-    """FLOP/s of this device on a fp32 [n, n] x [n, n] product (a tenth of a second; no
-    training step): the most any training step can run at, so FLOPs / rate is a floor on its
-    time. Recurrent steps are small products and run well below it."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
+# --------------------------------------------------------------------------------------
+# Modelled device time on a GPU (`perencode plan`): the FLOPs of a run split by where they
+# run, at a GPU's published rates
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GPU:
+    """A GPU's published dense peak rates (TFLOP/s, no structured sparsity), memory (GB) and
+    memory bandwidth (GB/s). `tf32` is 0 where the chip has no TF32 (its cuDNN and matmul
+    products then run in fp32)."""
+
+    name: str
+    fp32: float
+    tf32: float
+    half: float  # fp16/bf16 tensor-core products
+    memory_gb: float
+    bandwidth_gbs: float
+    measured: bool = False  # its rates come from a measurement on it, not the table
+
+
+# The vendors' datasheets, dense figures (the datasheets print TF32 and fp16/bf16 "with
+# sparsity", twice these): NVIDIA A100 Tensor Core GPU datasheet (SXM: fp32 19.5, TF32 156,
+# bf16 312; 40GB at 1,555 GB/s, 80GB at 2,039 GB/s); H100 datasheet (SXM: fp32 67, TF32
+# 494.5, bf16 989.5; 80GB at 3,350 GB/s); L40S datasheet (fp32 91.6, TF32 183, bf16 362.05;
+# 48GB at 864 GB/s); V100 datasheet (SXM2: fp32 15.7, fp16 tensor 125, no TF32; 32GB at 900
+# GB/s); Ada Lovelace architecture whitepaper, Appendix A (RTX 4090: fp32 82.6, TF32 82.6,
+# fp16/bf16 with fp32 accumulate 165.2; 24GB at 1,008 GB/s).
+GPUS = {
+    "a100": GPU("NVIDIA A100 80GB SXM", 19.5, 156.0, 312.0, 80, 2039),
+    "a100-40gb": GPU("NVIDIA A100 40GB SXM", 19.5, 156.0, 312.0, 40, 1555),
+    "h100": GPU("NVIDIA H100 80GB SXM", 67.0, 494.5, 989.5, 80, 3350),
+    "l40s": GPU("NVIDIA L40S", 91.6, 183.0, 362.05, 48, 864),
+    "v100": GPU("NVIDIA V100 32GB SXM2", 15.7, 0.0, 125.0, 32, 900),
+    "rtx4090": GPU("NVIDIA GeForce RTX 4090", 82.6, 82.6, 165.2, 24, 1008),
+}
+GPU_ALIASES = {"a100-80gb": "a100", "4090": "rtx4090", "h100-80gb": "h100"}
+
+# Fractions of those peaks a training step is modelled to reach, by where its products run
+# (until `bench` on the GPU measures it): a matmul (a head, [scored outputs, H] x [H, K] with
+# thousands of rows; an S4D layer's maps over B x T rows) is one large product, which cuBLAS
+# runs near its peak; cuDNN's recurrent layer is a chain of T small products ([B, H] x
+# [H, gates x H] a step, each waiting for the last) plus the pointwise gate arithmetic, far
+# below its peak. These two numbers are the model's assumptions, not measurements;
+# REPRODUCE.md's cost section gives the floor at the peak rates beside them.
+EFFICIENCY = {"cudnn": 0.25, "matmul": 0.8}
+PRECISIONS = ("authors", "tf32")
+
+
+def gpu(name: str) -> GPU:
+    """A GPU of the table by its short name (a100, a100-40gb, h100, l40s, v100, rtx4090)."""
+    key = name.strip().lower().replace(" ", "").replace("_", "-")
+    key = GPU_ALIASES.get(key, key)
+    if key not in GPUS:
+        raise UserError(f"--gpu '{name}': expected one of {', '.join(GPUS)}")
+    return GPUS[key]
+
+
+def scored_outputs(recipe: Recipe) -> tuple[float, str]:
+    """Scored outputs of one training sequence on average, and where the figure comes from:
+    the prepared data's manifest where the task reads a corpus (paragraphs shorter than the
+    input length are padded, and padding is dropped before the head), else the task's
+    output positions (every position of a synthetic sequence is scored; for an unprepared
+    corpus, an upper bound)."""
+    s = shapes(recipe.task)
+    data = getattr(recipe.task, "data", None)
+    if not isinstance(data, str):
+        return float(s.outputs), "task"
     try:
-        a = torch.randn(n, n, device=device)
-        torch.mm(a, a)  # warm-up
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            torch.mm(a, a)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return repeats * 2 * n ** 3 / (time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(previous)
+        train = json.loads((Path(data) / "manifest.json").read_text())["splits"]["train"]
+        return train["scored_tokens"] / train["sequences"], f"{data}/manifest.json"
+    except (OSError, KeyError, TypeError, ZeroDivisionError, json.JSONDecodeError):
+        return float(s.outputs), f"upper bound: {data} not prepared"
+
+
+@dataclass(frozen=True)
+class Work:
+    """FLOPs of one training iteration (forward and backward) by where they run: the
+    sequence layer (cuDNN's kernels for a model whose TF32 switch is cuDNN's, else matmuls)
+    and the head at the scored outputs."""
+
+    layer: float
+    head: float
+    layer_switch: str  # the model's TF32 switch (perencode.kinds.TF32_SWITCHES)
+    scored: float      # scored outputs a sequence
+    scored_source: str
+
+    @property
+    def total(self) -> float:
+        return self.layer + self.head
+
+
+def work(recipe: Recipe) -> Work:
+    """The FLOPs of `flops_per_iteration`, split, with the head over the scored outputs."""
+    s, m = shapes(recipe.task), recipe.model
+    B, T, H, K = recipe.train.batch_size, s.steps, m.hidden_size, s.num_classes
+    hook = kinds.get("model", m.arch).flops_per_step
+    D = input_width(recipe.encoding, m.embed_size)
+    per_step = hook(m, D, T) if hook is not None else layer_parameters(recipe)
+    scored, source = scored_outputs(recipe)
+    return Work(3 * 2 * B * T * per_step, 3 * 2 * B * scored * H * K,
+                kinds.get("model", m.arch).tf32, scored, source)
+
+
+def rates(w: Work, device: GPU, precision: str = "authors") -> tuple[float, float]:
+    """(layer, head) peak FLOP/s on `device`. The authors' numerics (torch's defaults):
+    cuDNN's recurrent kernels in TF32 (torch.backends.cudnn.allow_tf32 is on by default),
+    matmuls in fp32 (torch.backends.cuda.matmul.allow_tf32 off since torch 1.12);
+    `precision = "tf32"` runs the matmuls in TF32 as well. No TF32 on the chip: fp32."""
+    tf32 = device.tf32 or device.fp32
+    matmul = tf32 if precision == "tf32" else device.fp32
+    layer = tf32 if w.layer_switch == "cudnn" else matmul
+    return layer * 1e12, matmul * 1e12
+
+
+def modelled_seconds(w: Work, device: GPU, precision: str = "authors",
+                     efficiency: dict[str, float] | None = None) -> float:
+    """Seconds per iteration: each part's FLOPs at its rate times the modelled efficiency
+    of where it runs (`efficiency` None: EFFICIENCY; PEAK: the peak rates, a floor)."""
+    eff = EFFICIENCY if efficiency is None else efficiency
+    layer_rate, head_rate = rates(w, device, precision)
+    return w.layer / (layer_rate * eff[w.layer_switch]) + w.head / (head_rate * eff["matmul"])
+
+
+PEAK = {"cudnn": 1.0, "matmul": 1.0}
+
+
+# --------------------------------------------------------------------------------------
+# Seeds a claim needs: the power of the verdicts' test (a one-sided Welch t at 95%)
+# --------------------------------------------------------------------------------------
+
+LEVEL, POWER = 0.95, 0.80
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta function (modified Lentz;
+    Numerical Recipes, section 6.4)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(a, b, x) / a
+    return 1.0 - front * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The t with t_cdf(t, df) = p (bisection: monotone, 1e-10 close)."""
+    low, high = -1e4, 1e4
+    for _ in range(200):
+        mid = (low + high) / 2
+        if t_cdf(mid, df) < p:
+            low = mid
+        else:
+            high = mid
+        if high - low < 1e-10:
+            break
+    return (low + high) / 2
+
+
+def detectable_effect(n: int, groups: int = 2) -> float:
+    """The smallest effect, in units of the seeds' standard deviation, that a one-sided t
+    test at LEVEL decides with POWER from n seeds a group: two groups (a difference of
+    means; Welch's df at equal n and spread is 2n - 2) or one (a mean against a threshold,
+    df n - 1). The usual approximation (t_level + t_power) x standard error, with central
+    t quantiles."""
+    if n < 2:
+        return math.inf
+    df = groups * (n - 1)
+    return (t_quantile(LEVEL, df) + t_quantile(POWER, df)) * math.sqrt(groups / n)
+
+
+def seeds_needed(effect: float, groups: int = 2, most: int = 100) -> int | None:
+    """Seeds a group that decide an effect of `effect` standard deviations at LEVEL with
+    POWER (detectable_effect); None if more than `most`."""
+    for n in range(2, most + 1):
+        if detectable_effect(n, groups) <= effect:
+            return n
+    return None

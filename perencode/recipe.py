@@ -187,6 +187,12 @@ class TrainConfig(Section):
         "of log_every): held_out_* columns in metrics.jsonl, held_out/ curves in TensorBoard. "
         "Training is the same with or without it (scoring the fixed held-out set draws no "
         "random number). Unset: only at the end. Not part of the run's identity.")
+    precision: Literal["authors", "tf32"] = Field(
+        "authors", description="Numerics on an Ampere or newer GPU: \"authors\" (torch's "
+        "defaults, as the paper's runs: cuDNN's recurrent kernels in TF32, matmuls and the "
+        "heads in fp32) or \"tf32\" (the matmuls and heads in TF32 too: faster, about 3 "
+        "decimal digits per product; `perencode plan` shows what it saves). No effect on a "
+        "CPU. Part of the run's identity when not \"authors\".")
     keep_checkpoints: int | Literal["all"] | None = Field(
         None, description="Periodic checkpoints kept on disk: \"all\" or the newest N >= 1 "
         "(older ones are deleted once a newer one is written). Unset: all for dual_frequency "
@@ -260,6 +266,7 @@ class Recipe(Section):
 # periodic held-out scores (training is bit-identical with or without them): outside its
 # identity.
 NOT_IDENTITY = ("keep_checkpoints", "eval_every")
+AUTHORS_PRECISION = "authors"  # train.precision's default: torch's TF32 defaults
 # Fields that change nothing a figure or a claim compares, never a reason to split a figure:
 # those outside the identity, the seed (runs of several seeds repeat one setting), how often
 # a run logs and checkpoints, and the batches it scores held-out in. All but NOT_IDENTITY's
@@ -274,8 +281,12 @@ def identity(data: dict[str, Any]) -> dict[str, Any]:
     finished run into "a different recipe". The one definition used by run directories,
     checkpoints, sweeps and results."""
     out = {k: v for k, v in data.items() if k != "description"}
-    if set(NOT_IDENTITY) & set(out.get("train", {})):
-        out["train"] = {k: v for k, v in out["train"].items() if k not in NOT_IDENTITY}
+    # The authors' precision is left out, so that runs recorded before train.precision
+    # existed keep their identity; any other precision makes another run.
+    train = out.get("train", {})
+    if set(NOT_IDENTITY) & set(train) or train.get("precision") == AUTHORS_PRECISION:
+        out["train"] = {k: v for k, v in train.items() if k not in NOT_IDENTITY
+                        and not (k == "precision" and v == AUTHORS_PRECISION)}
     return out
 
 

@@ -142,6 +142,15 @@ class NotFinite(UserError):
         self.iteration, self.what = iteration, what
 
 
+def set_precision(recipe: Recipe) -> None:
+    """torch's TF32 switches as train.precision says: cuDNN's on (torch's default, the
+    authors' recurrent kernels), cuBLAS's matmuls on only for "tf32" (off by default since
+    torch 1.12: the authors' heads ran in fp32). Set for every session, so that a step
+    `bench` times runs at the precision `train` runs."""
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = recipe.train.precision == "tf32"
+
+
 class Step(NamedTuple):
     """One iteration: its learning rate, its batch, the loss, the correct predictions (when
     counted) and the gradient norm before clipping (None without clipping); the tensors
@@ -165,6 +174,7 @@ class Session:
     def __init__(self, recipe: Recipe, device: torch.device,
                  model: SequenceModel | None = None):
         self.recipe, self.device = recipe, device
+        set_precision(recipe)
         if model is None:
             task, model = build(recipe, device)
         else:

@@ -28,6 +28,7 @@ the claim does not name it (runs of different settings would be pooled). Only a 
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import operator
 from dataclasses import dataclass, field
@@ -937,3 +938,17 @@ def check_claims(runs: list[Path], claims: str | Path = defaults.CLAIMS,
                             f"({type(exc).__name__}: {exc}); please report it with the "
                             "claims file") from exc
     return Checked(claims_path, [done[c.id] for c in parsed], results)
+
+
+def outside_plan(checked: Checked, plan: Path) -> None:
+    """Mark the claims a budget plan left out (plan.json of `perencode plan --write`) and no
+    run decides: not run, "outside the plan" (not a missing run to look for)."""
+    try:
+        data = json.loads(Path(plan).read_text(encoding="utf-8"))
+        left = {item["id"] for item in data["left_out"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{plan}: not a plan.json of `perencode plan --write` ({exc})") from None
+    for o in checked.outcomes:
+        if o.verdict == NOT_RUN and o.claim.id in left:
+            o.note = f"outside the plan ({plan}: a budget of {data.get('budget_hours')} " \
+                     f"GPU-hours on {data.get('gpu')})"

@@ -27,6 +27,7 @@ from perencode.verdicts import (
     Outcome,
     check_claims,
     paper_interval,
+    outside_plan,
     reproduced,
 )
 
@@ -63,12 +64,14 @@ def report_markdown(checked: Checked, run_paths: list[Path]) -> str:
 
 def verify_runs(runs: list[Path], claims: str | Path = defaults.CLAIMS,
                 out: Path = defaults.FIGURES, as_json: bool = False,
-                accept_code_change: bool = False) -> int:
+                accept_code_change: bool = False, plan: Path | None = None) -> int:
     """Evaluate every claim; print a summary, the decided claims and the reasons of those
     not run (`as_json`: the whole verify.json document on stdout instead), and write
     verify.md and verify.json into `out`. Returns 1 if a claim fails (inconclusive and not
     run do not fail), else 0."""
     checked = check_claims(runs, claims, accept_code_change=accept_code_change)
+    if plan is not None:
+        outside_plan(checked, plan)
     say_left_out(checked.results)
     outcomes = checked.outcomes
     document = checked.as_json(runs)

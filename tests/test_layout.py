@@ -284,7 +284,7 @@ def test_shared_code_asks_no_kind_by_name():
 # The modules `perencode COMMAND` runs (a package with its submodules): none imports another;
 # what two of them share lives in the library below them (results, plots, verdicts, cost,
 # grid, ...). The CLI, which imports them all, and __main__ stand above them.
-COMMANDS = ("train", "evaluate", "stability", "bench", "doctor", "crosscheck", "figures",
+COMMANDS = ("train", "evaluate", "stability", "bench", "doctor", "crosscheck", "figures", "plan",
             "verify", "report", "rehearsal", "quickstart", "sweep", "prune", "lm.prepare")
 def command_of(module: str) -> str | None:
     """The command `module` belongs to (perencode.crosscheck.models: crosscheck), or None."""

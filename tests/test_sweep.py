@@ -164,7 +164,11 @@ def test_dry_run_is_instant_trains_nothing_and_writes_nothing(tmp_path, monkeypa
     code, output = sweep(grid, "--runs", tmp_path / "fresh", "--dry-run")
     assert code == 0, output
     assert "8 runs (8 new); 8 to train" in output
-    assert "device time on cpu" in output and "not measured yet; at least" in output
+    # Not timed on this machine (its CPU says nothing of a GPU), modelled for the paper's GPU
+    # as `perencode plan` models it: the same figure, twice the same.
+    assert "device time on cpu" in output and "not measured yet" in output
+    assert "on NVIDIA A100 80GB SXM, the paper's GPU" in output and "modelled" in output
+    assert sweep(grid, "--runs", tmp_path / "fresh", "--dry-run")[1] == output
     assert not (tmp_path / "fresh").exists()
 
 
@@ -196,7 +200,10 @@ def test_estimate_measures_each_shape_once_and_the_dry_run_reuses_it(tmp_path):
     assert code == 0, output
     cache = json.loads((out / ".estimates.json").read_text())
     (entries,) = cache.values()
-    assert len(entries) == 1 and list(entries.values())[0]["seconds_per_iteration"] > 0
+    assert len(entries) == 1
+    (entry,) = entries.values()  # the median of the repeats, with their spread
+    low, high = entry["spread"]
+    assert 0 < low <= entry["seconds_per_iteration"] <= high
     assert not (out / "tiny").exists()  # timed, not trained
     code, output = sweep(grid, "--runs", out, "--dry-run")
     assert code == 0, output

@@ -9,6 +9,7 @@ of the same architecture by their FLOP ratio, and marked `~`.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -18,19 +19,24 @@ from rich.table import Table
 
 from perencode.console import console, print_table
 from perencode.cost import (
+    GPUS,
     Estimates,
+    Work,
     checkpoint_bytes,
     checkpoints_on_disk,
     device_label,
     flops_per_iteration,
     held_out_iterations,
-    matmul_rate,
+    modelled_seconds,
     shape_key,
+    work,
 )
 from perencode.device import available_cores, resolve_device
 from perencode.io import atomic_write_text
 from perencode.sweep.local import perencode_command, thread_env
 from perencode.sweep.plan import FINISHED, PlannedRun, RunState
+
+ESTIMATE_REPEATS = 3  # bench children a shape is timed in, the median cached
 
 
 def _device(device: str, jobs: int) -> tuple[torch.device, int, str]:
@@ -43,9 +49,10 @@ def _device(device: str, jobs: int) -> tuple[torch.device, int, str]:
 
 def measure(planned: list[PlannedRun], out: Path, device: str, jobs: int,
             handed: list[str] | None = None) -> None:
-    """`--estimate`: time 3 iterations (after 1 warm-up) of every shape not yet cached, each
-    by `perencode bench` in a child started as the sweep's workers are (their threads, the
-    plugins `handed`): the sweep runs training only in children, never in its own process."""
+    """`--estimate`: time 3 iterations (after 1 warm-up) of every shape not yet cached,
+    ESTIMATE_REPEATS times, each by `perencode bench` in a child started as the sweep's
+    workers are (their threads, the plugins `handed`): the sweep runs training only in
+    children, never in its own process."""
     _, threads, label = _device(device, jobs)
     cache = Estimates(out)
     shapes = {shape_key(r.cell.recipe): r for r in planned}
@@ -57,17 +64,24 @@ def measure(planned: list[PlannedRun], out: Path, device: str, jobs: int,
                           highlight=False)
             recipe = Path(scratch) / f"shape-{i}.toml"
             atomic_write_text(recipe, run.cell.recipe.to_toml())
-            done = subprocess.run([*perencode_command(), "bench", str(recipe), "--iterations",
-                                   "3", "--warmup", "1", "--device", device],
-                                  capture_output=True, text=True,
-                                  env=thread_env(threads, handed=handed))
-            lines = done.stdout.strip().splitlines()
-            if done.returncode != 0 or not lines:
-                last = (done.stdout.strip() or done.stderr.strip() or "failed").splitlines()[-1]
-                console.print(f"  not measured: {last[:100]}", highlight=False)
-                continue
-            seconds = json.loads(lines[-1])["seconds_per_iteration"]  # bench's last line
-            cache.put(label, run.cell.recipe, seconds)
+            times = []
+            for _ in range(ESTIMATE_REPEATS):
+                done = subprocess.run([*perencode_command(), "bench", str(recipe),
+                                       "--iterations", "3", "--warmup", "1", "--device", device],
+                                      capture_output=True, text=True,
+                                      env=thread_env(threads, handed=handed))
+                lines = done.stdout.strip().splitlines()
+                if done.returncode != 0 or not lines:
+                    last = (done.stdout.strip() or done.stderr.strip() or "failed"
+                            ).splitlines()[-1]
+                    console.print(f"  not measured: {last[:100]}", highlight=False)
+                    break
+                times.append(json.loads(lines[-1])["seconds_per_iteration"])  # its last line
+            else:
+                # The median of the repeats, with their spread: one timing on a shared
+                # machine varied 20-fold, and a cached figure is reused by every dry run.
+                cache.put(label, run.cell.recipe, statistics.median(times),
+                          spread=(min(times), max(times)))
 
 
 def _gb(n: float) -> str:
@@ -172,14 +186,25 @@ def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: in
                   f"({len(sizes)} shape(s); checkpoints kept per run: train.keep_checkpoints)",
                   highlight=False)
     if totals["unknown"] == len(planned):
-        rate = matmul_rate(dev, threads)
-        floor = flop / rate / 3600
-        totals["floor_hours"] = floor
-        console.print(f"device time on {label}: not measured yet; at least {_hours(floor)} "
-                      f"(the FLOPs at this device's matmul rate, {rate / 1e12:.3g} TFLOP/s: "
-                      f"recurrent steps run well below it). `--estimate` times "
-                      f"{len(sizes)} shape(s) (3 iterations each) and caches them in "
-                      f"{cache.path}", highlight=False)
+        # Modelled for the paper's GPU, not timed here: a login node's CPU says nothing of
+        # the GPUs the jobs get, and a rate measured on a shared machine is noise.
+        paper_gpu = GPUS["a100"]
+        works: dict[str, Work] = {}
+        modelled = 0.0
+        for run in planned:
+            if run.state != RunState.REUSE:
+                key = shape_key(run.cell.recipe)
+                works.setdefault(key, work(run.cell.recipe))
+                modelled += modelled_seconds(works[key], paper_gpu,
+                                             run.cell.recipe.train.precision
+                                             ) * run.iterations / 3600
+        totals["modelled_a100_hours"] = modelled
+        console.print(f"device time on {label}: not measured yet (`--estimate` times "
+                      f"{len(sizes)} shape(s), {ESTIMATE_REPEATS} x 3 iterations each, and "
+                      f"caches the median in {cache.path}); on {paper_gpu.name}, the paper's GPU: "
+                      f"{_hours(modelled)} modelled from the FLOPs (`perencode plan "
+                      f"{grid.path} --gpu NAME`: another GPU, the SLURM jobs, the claims)",
+                      highlight=False)
     else:
         notes = []
         if totals["extrapolated"]:

@@ -1,0 +1,306 @@
+"""`perencode plan` (perencode.plan) and its cost model (perencode.cost): the parts pinned
+to hand-computed values, the unique runs equal to the sweep's planning, a budget, and the
+way from a plan through `sweep` to `verify` on a tiny grid on the CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_cli, tiny_recipe, tiny_toml
+
+from perencode import cost
+from perencode.grid import SlurmConfig, load_grid
+from perencode.plan import Run, cost_runs, cost_section, local_wall, slurm_view, with_section
+from perencode.recipe import run_key, validate
+from perencode.sweep.plan import RunState, prepare
+from perencode.sweep.plan import plan as sweep_plan
+
+A100 = cost.gpu("a100")
+TINY = tiny_toml(optim={"lr": 1e-2, "warmup": 2}, train={"checkpoint_every": 10})
+AXES = """
+[grid]
+"task.vocab_size" = [8, 16]
+"encoding.kind" = ["none", "sinusoidal"]
+"train.seed" = [111, 222]
+"""
+
+
+def recipe(**tables):
+    return validate(tiny_recipe(**tables), "test")
+
+
+# -- the cost model, by hand -----------------------------------------------------------------
+
+def test_flops_split_into_recurrent_layer_and_head_by_hand():
+    # reverse, L = 4: T = 8 steps, 4 scored outputs; B = 8, E = 8, H = 16, K = 8; a GRU has
+    # 3 gates, each mapping the input (E = 8 vanilla) and the state: 3 x (8 x 16 + 16 x 16)
+    w = cost.work(recipe(task={"vocab_size": 8}, encoding={"kind": "none"}))
+    assert w.layer == 3 * 2 * 8 * 8 * (3 * (8 * 16 + 16 * 16)) == 442_368
+    assert w.head == 3 * 2 * 8 * 4 * 16 * 8 == 24_576
+    assert w.layer_switch == "cudnn" and w.scored == 4
+    assert w.total == cost.flops_per_iteration(recipe(task={"vocab_size": 8},
+                                                      encoding={"kind": "none"}))
+
+
+def test_cudnn_layers_run_in_tf32_and_heads_in_fp32_unless_asked():
+    w = cost.work(recipe(task={"vocab_size": 8}))
+    assert cost.rates(w, A100) == (156e12, 19.5e12)          # torch's defaults
+    assert cost.rates(w, A100, "tf32") == (156e12, 156e12)   # train.precision = "tf32"
+    assert cost.rates(w, cost.gpu("v100")) == (15.7e12, 15.7e12)  # Volta has no TF32
+    s4d = cost.work(recipe(model={"arch": "s4d", "d_state": 8}))
+    assert s4d.layer_switch == "matmul" and cost.rates(s4d, A100)[0] == 19.5e12
+    assert cost.modelled_seconds(w, A100, efficiency=cost.PEAK) == pytest.approx(
+        w.layer / 156e12 + w.head / 19.5e12)
+    assert cost.modelled_seconds(w, A100) == pytest.approx(
+        w.layer / (156e12 * 0.25) + w.head / (19.5e12 * 0.8))
+    # an S4D's layer is matmuls: fp32, at the matmul efficiency
+    assert cost.modelled_seconds(s4d, A100) == pytest.approx(
+        s4d.layer / (19.5e12 * 0.8) + s4d.head / (19.5e12 * 0.8))
+
+
+def test_the_language_model_counts_only_its_scored_positions(tmp_path):
+    data = tmp_path / "lm"
+    data.mkdir()
+    lm = {"name": "lm", "vocab_size": 64, "length": 32, "data": str(data)}
+    r = validate({**tiny_recipe(), "task": lm}, "test")
+    w = cost.work(r)
+    assert w.scored == 32 and "upper bound" in w.scored_source  # not prepared
+    (data / "manifest.json").write_text(json.dumps(
+        {"splits": {"train": {"sequences": 4, "scored_tokens": 30}}}))
+    w = cost.work(r)
+    assert w.scored == 7.5 and w.scored_source.endswith("manifest.json")
+    # head over 7.5 positions a sequence (K = 63 classes, H = 16, B = 8); the layer over all
+    # 32 padded steps (the tiny recipe's GRU: 3 gates)
+    assert w.head == 3 * 2 * 8 * 7.5 * 16 * 63
+    assert w.layer == 3 * 2 * 8 * 32 * (3 * (16 * 16 + 16 * 16))
+
+
+def test_gpu_names_and_an_unknown_one():
+    assert cost.gpu("A100-80GB") is cost.gpu("a100") and cost.gpu("4090").memory_gb == 24
+    code, text = run_cli("plan", str(ROOT / "recipes/paper/fig10_lstm_predecessor.toml"),
+                         "--gpu", "tpu")
+    assert code == 2 and "--gpu 'tpu': expected one of a100, a100-40gb, h100" in text
+
+
+def test_welch_power_by_hand():
+    assert cost.t_quantile(0.95, 4) == pytest.approx(2.1318, abs=1e-4)
+    assert cost.t_quantile(0.80, 8) == pytest.approx(0.8889, abs=1e-4)
+    # 5 seeds a group, df 8: (1.8595 + 0.8889) x sqrt(2 / 5)
+    assert cost.detectable_effect(5) == pytest.approx((1.8595 + 0.8889) * math.sqrt(0.4),
+                                                      abs=1e-3)
+    assert cost.seeds_needed(2.0) == 5 and cost.seeds_needed(1.0) == 14
+    assert cost.detectable_effect(1) == math.inf
+
+
+# -- executors ----------------------------------------------------------------------------------
+
+def _runs(hours: list[float]) -> list[Run]:
+    r = recipe()
+    w = cost.work(r)
+    return [Run(str(i), r, "g", [], w, h * 3600 / r.train.iterations, "", 0)
+            for i, h in enumerate(hours)]
+
+
+def test_runs_sharing_a_gpu_are_not_divided_as_if_each_had_its_own():
+    runs = _runs([10, 10, 10, 10])
+    assert local_wall(runs, gpus=1, runs_per_gpu=1) == pytest.approx(40)
+    assert local_wall(runs, gpus=1, runs_per_gpu=4) == pytest.approx(40)  # not 10
+    assert local_wall(runs, gpus=2, runs_per_gpu=1) == pytest.approx(20)
+    assert local_wall(_runs([30, 1]), gpus=4, runs_per_gpu=1) == pytest.approx(30)
+
+
+def test_slurm_jobs_time_limits_and_requeues():
+    cfg = SlurmConfig(time_min=600, signal_delay_s=360)  # 9.9 h of training a job
+    view = slurm_view(_runs([5, 12, 25]), cfg)
+    assert view["jobs"] == view["array_size"] == 3 and view["gpus_per_job"] == 1
+    assert view["over_limit"] == 2 and view["requeues"] == 1 + 2
+    assert view["gpu_hours_charged"] == pytest.approx(42)
+
+
+# -- unique runs: as the sweep links them --------------------------------------------------------
+
+def test_unique_runs_equal_the_sweeps_planning(tmp_path):
+    first = tmp_path / "first.toml"
+    first.write_text(TINY + AXES)
+    second = tmp_path / "second.toml"  # K = 16 with PE is the first grid's too
+    second.write_text('base = "first.toml"\n[grid]\n"task.vocab_size" = [16, 32]\n'
+                      '"encoding.kind" = ["sinusoidal"]\n"train.seed" = [111, 222]\n')
+    grids = [load_grid(first), load_grid(second)]
+    costs, unique = cost_runs(grids, A100, tmp_path / "runs")
+    assert len(unique) == 10 and [c.shared for c in costs] == [0, 2]
+    trained = 0
+    for grid in grids:  # the sweep of each grid in turn links the cells it finds
+        planned = sweep_plan(grid, tmp_path / "runs")
+        trained += sum(r.state != RunState.REUSE for r in planned)
+        prepare(planned)
+    assert trained == len(unique)
+
+
+# -- the whole paper --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def paper():
+    code, text = run_cli("plan", str(ROOT / "recipes/paper"), "--gpu", "a100", "--budget",
+                         "24", "--json")
+    assert code == 0, text
+    return text, json.loads(text)
+
+
+def test_the_paper_in_gpu_hours_with_a_budget_of_24(paper):
+    _, doc = paper
+    assert doc["cells"] == 530 and doc["runs"] == 460
+    assert doc["layer_eflop"] == pytest.approx(123.6, abs=0.1)
+    assert doc["head_eflop"] == pytest.approx(209.4, abs=0.1)
+    assert doc["gpu_hours_at_peak"] < doc["gpu_hours"]
+    assert doc["gpu_hours_tf32"] < doc["gpu_hours"]
+    assert sum(g["runs"] for g in doc["grids"]) == 460
+    budget = doc["budget"]
+    assert 0 < budget["modelled_hours"] <= 24
+    assert budget["decided"] and budget["left_out"]
+    ids = budget["decided"] + [c["id"] for c in budget["left_out"]]
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.slow
+def test_the_same_plan_twice(paper):
+    text, _ = paper
+    code, again = run_cli("plan", str(ROOT / "recipes/paper"), "--gpu", "a100", "--budget",
+                          "24", "--json")
+    assert code == 0 and again == text
+
+
+def test_no_gpu_named_on_a_machine_without_one():
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the plan prices it")
+    code, text = run_cli("plan", str(ROOT / "recipes/paper/fig10_lstm_predecessor.toml"))
+    assert code == 2 and "no GPU on this machine" in text and "cpu" not in text.lower()
+
+
+# -- end to end: plan, sweep, verify ---------------------------------------------------------
+
+CLAIMS = """
+[[claim]]
+id = "small-pe"
+statement = "PE at K = 8 has an accuracy in [0, 1]"
+where = { "task.name" = "reverse", "task.vocab_size" = 8, "encoding.kind" = "sinusoidal" }
+metric = "token_accuracy"
+test = "threshold"
+op = ">="
+value = 0.0
+
+[[claim]]
+id = "large"
+statement = "every cell at K = 16 has an accuracy in [0, 1]"
+where = { "task.name" = "reverse", "task.vocab_size" = 16 }
+metric = "token_accuracy"
+by = ["encoding.kind"]
+test = "threshold"
+op = ">="
+value = 0.0
+"""
+
+
+@pytest.mark.slow
+def test_plan_sweep_verify_marks_the_claims_outside_the_plan(tmp_path):
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES)
+    claims = tmp_path / "claims.toml"
+    claims.write_text(CLAIMS)
+    _, unique = cost_runs([load_grid(grid)], A100, tmp_path / "runs")
+    most = max(r.hours for r in unique.values())
+    out = tmp_path / "plan"
+    code, text = run_cli("plan", grid, "--gpu", "a100", "--claims", claims, "--budget",
+                         f"{2.5 * most!r}", "--write", out)
+    assert code == 0, text
+    written = json.loads((out / "plan.json").read_text())
+    assert written["decided"] == ["small-pe"]
+    assert [c["id"] for c in written["left_out"]] == ["large"]
+    [planned] = [out / name for name in written["grids"]]
+    assert [c.name for c in load_grid(planned).cells] == [
+        "vocab_size=8/encoding=sinusoidal/seed=111", "vocab_size=8/encoding=sinusoidal/seed=222"]
+    code, text = run_cli("sweep", planned, "--runs", tmp_path / "runs", "--device", "cpu",
+                         "--no-progress")
+    assert code == 0, text
+    code, text = run_cli("verify", tmp_path / "runs", "--claims", claims, "--out", tmp_path,
+                         "--plan", out / "plan.json")
+    assert code == 0, text
+    verdicts = {r["id"]: r for r in json.loads((tmp_path / "verify.json").read_text())
+                ["results"]}
+    assert verdicts["small-pe"]["verdict"] == "pass"
+    assert verdicts["large"]["verdict"] == "not run"
+    assert "outside the plan" in verdicts["large"]["note"]
+    # The runs trained give the claim's observed effect size: the seeds follow from it.
+    code, text = run_cli("plan", grid, "--gpu", "a100", "--claims", claims, "--budget", "1",
+                         "--observed", tmp_path / "runs", "--json")
+    assert code == 0, text
+    chosen = json.loads(text)["budget"]["seeds_per_claim"]
+    assert list(chosen) == ["small-pe"] and chosen["small-pe"]["effect"] == "observed"
+    effect = chosen["small-pe"]["effect_sd"]
+    assert chosen["small-pe"]["seeds"] == cost.seeds_needed(effect, groups=1)
+
+
+# -- the precision lever and REPRODUCE.md -------------------------------------------------------
+
+def test_precision_is_in_the_identity_only_when_not_the_authors():
+    authors, tf32 = recipe(), recipe(train={"precision": "tf32"})
+    assert "precision" not in authors.identity()["train"]  # runs made before it keep theirs
+    assert tf32.identity()["train"]["precision"] == "tf32"
+    assert run_key(authors) != run_key(tf32)
+    w = cost.work(tf32)
+    assert cost.modelled_seconds(w, A100, tf32.train.precision) < cost.modelled_seconds(w, A100)
+
+
+def test_the_session_sets_torchs_tf32_switches_by_the_recipe():
+    import torch
+
+    from perencode.session import Session
+
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    try:
+        Session(recipe(train={"precision": "tf32"}), torch.device("cpu"))
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        Session(recipe(), torch.device("cpu"))
+        assert not torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.slow
+def test_reproduce_md_cost_section_is_what_plan_writes(monkeypatch):
+    if (ROOT / "data/wikitext103/manifest.json").exists():
+        pytest.skip("the corpus is prepared here: the section is written without it")
+    monkeypatch.chdir(ROOT)
+    text = (ROOT / "REPRODUCE.md").read_text(encoding="utf-8")
+    section = cost_section([Path("recipes/paper")])
+    assert with_section(text, section) == text, "run `python tools/cost_section.py`"
+    assert "| 24 |" in section and "| 100 |" in section and "| 500 |" in section
+
+
+def test_a_measurement_on_that_gpu_replaces_the_model(tmp_path):
+    """`sweep --estimate` (or `doctor`) on an A100 cached a shape's seconds per iteration:
+    the plan prices that shape by it, and the shapes of the same architecture by their FLOP
+    ratio to it; the table's figures stay for another GPU."""
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES)
+    [g] = grids = [load_grid(grid)]
+    measured = g.cells[0].recipe
+    cost.Estimates(tmp_path / "runs").put("NVIDIA A100-SXM4-80GB", measured, 0.5,
+                                          spread=(0.4, 0.7))
+    _, unique = cost_runs(grids, A100, tmp_path / "runs")
+    runs = {r.recipe.train.seed: r for r in unique.values()
+            if run_key(r.recipe) == run_key(measured)}
+    assert runs[111].seconds == 0.5 and runs[111].measured == "measured"
+    others = [r for r in unique.values() if r.recipe.model_dump() != measured.model_dump()
+              and cost.shape_key(r.recipe) != cost.shape_key(measured)]
+    assert others and all(r.measured == "extrapolated" for r in others)
+    for r in others:
+        assert r.seconds == pytest.approx(0.5 * cost.flops_per_iteration(r.recipe)
+                                          / cost.flops_per_iteration(measured))
+    _, on_h100 = cost_runs(grids, cost.gpu("h100"), tmp_path / "runs")
+    assert all(r.measured == "" for r in on_h100.values())
