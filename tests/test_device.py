@@ -127,16 +127,18 @@ def test_host_syncs_counts_sync_debug_mode_warnings_per_call(monkeypatch):
     simulated here: a step that warns as that mode does, twice a call."""
     import warnings
 
-    modes = []
+    modes: list[str] = []
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
 
     def step():
-        warnings.warn(device.SYNC_WARNING)
-        warnings.warn(device.SYNC_WARNING)
-        warnings.warn("something else")
+        warnings.warn(device.SYNC_WARNING, stacklevel=1)
+        warnings.warn(device.SYNC_WARNING, stacklevel=1)
+        warnings.warn("something else", stacklevel=1)
 
-    per_call, where = device.host_syncs(step, torch.device("cuda"), calls=4)
+    counted = device.host_syncs(step, torch.device("cuda"), calls=4)
+    assert counted is not None
+    per_call, where = counted
     assert per_call == 2.0 and sum(where.values()) == 2.0
     assert list(where) == [f"test_device.py:{step.__code__.co_firstlineno + 1}",
                            f"test_device.py:{step.__code__.co_firstlineno + 2}"]

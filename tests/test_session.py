@@ -96,10 +96,10 @@ class OnTheGpu(torch.Tensor):
     def device(self):  # type: ignore[override]
         return torch.device("cuda", 0)
 
-    def to(self, *args, **kwargs):  # type: ignore[override]
+    def to(self, *args, **kwargs):
         return self.as_subclass(torch.Tensor).to(*args, **kwargs)
 
-    def cpu(self, *args, **kwargs):  # type: ignore[override]
+    def cpu(self, *args, **kwargs):
         return self.as_subclass(torch.Tensor).cpu(*args, **kwargs)
 
 
