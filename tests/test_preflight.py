@@ -211,3 +211,37 @@ def test_train_counts_the_runs_a_sweep_says_will_share_its_gpu(monkeypatch):
     for value, expected in (("6", 6), ("1", 1), ("0", 1), ("six", 1)):
         monkeypatch.setenv(device.RUNS_SHARING_ENV, value)
         assert device.runs_sharing() == expected
+
+
+def test_a_sweep_tells_the_first_run_on_each_gpu_how_many_will_share_it(monkeypatch, tmp_path):
+    """The first run started on an idle GPU checks its memory for the --runs-per-gpu runs
+    that will share it (the GPU's free memory still holds all of theirs); a run started
+    beside runs already there counts itself only (their memory is no longer free).
+    Simulated: two GPUs, workers that finish at once."""
+    from perencode.sweep import local
+    from perencode.sweep.plan import PlannedRun, RunState
+
+    started = []
+
+    class Finished:
+        def poll(self):
+            return 0
+
+    class Log:
+        def close(self):
+            pass
+
+    def launch(command, run_dir, env):
+        started.append((env["CUDA_VISIBLE_DEVICES"], env[device.RUNS_SHARING_ENV]))
+        return Finished(), Log()
+
+    monkeypatch.setattr(local, "visible_gpus", lambda name: ["0", "1"])
+    monkeypatch.setattr(local, "live_holder", lambda run_dir: None)
+    monkeypatch.setattr(local, "launch", launch)
+    monkeypatch.setattr(local.time, "sleep", lambda seconds: None)
+    planned = [PlannedRun(cell=None, dir=tmp_path / str(i), state=RunState.NEW,  # type: ignore[arg-type]
+                          commands=[["train"]]) for i in range(7)]
+    board = SimpleNamespace(update=lambda: None)
+    assert local.run_local(planned, board, jobs=6, runs_per_gpu=3, device="cuda")  # type: ignore[arg-type]
+    assert started == [("0", "3"), ("1", "3"), ("0", "1"), ("1", "1"), ("0", "1"), ("1", "1"),
+                       ("0", "1")]  # the 7th alone, when the first six are done
