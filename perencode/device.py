@@ -195,8 +195,9 @@ def kernel_support(device: torch.device) -> str | None:
     major, minor = capability
     return (f"{torch.cuda.get_device_name(index)} is sm_{major}{minor}, and torch "
             f"{torch.__version__} (CUDA {torch.version.cuda}) has kernels for "
-            f"{', '.join(built) or 'no architecture'} only: its CUDA kernels will fail there with 'no "
-            f"kernel image is available'; install a torch built for sm_{major}{minor}")
+            f"{', '.join(built) or 'no architecture'} only: its CUDA kernels will fail "
+            f"there with 'no kernel image is available'; install a torch built for "
+            f"sm_{major}{minor}")
 
 
 # linux/prctl.h: the kernel sends a process this signal when its parent dies.

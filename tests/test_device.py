@@ -183,3 +183,20 @@ def test_the_parent_death_signal_is_set_and_cleared():
         device.set_parent_death_signal(0)
     libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(got))
     assert got.value == 0
+
+
+def test_train_says_in_one_line_when_torch_has_no_kernels_for_the_gpu(cli, monkeypatch,
+                                                                      tmp_path):
+    """Before the first step: not a 'no kernel image' traceback once the job has started
+    (simulated: the check's answer for a GPU the build lacks, on a CPU run)."""
+    from conftest import train_args
+
+    import perencode.train as train_module
+
+    line = "NVIDIA B200 is sm_100, and torch 2.1.1+cu121 (CUDA 12.1) has kernels for sm_90 only"
+    monkeypatch.setattr(train_module, "kernel_support", lambda d: line)
+    code, text = cli(*train_args(tmp_path / "run", "train.iterations=2", "task.vocab_size=8",
+                                 "task.length=4"))
+    assert code == 0, text
+    assert [row for row in text.splitlines() if "no kernels" in row or "sm_100" in row] == \
+        [f"warning: {line}"]
