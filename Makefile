@@ -27,6 +27,7 @@ help:
 	@echo "                  then make rehearsal from a wheel install without a checkout"
 	@echo "make rehearsal    make reproduce-all at CPU size in minutes (EXECUTOR=slurm too)"
 	@echo "make doctor       on a GPU node before any submit: is training right and fast there?"
+	@echo "make device-check first contact with a GPU: syncs, resume, speed, memory (< 8 min)"
 	@echo "make docker-build / docker-quickstart / docker-reproduce / apptainer-build"
 
 # torch 2.1.1 (the paper's) supports NumPy 1 only: it installs with the container's pins.

@@ -6,13 +6,13 @@ from __future__ import annotations
 import functools
 import resource
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from perencode import defaults, kinds
+from perencode.device import free_running_seconds
 from perencode.encoding import PositionalEncoding
 from perencode.errors import UserError
 from perencode.models.rnn import CELLS
@@ -20,11 +20,6 @@ from perencode.recipe import OptimConfig, Recipe
 from perencode.session import Session, make_optimizer, training_generator
 from perencode.tasks import make, shapes
 from perencode.tasks.base import HeldOutConfig
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _peak_memory(device: torch.device) -> int:
@@ -35,14 +30,13 @@ def _peak_memory(device: torch.device) -> int:
 
 
 def _time(step, iterations: int, warmup: int, device: torch.device) -> float:
-    for _ in range(warmup):
-        step()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(iterations):
-        step()
-    _sync(device)
-    return (time.perf_counter() - t0) / iterations
+    return free_running_seconds(step, iterations, warmup, device)
+
+
+# `bench --baseline` times the two loops in alternating blocks of this many steps, each
+# free-running (one synchronisation at its end, as training runs): a host sync inside a
+# step shows in its time, where a sync around every step would hide it.
+BASELINE_BLOCK = 10
 
 
 def bench(recipe: Recipe, device: torch.device, iterations: int = defaults.BENCH_ITERATIONS,
@@ -64,17 +58,18 @@ def bench(recipe: Recipe, device: torch.device, iterations: int = defaults.BENCH
         session.step()
 
     if baseline:
-        # Interleaved pairs of steps, so that a change in the machine's load (other jobs on
+        # Interleaved blocks of steps, so that a change in the machine's load (other jobs on
         # a shared CPU) weighs on both sides alike; both printed times come from these
-        # pairs, so the printed ratio is the ratio of the printed times.
+        # blocks, so the printed ratio is the ratio of the printed times.
         bare_step = bare_loop(recipe, device)
         for _ in range(warmup):
             step()
             bare_step()
         ours = bare = 0.0
-        for _ in range(iterations):
-            ours += _time(step, 1, 0, device)
-            bare += _time(bare_step, 1, 0, device)
+        for start in range(0, iterations, BASELINE_BLOCK):
+            n = min(BASELINE_BLOCK, iterations - start)
+            ours += n * _time(step, n, 0, device)
+            bare += n * _time(bare_step, n, 0, device)
         seconds = ours / iterations
     else:
         seconds = _time(step, iterations, warmup, device)

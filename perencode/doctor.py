@@ -24,11 +24,11 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import io
 import json
 import math
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,11 +44,12 @@ import torch
 from perencode import defaults, kinds, preflight, runs
 from perencode.console import console
 from perencode.cost import Estimates, device_label
-from perencode.environment import perencode_command
+from perencode.device import device_model, host_syncs, kernel_support
+from perencode.environment import gpu_driver, perencode_command
 from perencode.grid import load_grid, repository_root
 from perencode.io import atomic_write_text
 from perencode.models import SequenceModel
-from perencode.recipe import EncodingConfig, ModelConfig, Recipe, load_recipe, validate
+from perencode.recipe import EncodingConfig, ModelConfig, Recipe, TrainConfig, load_recipe, validate
 from perencode.session import CHUNK_LOGITS, Session
 from perencode.tasks import Batch
 
@@ -102,6 +103,10 @@ SPEED_RATIO = 2.0
 # The Fig. 2 GRU cell at K = 256 with PE (the grid's base recipe).
 FIG2_GRU = "recipes/gru_vocab256.toml"
 PAPER_GRIDS = "recipes/paper"
+# The memory checks on a GPU: the largest synthetic recipe of each model kind by
+# perencode.preflight's estimate (the K = 16,384 LSTM peaks at its held-out evaluation,
+# about 9.5 GiB). The language model's (24.5 GiB) needs its prepared data: not checked here.
+DEVICE_MEMORY = (FIG2_GRU, "recipes/lstm_vocab16384.toml", "recipes/s4d_dualfreq_vocab2048.toml")
 
 
 @dataclass
@@ -274,7 +279,9 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
     requeued job is). Returns what happened: the iteration it resumed from (0: it started
     over), the devices of its two starts, the final checkpoint's iteration, the logged
     steps, and (CPU to CPU only, where the batches come from the same stream and the
-    kernels repeat exactly) whether it ended bit-identical to the uninterrupted run."""
+    kernels repeat exactly; CUDA to CUDA, a requeued job on its GPU, where cuDNN's
+    deterministic mode should make them repeat) whether it ended bit-identical to the
+    uninterrupted run."""
     iterations = recipe.train.iterations
     middle = recipe.train.checkpoint_every
     run = runs.Run(Path(folder) / f"{first.type}-to-{second.type}")
@@ -297,7 +304,7 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
               "metrics_steps": [r["step"] for r in rows],
               "finite": all(bool(torch.isfinite(t).all()) for t in final["model"].values()),
               "identical": None}
-    if first.type == second.type == "cpu":  # CUDA kernels need not repeat bit for bit
+    if first.type == second.type:  # across device types the kernels round apart
         result["identical"] = all(torch.equal(final["model"][n], uninterrupted[n])
                                   for n in uninterrupted)
     return result
@@ -389,18 +396,6 @@ def _mib(n: float) -> str:
     return f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n / 1024:,.1f} KiB"
 
 
-def _driver() -> str:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return "unknown (no nvidia-smi)"
-    try:
-        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"unknown ({one_line(exc)})"
-    return out.strip().splitlines()[0] if out.strip() else "unknown"
-
-
 def omp_threads_check(value: str | None) -> list[Finding]:
     """OMP_NUM_THREADS as OpenMP reads it: a positive count, or a comma-separated list of
     them (one per nesting level). Anything else is ignored by the runtime, which then
@@ -423,25 +418,33 @@ def stack_checks(device: torch.device, skipped: str = NO_DEVICE) -> list[Finding
     if device.type != "cuda":
         rows.append(Finding("CUDA, cuDNN, driver, device", "-", PAPER_CUDA + "; " + PAPER_DEVICE,
                             skipped))
+        rows.append(Finding("kernels for this GPU", "-", "the GPU's architecture among torch's "
+                            "(torch.cuda.get_arch_list)", skipped))
         threads = torch.get_num_threads()
         rows.append(Finding("threads", f"{threads} torch thread{'s' * (threads != 1)} on the "
                             "CPU", "-", INFO))
         return rows + omp_threads_check(os.environ.get("OMP_NUM_THREADS"))
     props = torch.cuda.get_device_properties(device)
     major, minor = torch.cuda.get_device_capability(device)
+    unsupported = kernel_support(device)
+    deterministic = TrainConfig().deterministic
     tf32 = (f"cuDNN {'on' if cudnn.allow_tf32 else 'off'}, matmul "
             f"{'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'}")
     tf32 += "" if major >= 8 else f" (no effect: compute capability {major}.{minor} < 8.0)"
     rows += [
         Finding("CUDA / cuDNN", f"{torch.version.cuda} / cuDNN {cudnn.version()}", PAPER_CUDA,
                 INFO),
-        Finding("driver", _driver(), "-", INFO),
+        Finding("driver", gpu_driver() or "unknown (no nvidia-smi)", "-", INFO),
         Finding("device", f"{props.name}, {props.total_memory / (1 << 30):.0f} GiB, "
                 f"sm_{major}{minor}", PAPER_DEVICE, INFO),
         Finding("TF32 (as training runs)", tf32, PAPER_TF32, INFO),
+        Finding("kernels for this GPU", unsupported or f"sm_{major}{minor} among "
+                f"{', '.join(torch.cuda.get_arch_list())}", "the GPU's architecture among "
+                "torch's", FAIL if unsupported else PASS),
+        # train.deterministic sets cuDNN's mode as each session starts (its default here).
         Finding("cuDNN (as training runs)",
                 f"{'enabled' if cudnn.enabled else 'DISABLED'}, deterministic "
-                f"{'on' if cudnn.deterministic else 'off'}, benchmark "
+                f"{'on' if deterministic else 'off'} (train.deterministic), benchmark "
                 f"{'on' if cudnn.benchmark else 'off'}", PAPER_CUDNN,
                 INFO if cudnn.enabled else FAIL),
     ]
@@ -505,7 +508,8 @@ def determinism_check(device: torch.device, size: dict) -> list[Finding]:
     except RuntimeError as exc:
         fix = f"deterministic algorithms refused: {one_line(exc)}"
     return [Finding(name, f"differs by up to {largest:.2e} as training runs; {fix}",
-                    "bit-identical (training sets no deterministic mode)", INFO)]
+                    "bit-identical (training sets cuDNN's deterministic mode: "
+                    "train.deterministic)", INFO)]
 
 
 def resume_check(recipe: Recipe, first: torch.device, second: torch.device) -> list[Finding]:
@@ -527,6 +531,38 @@ def memory_check(recipe: Recipe, device: torch.device, label: str) -> list[Findi
     return [Finding(f"memory ({label})", f"peak {_mib(peak)} / estimate {_mib(estimate)} "
                     f"= {ratio:.2f}", f"{low:g} to {high:g}",
                     PASS if low <= ratio <= high else FAIL)]
+
+
+# Host-device synchronisations a training step of the Fig. 2 GRU may ask for: the
+# held-out check of its batch (`nonzero` in perencode.tasks.base.Exclusion.members) and,
+# read from torch's CUDA code, the embedding's backward pass (which counts its segments on
+# the host). A checkpoint restored with Adam's `step` counters on the GPU added one per
+# parameter tensor, read back at every step (session.cpu_step_counters).
+EXPECTED_SYNCS = 2
+NO_SYNCS_ON_CPU = "not run: no CUDA device (on the CPU the host runs the kernels itself)"
+
+
+def sync_checks(device: torch.device, recipe: Recipe) -> list[Finding]:
+    """Host syncs per `Session.step` (perencode.device.host_syncs), of a fresh session and
+    of one resumed from its checkpoint mapped onto the device, as `perencode train`
+    resumes (runs.Run.resume(device))."""
+    fresh = Session(recipe, device)
+    counted = host_syncs(fresh.step, device)
+    buffer = io.BytesIO()
+    torch.save(fresh.state(), buffer)
+    buffer.seek(0)
+    resumed = Session(recipe, device)
+    resumed.load("doctor", torch.load(buffer, map_location=device, weights_only=True))
+    after = host_syncs(resumed.step, device)
+    assert counted is not None and after is not None  # a CUDA device
+    where = sorted({*counted[1], *after[1]})
+    m = recipe.model
+    return [Finding(f"host syncs per step ({m.arch.upper()} H={m.hidden_size} "
+                    f"B={recipe.train.batch_size})",
+                    f"{counted[0]:g} fresh, {after[0]:g} after a resume"
+                    + (f" (at {', '.join(where)})" if where else ""),
+                    f"<= {EXPECTED_SYNCS}, a resume adding none",
+                    PASS if counted[0] <= EXPECTED_SYNCS and after[0] <= counted[0] else FAIL)]
 
 
 def speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_root: Path,
@@ -555,7 +591,7 @@ def _speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_
     ours, bare = result["seconds_per_iteration"], result["bare_seconds_per_iteration"]
     rows = [Finding(f"speed: {m.arch.upper()} step (E={m.embed_size} H={m.hidden_size} "
                     f"L={t.length} B={recipe.train.batch_size} K={t.vocab_size})",
-                    f"{ours * 1e3:.1f} ms vs bare loop {bare * 1e3:.1f} ms "
+                    f"{ours * 1e3:.1f} ms vs bare loop {bare * 1e3:.1f} ms free-running "
                     f"(x{result['ratio_to_bare']:.2f})",
                     f"<= x{SPEED_RATIO:g} the bare loop",
                     PASS if result["ratio_to_bare"] <= SPEED_RATIO else FAIL)]
@@ -606,6 +642,11 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
     for a, b in pairs:
         rows += guarded(f"resume {a.type} -> {b.type}",
                         functools.partial(resume_check, resume, a, b))
+    if cuda:
+        # One GPU model here; Session.load says in one line when a checkpoint's is another.
+        rows.append(Finding("resume on another GPU model", f"this one: {device_model(device)}",
+                            "a note that the batches after it differ (CUDA's draws depend "
+                            "on the multiprocessor count)", INFO))
     if not cuda:
         rows.append(Finding("resume cpu <-> cuda", "-", "resumes on the other device",
                             skipped))
@@ -614,12 +655,19 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
         small_recipe(BASE_ARCH, BASE_ENCODING, CPU_MEMORY_SIZE), cpu,
         f"CPU, {kinds.label('model', BASE_ARCH)} PE E=H=128 B=128"))
     if cuda:
-        rows += guarded("memory (device)", lambda: memory_check(
-            load_recipe(root / FIG2_GRU), device,
-            "Fig. 2 GRU PE, K=256, B=512"))
+        for path in DEVICE_MEMORY:
+            rows += guarded(f"memory ({Path(path).stem})", functools.partial(
+                memory_check, load_recipe(root / path), device, Path(path).stem))
     else:
-        rows.append(Finding("memory (device, Fig. 2 GRU)", "-",
-                            "{:g} to {:g}".format(*MEMORY_RATIO["cuda"]), skipped))
+        rows.append(Finding(f"memory (device: {', '.join(Path(p).stem for p in DEVICE_MEMORY)})",
+                            "-", "{:g} to {:g}".format(*MEMORY_RATIO["cuda"]), skipped))
+    say("host syncs")
+    if cuda:
+        rows += guarded("host syncs", lambda: sync_checks(device, load_recipe(root / FIG2_GRU)))
+    else:
+        rows.append(Finding("host syncs per step (Fig. 2 GRU, fresh and resumed)", "-",
+                            f"<= {EXPECTED_SYNCS}, a resume adding none",
+                            NO_SYNCS_ON_CPU if not torch.cuda.is_available() else skipped))
     say("speed")
     if cuda:
         rows += guarded("speed", lambda: speed_checks(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -17,7 +18,7 @@ import torch
 
 import perencode
 from perencode import plugins
-from perencode.device import available_cores
+from perencode.device import available_cores, device_model
 
 PACKAGE_DIR = Path(perencode.__file__).resolve().parent
 
@@ -79,6 +80,39 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+def gpu_driver() -> str | None:
+    """The NVIDIA driver's version (nvidia-smi's), or None where there is none to ask."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None
+
+
+def gpu_report(device: torch.device) -> dict[str, Any]:
+    """What a CUDA result depends on beyond the versions: the GPU's model (its name and
+    multiprocessors: CUDA's random draws depend on them), compute capability, the driver,
+    the architectures this torch build has kernels for, and the cuDNN and TF32 switches
+    as training runs (train.deterministic sets cuDNN's). Nones on the CPU."""
+    cuda = device.type == "cuda"
+    capability = torch.cuda.get_device_capability(device) if cuda else None
+    backends = torch.backends
+    return {
+        "gpu_model": device_model(device) if cuda else None,
+        "compute_capability": "{}.{}".format(*capability) if capability else None,
+        "driver": gpu_driver() if cuda else None,
+        "torch_cuda_archs": torch.cuda.get_arch_list() if cuda else [],
+        "cudnn_deterministic": backends.cudnn.deterministic if cuda else None,
+        "cudnn_benchmark": backends.cudnn.benchmark if cuda else None,
+        "tf32_cudnn": backends.cudnn.allow_tf32 if cuda else None,
+        "tf32_matmul": backends.cuda.matmul.allow_tf32 if cuda else None,
+    }
+
+
 def report(device: torch.device) -> dict[str, Any]:
     """The environment of a run on `device`, as JSON-ready values."""
     cuda = torch.cuda.is_available()
@@ -97,6 +131,7 @@ def report(device: torch.device) -> dict[str, Any]:
                         else platform.processor() or platform.machine()),
         "cuda_devices": ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
                          if cuda else []),
+        **gpu_report(device),
         "torch_threads": torch.get_num_threads(),
         "cpu_cores": available_cores(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),

@@ -6,16 +6,22 @@ no data is read and the model is built on the meta device only):
   their gradients and Adam's two moments;
 - the activations one training step keeps for its backward pass: embedding and encoding
   [B, T, E + D_in], the sequence model's saved state [B, T, c * H] (c per architecture,
-  `saved_per_step`), and the head's logits and their log-softmax [B, T_out, K] (at most two chunks
-  of session.CHUNK_LOGITS each when session.loss_fn chunks them);
-- or the held-out evaluation at train.eval_batch_size, without gradients, where that is
-  larger (its logits are never chunked).
-`check_memory(recipe, device)` refuses, with one line, a recipe whose estimate exceeds the memory
-of the device (perencode.device.device_memory): on the CPU the tightest of this process's
-cgroup limit, its SLURM allocation and the available RAM (what a new process can take
-without swapping), the total memory of a CUDA device. The estimate leaves out allocator
-slack and the CUDA context, so a refusal means the run cannot fit; a run that passes may
-still fail on a device shared with other work.
+  `saved_per_step`), and the head at its backward's peak: the saved log-softmax, its
+  gradient and the logits' gradient, three [B, T_out, K] (three chunks of
+  session.CHUNK_LOGITS when session.loss_fn chunks them: the language model's head then
+  holds 12 GiB, not the 8 GiB of the forward pass);
+- or the held-out evaluation at train.eval_batch_size (the final one, or train.eval_every's),
+  without gradients, where that is larger: its logits and their log-softmax, never chunked.
+  It is the peak of the K = 16,384 LSTMs (eval batch 1,024: about 9.5 GiB a run).
+Weights, gradients and Adam's moments are all alive at the final evaluation (the last
+step's gradients are freed by the next step only).
+`check_memory(recipe, device, runs_sharing=n)` refuses, with one line, a recipe whose estimate
+times the runs that will share the device exceeds the memory free on it
+(perencode.device.device_memory): on the CPU the tightest of this process's cgroup limit,
+its SLURM allocation and the available RAM (what a new process can take without swapping);
+on a CUDA device what cudaMemGetInfo says is free, so that memory other processes hold
+(other runs sharing the GPU among them) is not counted as this run's. The estimate leaves
+out allocator slack and the CUDA context, so a refusal means the run cannot fit.
 """
 
 from __future__ import annotations
@@ -68,12 +74,20 @@ def buffer_bytes(recipe: Recipe) -> int:
     return 0
 
 
-def _head(rows: int, classes: int, chunk_logits: int | None) -> int:
-    """Floats of the logits and their log-softmax for `rows` scored outputs, computed
+# [rows, K] tensors alive at once at the head's peak. Training, in the backward pass: the
+# log-softmax cross_entropy saved, the gradient reaching it and the gradient it passes to
+# the logits (a chunk recomputed by session.loss_fn's checkpoint holds the same three).
+# Evaluation: the logits and their log-softmax (argmax, or the language model's
+# cross-entropy per token).
+HEAD_TRAIN, HEAD_EVAL = 3, 2
+
+
+def _head(rows: int, classes: int, chunk_logits: int | None, alive: int) -> int:
+    """Floats of `alive` [rows, K] tensors for `rows` scored outputs, computed
     `chunk_logits` at a time above that many (None: all at once)."""
     if chunk_logits is not None and rows * classes > chunk_logits:
-        return 2 * chunk_logits
-    return 2 * rows * classes
+        return alive * chunk_logits
+    return alive * rows * classes
 
 
 @dataclass(frozen=True)
@@ -96,10 +110,10 @@ def estimate(recipe: Recipe, chunk_logits: int) -> Estimate:
     per_step_in = E + (D if kinds.get("encoding", recipe.encoding.kind).adds_input else 0)
     B, T, T_out, K = tc.batch_size, s.steps, s.outputs, s.num_classes
     train = B * T * (per_step_in + saved_per_step(m.arch) * H) + \
-        _head(B * T_out, K, chunk_logits)
+        _head(B * T_out, K, chunk_logits, HEAD_TRAIN)
     B_eval = min(tc.eval_batch_size, s.held_out_rows or tc.eval_batch_size)
     evaluation = B_eval * T * (per_step_in + LIVE_PER_STEP_EVAL * H) + \
-        _head(B_eval * T_out, K, None)
+        _head(B_eval * T_out, K, None, HEAD_EVAL)
     params = parameter_count(recipe)
     return Estimate(params, 4 * FLOAT * params, FLOAT * max(train, evaluation),
                     buffer_bytes(recipe))
@@ -109,18 +123,26 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def check_memory(recipe: Recipe, device: torch.device, chunk_logits: int) -> Estimate:
-    """Raise UserError when `recipe` cannot fit on `device`; return the estimate."""
+def check_memory(recipe: Recipe, device: torch.device, chunk_logits: int,
+                 runs_sharing: int = 1) -> Estimate:
+    """Raise UserError when `runs_sharing` runs of `recipe` (this one and those that will
+    start beside it on the device) cannot fit in the memory free on `device`; return one
+    run's estimate."""
     need = estimate(recipe, chunk_logits)
     memory = device_memory(device)
-    if memory is not None and need.total > memory[0]:
+    if memory is not None and runs_sharing * need.total > memory[0]:
         have, what = memory
         m, tc = recipe.model, recipe.train
+        shared = (f"{runs_sharing} runs sharing it (--runs-per-gpu) need about "
+                  f"{_gib(runs_sharing * need.total)}; each " if runs_sharing > 1 else "")
         raise UserError(
-            f"not enough memory for this recipe: it needs about {_gib(need.total)} "
+            f"not enough memory for this recipe: {shared}it needs about {_gib(need.total)} "
             f"({need.parameters:,} parameters with gradients and Adam: "
-            f"{_gib(need.state_bytes)}; activations at batch {tc.batch_size}: "
-            f"{_gib(need.activation_bytes)}), more than the {_gib(have)} of {what}; lower "
-            f"model.hidden_size ({m.hidden_size}), model.embed_size ({m.embed_size}) or "
-            f"train.batch_size ({tc.batch_size}), or pass --force to try anyway")
+            f"{_gib(need.state_bytes)}; activations at batch {tc.batch_size} or the "
+            f"held-out evaluation at {tc.eval_batch_size}: {_gib(need.activation_bytes)}), "
+            f"more than the {_gib(have)} of {what}; "
+            + ("lower --runs-per-gpu, " if runs_sharing > 1 else "")
+            + f"lower model.hidden_size ({m.hidden_size}), model.embed_size ({m.embed_size}), "
+            f"train.batch_size ({tc.batch_size}) or train.eval_batch_size "
+            f"({tc.eval_batch_size}), or pass --force to try anyway")
     return need

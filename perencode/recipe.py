@@ -198,6 +198,9 @@ class TrainConfig(Section):
         "(older ones are deleted once a newer one is written). Unset: all for dual_frequency "
         "(the gradient-stability analysis of Fig. 4-5 reads every one), 1 otherwise (an "
         "LSTM at K = 16,384 takes about 240 MB a checkpoint). Not part of the run's identity.")
+    deterministic: bool = Field(
+        True, description="cuDNN's deterministic mode (torch.backends.cudnn.deterministic) for "
+        "training, as the authors' training template sets it; no effect on the CPU.")
 
     @field_validator("keep_checkpoints")
     @classmethod

@@ -21,6 +21,8 @@ from torch.utils.checkpoint import checkpoint
 
 from perencode import runs
 from perencode.errors import UserError
+from perencode.console import console
+from perencode.device import CPU_MODEL, device_model
 from perencode.models import SequenceModel, build_model
 from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import Batch, make
@@ -180,6 +182,10 @@ class Session:
         else:
             task = make(recipe.task, recipe.train.seed, device)
         self.task, self.model = task, model
+        # Global, as the authors' training template sets it; a switch of cuDNN's kernels (the
+        # RNNs'), so a no-op on the CPU. Set here so that bench and doctor time and check
+        # the step training runs.
+        torch.backends.cudnn.deterministic = recipe.train.deterministic
         self.optimizer = make_optimizer(model, recipe.optim)
         self.generator = training_generator(recipe, device)
         self.iteration = 0
@@ -247,14 +253,40 @@ class Session:
                 "optimizer": self.optimizer.state_dict(),
                 # Batches come from the generator alone (no dropout): its state and the CPU
                 # RNG are all a resumed run needs to continue bit-identically.
-                "rng": {"generator": self.generator.get_state(), "torch": torch.get_rng_state()}}
+                "rng": {"generator": self.generator.get_state(), "torch": torch.get_rng_state()},
+                # CUDA's generator spreads a large draw over the GPU's multiprocessors: the
+                # same state draws other numbers on another GPU model (`load` says so).
+                "device_model": device_model(self.device)}
 
     def load(self, path: str | Path, state: dict) -> None:
         """Continue from the checkpoint `state` read from `path` (perencode.runs.Run.resume's
-        pair)."""
+        pair), wherever its tensors were mapped to: the model's weights and Adam's moments
+        go to the model's device, Adam's `step` counters to the CPU (`cpu_step_counters`)."""
         runs.restore_model(self.model, state, path)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(cpu_step_counters(state["optimizer"]))
         runs.restore_generator(self.generator, state["rng"]["generator"], state["iteration"],
                                path)
         torch.set_rng_state(state["rng"]["torch"].cpu())
         self.iteration = state["iteration"]
+        saved, here = state.get("device_model"), device_model(self.device)
+        # From the CPU the stream starts anew: runs.restore_generator has said so.
+        if self.device.type == "cuda" and saved not in (None, here, CPU_MODEL):
+            console.print(f"[yellow]note:[/] {path}: written on {saved}, resumed on {here}: "
+                          "CUDA draws a batch's random numbers by the GPU's multiprocessor "
+                          f"count, so the batches after iteration {self.iteration} differ "
+                          "from an uninterrupted run's there", highlight=False, soft_wrap=True)
+
+
+def cpu_step_counters(saved: dict) -> dict:
+    """An optimizer state dict with its `step` counters on the CPU, as a fresh Adam keeps
+    them, whatever device the checkpoint was mapped to. torch's load_state_dict leaves a
+    non-capturable, non-fused optimizer's `step` where it finds it (and moves a capturable
+    or fused one's to its parameter itself): a CUDA `step` is then read back by the host
+    for every parameter at every step, a host-device sync each."""
+    state = {}
+    for key, value in saved["state"].items():
+        step = value.get("step")
+        if isinstance(step, Tensor) and step.device.type != "cpu":
+            value = {**value, "step": step.to("cpu")}
+        state[key] = value
+    return {**saved, "state": state}

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from perencode import defaults, identity, preflight, runs
 from perencode.console import console
-from perencode.device import resolve_device, set_parent_death_signal
+from perencode.device import kernel_support, resolve_device, runs_sharing, set_parent_death_signal
 from perencode.errors import UserError
 from perencode.io import WriteError, remove_stale_temps
 from perencode.lock import PARENT_ENV, hold
@@ -169,8 +169,11 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = defa
     run = runs.Run(run_dir)
     board = TensorBoardLog(run.dir, enabled=tensorboard)
     device = resolve_device(device) if isinstance(device, str) else device
+    unsupported = kernel_support(device)
+    if unsupported:
+        console.print(f"[yellow]warning:[/] {unsupported}", highlight=False, soft_wrap=True)
     if not force and not run.is_complete():
-        preflight.check_memory(recipe, device, CHUNK_LOGITS)
+        preflight.check_memory(recipe, device, CHUNK_LOGITS, runs_sharing())
     new_dir = not run.dir.exists()
     claimed = False
     try:

@@ -77,6 +77,25 @@ def test_the_printed_ratio_is_the_ratio_of_the_printed_times():
     assert result["sequences_per_second"] == pytest.approx(4 / result["seconds_per_iteration"])
 
 
+def test_the_baseline_times_both_loops_free_running_in_blocks(monkeypatch):
+    """Each timed call synchronises once, at its end (perencode.device.free_running_seconds):
+    the steps run back to back between, as in training, so a host sync inside the step
+    costs what it costs there. Timing each step on its own hid it."""
+    from perencode import bench as bench_module
+
+    timed = []
+    real = bench_module._time
+
+    def spy(step, iterations, warmup, device):
+        timed.append(iterations)
+        return real(step, iterations, warmup, device)
+
+    monkeypatch.setattr(bench_module, "_time", spy)
+    bench(recipe(), CPU, iterations=25, warmup=1, baseline=True)
+    assert timed == [10, 10, 10, 10, 5, 5]  # ours and the bare loop in turn, 25 steps each
+    assert bench_module.BASELINE_BLOCK == 10
+
+
 # -- cost: FLOPs per iteration ---------------------------------------------------------
 # D = 2E = 16 (concatenated encoding), H = 12, K = 16, L = 6, B = 4; forward + backward = 3x.
 

@@ -106,6 +106,39 @@ def test_resume_across_devices_through_the_run_directory(tmp_path):
     assert row.verdict == doctor.PASS and "bit-identical" in row.measured
 
 
+def test_a_resume_on_one_gpu_is_checked_for_bit_identity(monkeypatch, tmp_path):
+    """A requeued job resumed on its GPU (cuda -> cuda) is compared bit for bit with the
+    uninterrupted run, as CPU -> CPU is (cuDNN's deterministic mode, train.deterministic,
+    should make it repeat); across device types it cannot be. Simulated: the `train`
+    children run in this process on the CPU whatever device they are given."""
+    from perencode.train import train
+
+    asked = []
+
+    def in_process(recipe, run_dir, device):
+        asked.append(device.type)
+        train(recipe, run_dir, device="cpu", progress=False)
+
+    monkeypatch.setattr(doctor, "train_child", in_process)
+    recipe, gpu = resume_recipe(), torch.device("cuda")
+    result = doctor.resume_across(recipe, gpu, gpu, tmp_path / "same")
+    assert asked == ["cuda", "cuda"] and result["identical"] is True
+    assert doctor.resume_ok(result, recipe)
+    result = doctor.resume_across(recipe, CPU, gpu, tmp_path / "across")
+    assert result["identical"] is None and doctor.resume_ok(result, recipe)
+
+
+def test_the_cpu_doctor_says_why_it_counts_no_host_syncs(tmp_path, monkeypatch):
+    monkeypatch.setattr(doctor, "resume_check", lambda *args: [])
+    monkeypatch.setattr(doctor, "determinism_check", lambda *args: [])
+    monkeypatch.setattr(doctor, "memory_check", lambda *args: [])
+    rows = {r.name: r for r in doctor.run_checks(CPU, ROOT, tmp_path)}
+    row = rows["host syncs per step (Fig. 2 GRU, fresh and resumed)"]
+    assert row.verdict == (doctor.NO_SYNCS_ON_CPU if not torch.cuda.is_available() else
+                           "not run: --device cpu")
+    assert row.expected == f"<= {doctor.EXPECTED_SYNCS}, a resume adding none"
+
+
 @pytest.mark.slow  # `perencode train` / `bench` children
 def test_resume_check_fails_when_training_starts_over(monkeypatch, tmp_path):
     """A second start that cannot read the middle checkpoint sets it aside and trains from
@@ -200,6 +233,7 @@ def test_cpu_stack_rows_say_what_is_not_run():
     rows = doctor.stack_checks(CPU)
     assert rows[0].name == "torch" and rows[0].measured == torch.__version__
     assert rows[1].verdict == doctor.NO_DEVICE
+    assert rows[2].name == "kernels for this GPU" and rows[2].verdict == doctor.NO_DEVICE
     assert not doctor.tf32_in_effect(CPU, "gru")
 
 
@@ -236,8 +270,9 @@ def test_doctor_on_a_cpu_only_machine_passes_and_says_what_it_did_not_run(tmp_pa
     on_paper_torch = torch.__version__.split("+")[0] == doctor.PAPER_TORCH
     # The thread-count row is there only where OMP_NUM_THREADS is set (make sets it to 1).
     passed = 3 + on_paper_torch + ("OMP_NUM_THREADS" in os.environ)
-    assert summary.startswith(f"doctor: 0 failed, {passed} passed, 5 not run"), summary
-    assert text.count("not run: no CUDA") == 5  # CUDA stack, equivalence, resume, memory, speed
+    assert summary.startswith(f"doctor: 0 failed, {passed} passed, 7 not run"), summary
+    # CUDA stack, kernels for the GPU, equivalence, resume, memory, host syncs, speed
+    assert text.count("not run: no CUDA") == 7
     assert not (tmp_path / ".estimates.json").exists()  # speed runs on a GPU only
 
 

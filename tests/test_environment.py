@@ -68,3 +68,36 @@ def test_env_json_of_a_run_is_the_report(cli, tmp_path, monkeypatch):
     report = environment.report(torch.device("cpu"))
     assert {k: recorded[k] for k in report} == report
     assert recorded["git_commit"] == COMMIT and recorded["seed"] == 111
+
+
+def test_a_run_on_a_gpu_records_its_model_driver_and_the_builds_kernels(monkeypatch, tmp_path):
+    """What a CUDA result depends on beyond the versions (simulated GPU and nvidia-smi);
+    on the CPU the same keys, empty."""
+    from types import SimpleNamespace
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 550.54.15\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_80", "sm_90"])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(
+        name="NVIDIA A100-SXM4-80GB", multi_processor_count=108, total_memory=80 << 30))
+    before = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = True  # as a session of train.deterministic sets it
+    try:
+        gpu = environment.gpu_report(torch.device("cuda"))
+    finally:
+        torch.backends.cudnn.deterministic = before
+    assert gpu == {"gpu_model": "NVIDIA A100-SXM4-80GB (108 multiprocessors)",
+                   "compute_capability": "8.0", "driver": "550.54.15",
+                   "torch_cuda_archs": ["sm_80", "sm_90"], "cudnn_deterministic": True,
+                   "cudnn_benchmark": torch.backends.cudnn.benchmark,
+                   "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+                   "tf32_matmul": torch.backends.cuda.matmul.allow_tf32}
+    cpu = environment.report(torch.device("cpu"))
+    assert {k: cpu[k] for k in gpu} == {**{k: None for k in gpu}, "torch_cuda_archs": []}
+    assert {"torch", "cuda", "cudnn"} <= set(cpu)  # the build's CUDA and cuDNN versions
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert environment.gpu_driver() is None

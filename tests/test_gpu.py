@@ -91,3 +91,44 @@ def test_doctor_passes_on_this_gpu(tmp_path):
     code, text = run_cli("doctor", "--runs", tmp_path)
     assert code == 0, text
     assert (tmp_path / ".estimates.json").exists()
+
+
+def test_a_resume_mapped_onto_the_gpu_keeps_adams_step_on_the_cpu_and_adds_no_sync():
+    """The GPU side of tests/test_session.py's twin: a checkpoint loaded onto the device as
+    `perencode train` loads it, Adam's `step` counters back on the CPU, and the host syncs
+    per step of the resumed session no more than a fresh one's (doctor's row)."""
+    import io
+
+    from perencode.device import host_syncs
+    from perencode.session import Session
+
+    recipe = doctor.small_recipe("gru", "sinusoidal", doctor.EQUIVALENCE_SIZE)
+    fresh = Session(recipe, CUDA)
+    for _ in range(2):
+        fresh.step()
+    buffer = io.BytesIO()
+    torch.save(fresh.state(), buffer)
+    buffer.seek(0)
+    resumed = Session(recipe, CUDA)
+    resumed.load("probe", torch.load(buffer, map_location=CUDA, weights_only=True))
+    assert {s["step"].device.type for s in resumed.optimizer.state.values()} == {"cpu"}
+    assert {s["exp_avg"].device.type for s in resumed.optimizer.state.values()} == {"cuda"}
+    counted, after = host_syncs(fresh.step, CUDA), host_syncs(resumed.step, CUDA)
+    assert counted is not None and after is not None
+    assert after[0] <= counted[0] <= doctor.EXPECTED_SYNCS, (counted, after)
+
+
+def test_the_doctors_sync_row_and_the_kernels_for_this_gpu():
+    [row] = doctor.sync_checks(CUDA, load_recipe(ROOT / doctor.FIG2_GRU))
+    assert row.verdict == doctor.PASS, row
+    rows = {r.name: r for r in doctor.stack_checks(CUDA)}
+    assert rows["kernels for this GPU"].verdict == doctor.PASS
+
+
+def test_a_run_records_its_gpu(tmp_path):
+    from perencode import environment
+
+    gpu = environment.gpu_report(CUDA)
+    assert gpu["gpu_model"].startswith(torch.cuda.get_device_name(0))
+    assert gpu["compute_capability"] and gpu["torch_cuda_archs"]
+    assert gpu["cudnn_deterministic"] is not None

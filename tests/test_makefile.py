@@ -69,3 +69,51 @@ def test_install_of_the_papers_torch_takes_the_constraints_and_a_stamp_of_its_ow
     assert "touch /nowhere/.installed-torch2.1.1" in pinned
     default = install_lines()
     assert "--constraint" not in default and "touch /nowhere/.installed-torch2.13.0" in default
+
+
+def test_device_check_runs_the_script_with_its_budget():
+    out = subprocess.run(["make", "-n", "--no-print-directory", "device-check", "PY=python3",
+                          "PERENCODE_DEPS=", "DEVICE_CHECK_BUDGET=300"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert " ".join(out.replace("\\\n", " ").split()) == \
+        "python3 tools/device_check.py device-check --budget 300 --device auto"
+
+
+def device_check(*args: str) -> subprocess.CompletedProcess:
+    import sys
+
+    from conftest import subprocess_env
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "device_check.py"), *args],
+                          capture_output=True, text=True, env=subprocess_env(), timeout=600)
+
+
+def test_device_check_lists_its_steps_within_eight_minutes():
+    done = device_check("--dry-run", "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    steps = [line.split()[0] for line in lines[:-1]]
+    assert steps == ["env", "syncs", "resume", "speed", "tf32", "memory", "share", "doctor"]
+    assert lines[-1] == "budget 450 s on cpu" and 450 < 8 * 60
+    skipped = [line.split()[0] for line in lines if "skipped: no CUDA device" in line]
+    assert skipped == ["tf32", "share", "doctor"]
+
+
+@pytest.mark.slow  # about 30 s of CPU: every step at tiny shapes
+def test_device_check_runs_on_the_cpu_with_its_gpu_rows_skipped(tmp_path):
+    import json
+
+    done = device_check(str(tmp_path), "--device", "cpu", "--budget", "300")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "device-check.json").read_text())
+    assert result["env"]["gpu_model"] is None and result["env"]["torch"]
+    assert result["syncs"]["step_devices_after_resume"] == ["cpu"]
+    assert all(v["bit_identical"] for v in result["resume"].values() if isinstance(v, dict))
+    assert result["speed"]["gru_vocab256.toml"]["ms_free"] > 0
+    assert "ratio_to_bare" in result["speed"]["gru_vocab256.toml"]
+    for step in ("tf32", "share", "doctor"):
+        assert result[step]["skipped"].startswith("no CUDA device"), result[step]
+    summary = (tmp_path / "summary.txt").read_text().splitlines()
+    assert [line.split()[:2] for line in summary[:8]] == [
+        [step, "ok"] for step in ("env", "syncs", "resume", "speed", "tf32", "memory",
+                                  "share", "doctor")]
+    assert summary[-1].startswith("total ") and summary[-1].endswith("of 300 s on cpu")

@@ -2,6 +2,7 @@
 
 import itertools
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from perencode.models import build_model
 from perencode.recipe import load_recipe, validate
 from perencode.session import build
 from perencode.tasks import make
+from perencode.tasks import shapes as make_shapes
 
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
 TASKS = {
@@ -78,9 +80,9 @@ def test_activation_estimate_is_near_what_autograd_keeps(arch, task):
 def test_the_head_is_counted_in_chunks_as_the_loss_computes_it():
     r = recipe(batch_size=8)
     chunk = session.CHUNK_LOGITS
-    assert preflight._head(1 << 20, 1 << 12, chunk) == 2 * chunk
-    assert preflight._head(1 << 20, 1 << 12, None) == 2 << 32
-    assert preflight._head(8 * 6, 16, chunk) == 2 * 8 * 6 * 16
+    assert preflight._head(1 << 20, 1 << 12, chunk, 3) == 3 * chunk
+    assert preflight._head(1 << 20, 1 << 12, None, 2) == 2 << 32
+    assert preflight._head(8 * 6, 16, chunk, 3) == 3 * 8 * 6 * 16
     # Evaluation scores the held-out rows in batches of eval_batch_size, without gradients.
     small, large = (preflight.estimate(recipe(batch_size=1, eval_batch_size=n), chunk)
                     for n in (1, 8))
@@ -144,3 +146,102 @@ def test_check_raises_a_user_error_naming_the_fields(monkeypatch):
     monkeypatch.setattr(preflight, "device_memory", lambda device: None)  # unknown: no check
     assert preflight.check_memory(recipe(batch_size=8), torch.device("cpu"),
                                   session.CHUNK_LOGITS).total > 0
+
+
+def test_the_heads_backward_is_counted_at_its_peak():
+    """In the backward pass the head holds three [N, K] tensors at once (the saved
+    log-softmax, its gradient, the logits' gradient), a chunk of session.CHUNK_LOGITS each
+    for the language model: 12 GiB of the estimate, where the forward's two are 8 GiB."""
+    r = load_recipe(ROOT / "recipes" / "lstm_wikitext103.toml")
+    s, m, B = make_shapes(r.task), r.model, r.train.batch_size
+    assert B * s.outputs * s.num_classes > session.CHUNK_LOGITS  # chunked
+    per_step_in = m.embed_size  # vanilla: no encoding input
+    train = B * s.steps * (per_step_in + preflight.saved_per_step(m.arch) * m.hidden_size)
+    head = 3 * session.CHUNK_LOGITS
+    assert preflight.FLOAT * head == 12 << 30
+    assert preflight.estimate(r, session.CHUNK_LOGITS).activation_bytes == \
+        preflight.FLOAT * (train + head)
+
+
+def test_the_k16384_lstm_peaks_at_its_held_out_evaluation():
+    """The final evaluation scores 1,024 held-out rows at once, unchunked: the logits and
+    their log-softmax, [1024, 64, 16384] each, larger than a training step's head."""
+    r = load_recipe(ROOT / "recipes" / "lstm_vocab16384.toml")
+    s, tc = make_shapes(r.task), r.train
+    evaluation_head = 2 * tc.eval_batch_size * s.outputs * s.num_classes
+    training_head = 3 * tc.batch_size * s.outputs * s.num_classes
+    assert evaluation_head > training_head
+    need = preflight.estimate(r, session.CHUNK_LOGITS)
+    assert need.activation_bytes >= preflight.FLOAT * evaluation_head == 8 << 30
+    assert 9 << 30 < need.total < 10 << 30
+
+
+def simulated_gpu(monkeypatch, free: int, total: int) -> torch.device:
+    """A CUDA device as torch reports it, on a machine without one."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=None: (free, total))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: SimpleNamespace(total_memory=total, name="Fake GPU 16GB"))
+    return torch.device("cuda")
+
+
+def test_runs_sharing_a_gpu_are_checked_against_its_free_memory(monkeypatch):
+    """The first run a sweep starts on a GPU counts every run that will share it (its
+    --runs-per-gpu) against the memory free there; a run alone against what others left."""
+    r = recipe(batch_size=8)
+    need = preflight.estimate(r, session.CHUNK_LOGITS).total
+    gpu = simulated_gpu(monkeypatch, free=6 * need, total=100 * need)
+    assert preflight.check_memory(r, gpu, session.CHUNK_LOGITS, runs_sharing=6).total == need
+    gpu = simulated_gpu(monkeypatch, free=6 * need - 1, total=100 * need)
+    with pytest.raises(UserError) as refused:
+        preflight.check_memory(r, gpu, session.CHUNK_LOGITS, runs_sharing=6)
+    text = str(refused.value)
+    assert "6 runs sharing it (--runs-per-gpu) need about" in text and \
+        "lower --runs-per-gpu" in text and "of cuda (Fake GPU 16GB: free of its" in text, text
+    assert preflight.check_memory(r, gpu, session.CHUNK_LOGITS, runs_sharing=5).total == need
+    # Another process holds the card: its total would fit, what is free does not.
+    gpu = simulated_gpu(monkeypatch, free=need - 1, total=100 * need)
+    with pytest.raises(UserError, match="not enough memory"):
+        preflight.check_memory(r, gpu, session.CHUNK_LOGITS)
+
+
+def test_train_counts_the_runs_a_sweep_says_will_share_its_gpu(monkeypatch):
+    monkeypatch.delenv(device.RUNS_SHARING_ENV, raising=False)
+    assert device.runs_sharing() == 1
+    for value, expected in (("6", 6), ("1", 1), ("0", 1), ("six", 1)):
+        monkeypatch.setenv(device.RUNS_SHARING_ENV, value)
+        assert device.runs_sharing() == expected
+
+
+def test_a_sweep_tells_the_first_run_on_each_gpu_how_many_will_share_it(monkeypatch, tmp_path):
+    """The first run started on an idle GPU checks its memory for the --runs-per-gpu runs
+    that will share it (the GPU's free memory still holds all of theirs); a run started
+    beside runs already there counts itself only (their memory is no longer free).
+    Simulated: two GPUs, workers that finish at once."""
+    from perencode.sweep import local
+    from perencode.sweep.plan import PlannedRun, RunState
+
+    started = []
+
+    class Finished:
+        def poll(self):
+            return 0
+
+    class Log:
+        def close(self):
+            pass
+
+    def launch(command, run_dir, env):
+        started.append((env["CUDA_VISIBLE_DEVICES"], env[device.RUNS_SHARING_ENV]))
+        return Finished(), Log()
+
+    monkeypatch.setattr(local, "visible_gpus", lambda name: ["0", "1"])
+    monkeypatch.setattr(local, "live_holder", lambda run_dir: None)
+    monkeypatch.setattr(local, "launch", launch)
+    monkeypatch.setattr(local.time, "sleep", lambda seconds: None)
+    planned = [PlannedRun(cell=None, dir=tmp_path / str(i), state=RunState.NEW,  # type: ignore[arg-type]
+                          commands=[["train"]]) for i in range(7)]
+    board = SimpleNamespace(update=lambda: None)
+    assert local.run_local(planned, board, jobs=6, runs_per_gpu=3, device="cuda")  # type: ignore[arg-type]
+    assert started == [("0", "3"), ("1", "3"), ("0", "1"), ("1", "1"), ("0", "1"), ("1", "1"),
+                       ("0", "1")]  # the 7th alone, when the first six are done

@@ -5,6 +5,7 @@ assembling a step of its own."""
 from __future__ import annotations
 
 import ast
+import io
 
 import torch
 from conftest import ROOT, TINY, fitting
@@ -84,3 +85,93 @@ def test_no_module_but_the_session_assembles_a_step():
                     isinstance(node.value, ast.Name) and node.value.id == "session":
                 offenders.append(f"{path.name}: session.{node.attr}")
     assert offenders == []
+
+
+class OnTheGpu(torch.Tensor):
+    """A CPU tensor that reports a CUDA device: a checkpoint's tensor as
+    torch.load(map_location="cuda") leaves it, on a machine without one (Session.load's CPU
+    twin). Moved anywhere, it is an ordinary tensor again."""
+
+    @property
+    def device(self):  # type: ignore[override]
+        return torch.device("cuda", 0)
+
+    def to(self, *args, **kwargs):
+        return self.as_subclass(torch.Tensor).to(*args, **kwargs)
+
+    def cpu(self, *args, **kwargs):
+        return self.as_subclass(torch.Tensor).cpu(*args, **kwargs)
+
+
+def test_a_resume_keeps_adams_step_counters_on_the_cpu():
+    """`perencode train` loads a checkpoint mapped onto the training device. torch's Adam
+    keeps `step` on the CPU (read back every step for the bias correction) and its
+    load_state_dict leaves a loaded `step` where it finds it: on a GPU that was a host sync
+    per parameter per step. Session.load puts them where a fresh Adam has them, and the
+    resumed run still ends bit-identical to the uninterrupted one."""
+    recipe = tiny_recipe()
+    uninterrupted = Session(recipe, CPU)
+    for _ in range(3):
+        uninterrupted.step()
+    buffer = io.BytesIO()
+    torch.save(uninterrupted.state(), buffer)  # a checkpoint, read back as train reads it
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    for saved in state["optimizer"]["state"].values():
+        saved["step"] = saved["step"].clone().as_subclass(OnTheGpu)
+        assert saved["step"].device.type == "cuda"
+    resumed = Session(recipe, CPU)
+    resumed.load("step-3.pt", state)
+    steps = [s["step"] for s in resumed.optimizer.state.values()]
+    assert len(steps) == len(list(resumed.model.parameters()))
+    assert {(type(t), t.device.type, float(t)) for t in steps} == {(torch.Tensor, "cpu", 3.0)}
+    for _ in range(3):
+        uninterrupted.step()
+        resumed.step()
+    for (name, a), b in zip(uninterrupted.model.state_dict().items(),
+                            resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_checkpoint_records_its_device_model_and_a_resume_on_another_gpu_says_so(
+        monkeypatch, capsys):
+    """CUDA's generator spreads a draw over the multiprocessors: the same state draws other
+    batches on another GPU model. A checkpoint names its model; a resume on another one says
+    so in one line (simulated: the checkpoint's record edited, this 'GPU' patched in)."""
+    import perencode.session as session_module
+
+    recipe = tiny_recipe()
+    first = Session(recipe, CPU)
+    first.step()
+    state = first.state()
+    assert state["device_model"] == "cpu"
+    resumed = Session(recipe, CPU)
+    resumed.device = torch.device("cuda")  # the session's own tensors stay on the CPU
+    monkeypatch.setattr(session_module, "device_model",
+                        lambda device: "NVIDIA H100 80GB HBM3 (132 multiprocessors)")
+    resumed.load("step-1.pt", {**state, "device_model": "NVIDIA H100 80GB HBM3 (132 "
+                                                        "multiprocessors)"})
+    assert capsys.readouterr().err == ""  # the same model: nothing to say
+    resumed.load("step-1.pt", {**state, "device_model": "NVIDIA A100-SXM4-80GB (108 "
+                                                        "multiprocessors)"})
+    out = " ".join(capsys.readouterr().err.split())  # one line, however the terminal wraps
+    assert out.count("note:") == 1, out
+    assert "step-1.pt: written on NVIDIA A100-SXM4-80GB (108 multiprocessors), resumed on " \
+           "NVIDIA H100 80GB HBM3 (132 multiprocessors)" in out and "iteration 1" in out
+    resumed.load("step-1.pt", state)  # from the CPU: runs.restore_generator's note only
+    assert "written on" not in capsys.readouterr().err
+
+
+def test_train_deterministic_sets_cudnns_mode_for_the_session():
+    """train.deterministic (default on, as the authors' training template sets
+    cudnn.deterministic) is applied by every session, so bench and doctor run the step
+    train runs."""
+    before = torch.backends.cudnn.deterministic
+    try:
+        assert tiny_recipe().train.deterministic is True
+        Session(tiny_recipe(), CPU)
+        assert torch.backends.cudnn.deterministic is True
+        Session(tiny_recipe("train.deterministic=false"), CPU)
+        assert torch.backends.cudnn.deterministic is False
+    finally:
+        torch.backends.cudnn.deterministic = before

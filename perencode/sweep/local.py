@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from perencode import plugins, runs
-from perencode.device import available_cores, set_parent_death_signal, visible_gpus
+from perencode.device import (
+    RUNS_SHARING_ENV,
+    available_cores,
+    set_parent_death_signal,
+    visible_gpus,
+)
 from perencode.environment import perencode_command
 from perencode.grid import Grid, SlurmConfig
 from perencode.lock import PARENT_ENV, describe, live_holder
@@ -97,7 +102,7 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
     threads = max(1, available_cores() // max(1, min(slots, len(ready))))
     queue, active = list(ready), list[PlannedRun]()
 
-    def start(run: PlannedRun) -> None:
+    def start(run: PlannedRun, sharing: int = 1) -> None:
         holder = live_holder(run.dir)
         if holder is not None:  # a worker of an earlier sweep: wait for it in its slot
             run.proc, run.state = None, RunState.RUNNING
@@ -106,7 +111,9 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
             return
         # With a GPU of its own (CUDA_VISIBLE_DEVICES) a run sees it as device 0.
         command = [*run.commands.pop(0), "--device", "cuda" if gpus else device]
-        run.proc, run.log = launch(command, run.dir, thread_env(threads, run.gpu, handed))
+        env = thread_env(threads, run.gpu, handed)
+        env[RUNS_SHARING_ENV] = str(sharing)
+        run.proc, run.log = launch(command, run.dir, env)
         run.state, run.message = RunState.RUNNING, ""
 
     # SIGTERM and SIGHUP (a dropped SSH session) stop the sweep as Ctrl-C does; under
@@ -148,10 +155,15 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
                     run.message = f"exit code {code}; log: {run.dir / 'train.log'}"
             while queue and len(active) < slots:
                 run = queue.pop(0)
+                sharing = 1
                 if gpus:
                     load = Counter(r.gpu for r in active)
                     run.gpu = min(gpus, key=lambda g: load[g])
-                start(run)
+                    # The first run on a GPU checks its memory for all the runs that will
+                    # share it (perencode.preflight); the next ones see its memory taken.
+                    if load[run.gpu] == 0:
+                        sharing = min(runs_per_gpu, len(queue) + 1, -(-slots // len(gpus)))
+                start(run, sharing)
                 active.append(run)
             board.update()
             time.sleep(0.5)
