@@ -802,10 +802,11 @@ def tensorboard_(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the tensorboard command, "
                                  "start nothing."),
 ) -> None:
-    """Start TensorBoard on runs trained with --tensorboard, side by side.
+    """Start TensorBoard on runs side by side, whether or not trained with --tensorboard.
 
-    Each run is named by its path below the folder the runs share: a sweep's axis values
-    and seed. Stop it with Ctrl-C.
+    A run trained without it is shown from its metrics.jsonl (event files written to
+    RUN_DIR/tensorboard-from-metrics). Each run is named by its path below the folder the
+    runs share: a sweep's axis values and seed. Stop it with Ctrl-C.
     """
     from perencode.runs import find_runs
     from perencode.tracking import launch, tensorboard_command
