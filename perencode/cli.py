@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from perencode import __version__, defaults, kinds
-from perencode.console import SAID, console, guard_output
+from perencode.console import SAID, console, guard_output, results
 from perencode.errors import UserError, refused_write
 
 
@@ -257,14 +257,18 @@ def train(
     _print_metrics(result, run_dir / "eval.json")
 
 
-def _print_metrics(result: dict, path: Path) -> None:
+def _print_metrics(result: dict, path: Path, as_json: bool = False) -> None:
+    """A run's scores on stdout: a table for people, or eval.json's object (--json)."""
+    if as_json:
+        print(json.dumps(result, indent=2), flush=True)
+        return
     table = Table(title=str(path), show_header=True)
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in result.items():
         if isinstance(value, (int, float, str)) and not isinstance(value, bool):
             table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
-    console.print(table)
+    results.print(table)
 
 
 @app.command("eval")
@@ -278,8 +282,10 @@ def eval_(
                                       help="Language models: perplexity by token position."),
     accept_code_change: AcceptCode = False,
     accept_data_change: AcceptData = False,
+    as_json: bool = typer.Option(False, "--json", help="Print eval.json's object on stdout "
+                                 "instead of the table."),
 ) -> None:
-    """Score a run on its held-out data and write eval.json."""
+    """Score a run on its held-out data and write eval.json (the scores on stdout)."""
     from perencode.evaluate import evaluate_run
     from perencode.runs import DIVERGED_EXIT
     from perencode.session import NotFinite
@@ -290,7 +296,7 @@ def eval_(
                                     accept_data_change, **options)
     except NotFinite as exc:  # a divergence at evaluation: the exit status of one
         fail(str(exc), DIVERGED_EXIT)
-    _print_metrics(result, path)
+    _print_metrics(result, path, as_json)
 
 
 @app.command()
@@ -323,7 +329,7 @@ def bench(
     table.add_column("value", justify="right")
     for key, value in result.items():
         table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
-    console.print(table)
+    results.print(table)
     if sampling:
         result["sampling"] = run_sampling(r, resolve_device(device), iterations, warmup)
         table = Table(title="drawing one batch, by held-out density")
@@ -332,7 +338,7 @@ def bench(
         for row in result["sampling"]:
             table.add_row(row["density"], str(row["held_out"]), f"{row['share']:.4f}",
                           f"{row['seconds_per_batch']:.3g}", f"{row['ratio']:.2f}")
-        console.print(table)
+        results.print(table)
     print(json.dumps(result), flush=True)
 
 
@@ -346,23 +352,34 @@ def show(
 ) -> None:
     """Print the recipe a run would use, overrides applied and every default filled in.
 
-    An unset field is a comment in TOML, null in JSON. For a run directory: its recipe, and
-    its fingerprint with where its code and data came from (RUN_DIR/identity.json).
+    An unset field is a comment in TOML, null in JSON. For a run directory, before its
+    recipe: its state, results, training, device and duration, its fingerprint with where
+    its code and data came from (RUN_DIR/identity.json), and a warning where its files no
+    longer match that record; a plugin's run is read without its plugin.
     """
     from perencode.recipe import load_recipe
 
-    lines: list[str] = []
-    if recipe.is_dir():
-        from perencode import identity
+    if recipe.is_dir() and not overrides:
+        from perencode.summary import story_lines, summarise
 
-        lines, entry = identity.describe(recipe), identity.read(recipe)
-        recipe = recipe / "recipe.toml"
-    r = load_recipe(recipe, overrides)
-    if as_json:
-        shown = r.model_dump(mode="json")
-        print(json.dumps({**shown, "identity": entry} if lines else shown, indent=2))
+        r, story = summarise(recipe)
+        for line in story["mismatches"]:
+            console.print(f"[yellow]warning:[/] {recipe}: {escape(line)}", highlight=False,
+                          soft_wrap=True)
+        if as_json:
+            from perencode import identity
+
+            print(json.dumps({**story, "recipe": r.model_dump(mode="json"),
+                              "identity": identity.read(recipe)}, indent=2))
+            return
+        print("".join(f"# {line}\n" for line in story_lines(story))
+              + r.to_toml_every_field().rstrip("\n"))
         return
-    print("".join(f"# {line}\n" for line in lines) + r.to_toml_every_field().rstrip("\n"))
+    r = load_recipe(recipe / "recipe.toml" if recipe.is_dir() else recipe, overrides)
+    if as_json:
+        print(json.dumps(r.model_dump(mode="json"), indent=2))
+        return
+    print(r.to_toml_every_field().rstrip("\n"))
 
 
 @app.command("recipe-schema")
@@ -529,7 +546,7 @@ def lm_prepare(
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (prepare.Stopped)
         console.print(f"interrupted; the unfinished build was removed ({out} is as it was)")
         raise typer.Exit(128 + getattr(exc, "signum", 2)) from None
-    console.print(f"prepared {out} ({manifest.get('status', 'done')})")
+    results.print(f"prepared {out} ({manifest.get('status', 'done')})")
 
 
 @app.command()
@@ -651,7 +668,7 @@ def figures(
 
     written = make_figures(runs, out=out, accept_code_change=accept_code_change)
     for path in written:
-        console.print(f"wrote {path}")
+        results.print(f"wrote {path}")
 
 
 @app.command()
@@ -675,10 +692,10 @@ def prune(
 
     done = run_prune(runs, dry_run=dry_run, without_stability=without_stability)
     for found in done:
-        console.print(found.line(dry_run), highlight=False, soft_wrap=True)
+        results.print(found.line(dry_run), highlight=False, soft_wrap=True)
     freed = sum(found.size for found in done)
     pruned = sum(bool(found.deleted) for found in done)
-    console.print(f"{'would free' if dry_run else 'freed'} {freed / 2**20:.1f} MB in {pruned} "
+    results.print(f"{'would free' if dry_run else 'freed'} {freed / 2**20:.1f} MB in {pruned} "
                   f"of {len(done)} run(s). Kept, where present: "
                   + "; ".join(f"{name}: {why}" for name, why in KEPT.items()),
                   highlight=False, soft_wrap=True)
@@ -818,7 +835,7 @@ def report(
 
     page = make_report(runs, claims=claims, out=out, accept_code_change=accept_code_change,
                        title=title)
-    console.print(f"wrote {page}")
+    results.print(f"wrote {page}")
 
 
 rehearsal_app = _App(no_args_is_help=True, help="The reviewer's path at CPU size "
@@ -837,7 +854,7 @@ def rehearsal_corpus(
     from perencode.rehearsal import write_corpus
 
     written = write_corpus(folder, seed)
-    console.print(f"wrote {folder}: " + ", ".join(f"{split} {len(w['paragraphs'])} paragraphs"
+    results.print(f"wrote {folder}: " + ", ".join(f"{split} {len(w['paragraphs'])} paragraphs"
                                                   for split, w in written.items()))
 
 
@@ -853,7 +870,7 @@ def rehearsal_check(
 
     for line in check_outputs(figures_dir, claims):
         console.print(line, highlight=False, soft_wrap=True)
-    console.print(f"rehearsal check passed: {figures_dir}")
+    results.print(f"rehearsal check passed: {figures_dir}")
 
 
 @app.command("tensorboard")
@@ -865,10 +882,11 @@ def tensorboard_(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the tensorboard command, "
                                  "start nothing."),
 ) -> None:
-    """Start TensorBoard on runs trained with --tensorboard, side by side.
+    """Start TensorBoard on runs side by side, whether or not trained with --tensorboard.
 
-    Each run is named by its path below the folder the runs share: a sweep's axis values
-    and seed. Stop it with Ctrl-C.
+    A run trained without it is shown from its metrics.jsonl (event files written to
+    RUN_DIR/tensorboard-from-metrics). Each run is named by its path below the folder the
+    runs share: a sweep's axis values and seed. Stop it with Ctrl-C.
     """
     from perencode.runs import find_runs
     from perencode.tracking import launch, tensorboard_command

@@ -1,4 +1,5 @@
-"""The one rich console for people (stderr); machines read the files a command writes."""
+"""The rich consoles for people: notes and progress on stderr (`console`), results on stdout
+(`results`); machines read the files a command writes, or its --json."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from rich.measure import Measurement
 from rich.segment import Segments
 
 console = Console(stderr=True, soft_wrap=True)
+# Results (a metrics table, the files a command wrote) go to stdout, notes and progress to
+# stderr (`console`): `perencode eval RUN 2>/dev/null` prints the results alone.
+results = Console(soft_wrap=True)
 
 
 class GuardedStream:

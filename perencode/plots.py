@@ -138,8 +138,11 @@ def _save(fig, stem: Path, note: str = "") -> list[Path]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
     if handles:
+        # as many columns as the longest label leaves room for: a label is never cut
+        longest = max(len(label) for label in handles) + 6  # the line sample's width too
+        fits = max(1, int(15 * fig.get_figwidth()) // longest)
         fig.legend(list(handles.values()), list(handles), loc="outside lower center",
-                   ncol=min(len(handles), 3), fontsize="small")
+                   ncol=min(len(handles), 3, fits), fontsize="small")
     if note:  # about 13 characters an inch at this size; a setting is not split
         lines, width = [""], int(13 * fig.get_figwidth())
         for piece in note.split("; "):
@@ -210,19 +213,28 @@ def _one_k(df: pd.DataFrame) -> dict | None:
     return {None: 1 / float(sizes[0])} if len(sizes) == 1 else None
 
 
+MARKERS = ["o", "s", "^", "D", "v", "P"]
+LINESTYLES = ["-", "--", "-.", ":"]
+
+
 def _lines(ax, s: pd.DataFrame, x: str, hue: str, log2: bool = False) -> None:
     """Mean with CI error bars against x, one line per hue value; a point of one seed (no
     CI) is drawn open."""
-    for value in _order(hue, s[hue]):
+    for i, value in enumerate(_order(hue, s[hue])):
         part = s[s[hue] == value].sort_values(x)
+        # Each line its own marker, dash and size, the later ones smaller and on top, so a
+        # line lying on another (two encodings both at 1.0) still shows beneath it.
+        marker, dashes = MARKERS[i % len(MARKERS)], LINESTYLES[i % len(LINESTYLES)]
+        size = max(4.0, 8.0 - 1.2 * i)
         line = ax.errorbar(part[x], part["mean"], yerr=[part["mean"] - part["low"],
                                                         part["high"] - part["mean"]],
-                           marker="o", capsize=3, label=_label(hue, value), clip_on=False,
+                           marker=marker, markersize=size, ls=dashes, capsize=3, alpha=0.9,
+                           label=_label(hue, value), clip_on=False, zorder=2 + i / 10,
                            color=_colour(hue, value))
         single = part[part["n"] < 2]
         if len(single):
-            ax.plot(single[x], single["mean"], "o", color=line[0].get_color(), zorder=3,
-                    markerfacecolor="white", clip_on=False)
+            ax.plot(single[x], single["mean"], marker, color=line[0].get_color(), zorder=3,
+                    markersize=size, markerfacecolor="white", clip_on=False)
     if log2:
         ax.set_xscale("log", base=2)
         ticks = sorted(s[x].unique())
@@ -265,8 +277,13 @@ def draw_vocabulary(metrics: list[str]) -> Callable[[pd.DataFrame, Path, str], l
             for i, metric in enumerate(metrics):
                 ax = axes[i, j]
                 s = group_ci(part, ["task.vocab_size", "encoding.kind"], metric)
-                _lines(ax, s, "task.vocab_size", "encoding.kind", log2=True)
-                _titled(ax, _label("model.arch", arch), s, "open markers")
+                if s["task.vocab_size"].nunique() == 1:  # one K: bars side by side, not
+                    _bars(ax, s, "task.vocab_size", "encoding.kind",  # points on one x
+                          list(s["task.vocab_size"].unique()))
+                    _titled(ax, _label("model.arch", arch), s, "hatched")
+                else:
+                    _lines(ax, s, "task.vocab_size", "encoding.kind", log2=True)
+                    _titled(ax, _label("model.arch", arch), s, "open markers")
                 ax.set_xlabel("Vocabulary size")
                 ax.set_ylabel(METRICS.get(metric, metric))
                 if metric in ACCURACIES:
@@ -615,8 +632,10 @@ def paper_difference(part: pd.DataFrame, figure: Figure, columns: list[str]) -> 
     return "Not the paper's settings: " + "; ".join(shown)
 
 
-def draw_figures(results: Results, out: Path) -> list[Path]:
-    """results.csv, the per-row tables and every figure `results` cover, written to `out`.
+def draw_figures(results: Results, out: Path, compare_with_paper: bool = True) -> list[Path]:
+    """results.csv, the per-row tables and every figure `results` cover, written to `out`;
+    without `compare_with_paper` (a study of one's own) no figure is subtitled with how its
+    runs differ from the paper's.
 
     `out` is locked meanwhile (perencode.lock), and what a killed `figures` left half
     written there (its temporary files, not those of `verify`) is removed first."""
@@ -624,14 +643,14 @@ def draw_figures(results: Results, out: Path) -> list[Path]:
     with hold(out, "figures"):
         remove_stale_temps(out, lambda name: name.startswith(
             ("results", "other_", *(figure.name for figure in FIGURES))))
-        return _make_figures(results, out)
+        return _make_figures(results, out, compare_with_paper)
 
 
 def _shown(names: pd.Series) -> str:
     return ", ".join(names.head(5)) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _make_figures(results: Results, out: Path) -> list[Path]:
+def _make_figures(results: Results, out: Path, compare_with_paper: bool = True) -> list[Path]:
     say_left_out(results)
     runs = results.runs
     unfinished = runs[runs["status"] == "unfinished"]
@@ -656,9 +675,9 @@ def _make_figures(results: Results, out: Path) -> list[Path]:
             atomic_write_text(written[-1], table.to_csv(index=False))
     drawn: set = set()
     for figure in FIGURES:
-        written += _draw(figure, results, out, drawn)
+        written += _draw(figure, results, out, drawn, compare_with_paper)
     for figure in other_figures(results.runs, drawn):
-        written += _draw(figure, results, out, drawn)
+        written += _draw(figure, results, out, drawn, compare_with_paper)
     earlier = sorted(p.name for p in out.iterdir() if p.suffix in (".png", ".pdf")
                      and p.name.startswith(("other_", *(f.name for f in FIGURES)))
                      and p not in written)
@@ -736,7 +755,8 @@ def tags(runs: pd.DataFrame) -> str:
     return f"Sweep tag: {', '.join(found)}" if found else ""
 
 
-def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
+def _draw(figure: Figure, results, out: Path, drawn: set,
+          compare_with_paper: bool = True) -> list[Path]:
     """Draw one figure from its runs, one file per part (figure_parts), subtitled with how
     its runs differ from the paper's; adds the runs drawn to `drawn`."""
     written: list[Path] = []
@@ -758,9 +778,10 @@ def _draw(figure: Figure, results, out: Path, drawn: set) -> list[Path]:
             _warn(f"{part.stem}: {len(cells)} diverged run(s) in its cells, counted and not "
                   f"plotted (a loss or weight not finite): {'; '.join(cells[:8])}"
                   + (f"; and {len(cells) - 8} more" if len(cells) > 8 else ""))
-        if part.differs:
-            console.print(f"{part.stem}: {part.differs}", highlight=False, soft_wrap=True)
+        differs = part.differs if compare_with_paper else ""
+        if differs:
+            console.print(f"{part.stem}: {differs}", highlight=False, soft_wrap=True)
         written += figure.draw(part.rows, out / part.stem,
-                               "; ".join(filter(None, [part.differs, tags(part.runs)])))
+                               "; ".join(filter(None, [differs, tags(part.runs)])))
         drawn.update(part.rows["run"])
     return written

@@ -17,15 +17,17 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from perencode import defaults, plugins
+from perencode import defaults, kinds, plugins
 from perencode import runs as run_dirs
 from perencode.console import console
+from perencode.curves import draw_curves, varying
 from perencode.errors import UserError
 from perencode.io import atomic_write_text, remove_stale_temps
 from perencode.lock import hold
@@ -178,6 +180,12 @@ th { background: #f6f8fa; }
 .runs dt { font-weight: bold; } .runs dd { margin: 0; }
 li { margin-bottom: 6px; }
 .note { color: #9a6700; font-size: 14px; }
+details.curves summary { cursor: pointer; color: #59636e; font-size: 14px; margin: 8px 0; }
+table.sortable th { cursor: pointer; white-space: nowrap; }
+table.sortable th[data-order="up"]::after { content: " \\25B2"; }
+table.sortable th[data-order="down"]::after { content: " \\25BC"; }
+.wide { overflow-x: auto; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
 """
 
 
@@ -210,17 +218,22 @@ def _runs_box(part: pd.DataFrame, diverged: int = 0) -> str:
             + f'<dt>device-hours</dt><dd>{p["device_hours"]:.3g}</dd></dl>')
 
 
-def _claims_table(outcomes: list[Outcome]) -> str:
+def _claims_table(outcomes: list[Outcome], framing: str = "paper") -> str:
+    """The claims with their verdicts; a column of the paper's values only where a claim
+    has one, and the measured value called 'reproduced' only in a paper's reproduction."""
     if not outcomes:
         return '<p class="meta">No claim rests on these runs.</p>'
+    paper = any(o.claim.paper for o in outcomes)
     rows = "".join(
         f"<tr><td><b>{_e(o.claim.id)}</b><br>{_e(o.claim.statement)}</td>"
-        f"<td>{_e(o.claim.paper)}</td><td>{_e(reproduced(o))}</td>"
-        f"<td>{_e(o.method)}</td><td>{_e(paper_interval(o))}</td>"
+        + (f"<td>{_e(o.claim.paper)}</td>" if paper else "")
+        + f"<td>{_e(reproduced(o))}</td><td>{_e(o.method)}</td><td>{_e(paper_interval(o))}</td>"
         f"<td>{_badge(o.verdict)}</td></tr>" for o in outcomes)
-    return ('<table class="claims"><tr><th>claim</th><th>paper</th>'
-            "<th>reproduced [one-sided bounds]</th><th>decided by</th>"
-            f"<th>paper's bootstrap 95% CI</th><th>verdict</th></tr>{rows}</table>")
+    measured = "measured" if framing == OWN else "reproduced"
+    return ('<table class="claims"><tr><th>claim</th>' + ("<th>paper</th>" if paper else "")
+            + f"<th>{measured} [one-sided bounds]</th><th>decided by</th>"
+            "<th>paper's bootstrap 95% CI</th><th>verdict</th></tr>"
+            f"{rows}</table>")
 
 
 def _cited_not_run(stem: str, checked: Checked) -> str:
@@ -288,13 +301,155 @@ def other_claims(checked: Checked, run_paths: list[Path], results: Results
 
 
 TITLE = "Positional Encoding Helps RNNs Handle a Large Vocabulary: reproduction report"
+# How a page is framed (`framing`): the paper's reproduction at its settings, a demo of it
+# at smaller sizes, or a study of one's own (its own claims, or kinds of its own).
+PAPER, DEMO, OWN = "paper", "demo", "own"
+KIND_COLUMNS = ("task.name", "model.arch", "encoding.kind")
+
+
+def own_study(checked: Checked) -> bool:
+    """A study of one's own: a claims file of one's own, or runs of kinds of one's own (a
+    plugin's, or one no registration knows) that no bundled claim concerns."""
+    bundled = checked.claims_path.resolve().parent == BUNDLED_CLAIMS.resolve()
+    runs = checked.results.runs
+    own_kinds = any(not kinds.is_builtin(column.split(".")[0], name)
+                    for column in KIND_COLUMNS if column in runs
+                    for name in runs[column].dropna().unique())
+    return not bundled or (own_kinds and not checked.decided)
+
+
+def framing(checked: Checked, found: list[Panel]) -> str:
+    """OWN for a study of one's own (`own_study`), else DEMO where a figure's runs are not
+    at the paper's settings, else PAPER."""
+    if own_study(checked):
+        return OWN
+    return DEMO if any(panel.differs for panel in found) else PAPER
+
+
+def own_title(run_paths: list[Path]) -> str:
+    """The heading of an own study's page without --title: its runs' folder."""
+    names = ", ".join(Path(p).name or str(p) for p in run_paths[:3])
+    return f"{names}{' and more' if len(run_paths) > 3 else ''}: study report"
+
+
+def _curves(panel: Panel, columns: list[str]) -> str:
+    """The learning curves of a figure's runs (perencode.curves), inline; '' when none of
+    them logged a step."""
+    png = draw_curves(panel.runs, columns)
+    if png is None:
+        return ""
+    data = base64.b64encode(png).decode("ascii")
+    return ('<details class="curves" open><summary>Learning curves (metrics.jsonl)</summary>'
+            f'<img class="curves" alt="learning curves of {_e(panel.stem)}" '
+            f'src="data:image/png;base64,{data}"></details>')
+
+
+# The columns of the runs table that are bookkeeping, not results.
+NOT_METRICS = {"run", "status", "complete", "fingerprint", "tag", "train_step",
+               "train_seconds", "code_changes_accepted", "iteration"}
+
+
+def _duration(seconds) -> str:
+    if seconds is None or pd.isna(seconds):
+        return ""
+    seconds = float(seconds)
+    return f"{seconds:.0f} s" if seconds < 120 else (
+        f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h")
+
+
+def _cell(value, shown: str | None = None) -> str:
+    """A table cell that sorts by its value: numbers as numbers (data-sort), text as text."""
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return '<td data-sort=""></td>'
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = shown if shown is not None else (f"{value:.4g}" if isinstance(value, float)
+                                                else str(value))
+        return f'<td data-sort="{float(value)!r}" class="num">{_e(text)}</td>'
+    return f"<td>{_e(shown if shown is not None else value)}</td>"
+
+
+def runs_table(results: Results) -> str:
+    """Every run given, one row each: its cell (the settings that tell the cells apart),
+    seed, state, final metrics, fingerprint, device, training time and sweep tag; a click
+    on a heading sorts by it (SORT_SCRIPT, in the page)."""
+    frame = results.runs
+    cells = varying(frame, results.recipe_columns)
+    names = {c: short_key(c) for c in cells}
+    metrics = [c for c in frame.columns if c not in results.recipe_columns
+               and c not in NOT_METRICS and pd.api.types.is_numeric_dtype(frame[c])
+               and not c.startswith("n_") and frame[c].notna().any()]
+    head = (["run", *[names[c] for c in cells], "seed", "state", *metrics, "fingerprint",
+             "device", "training time"] + (["tag"] if "tag" in frame else []))
+    paths = [Path(os.path.abspath(r)) for r in frame["run"]]
+    root = Path(os.path.commonpath(paths)) if len(paths) > 1 else paths[0].parent
+    rows = []
+    for _, run in frame.sort_values("run").iterrows():
+        device = _device(Path(run["run"]))
+        cells_html = "".join(_cell(run[c], format_value(run[c]) if not pd.isna(run[c])
+                                   else None) for c in cells)
+        below = Path(os.path.abspath(run["run"])).relative_to(root).as_posix()
+        rows.append(f'<tr><td title="{_e(run["run"])}">{_e(below)}</td>' + cells_html
+                    + _cell(int(run["train.seed"])) + _cell(run["status"])
+                    + "".join(_cell(run[m]) for m in metrics)
+                    + _cell(run.get("fingerprint")) + _cell(device)
+                    + _cell(run.get("train_seconds"), _duration(run.get("train_seconds")))
+                    + (_cell(run.get("tag")) if "tag" in frame else "") + "</tr>")
+    header = "".join(f'<th title="click to sort">{_e(h)}</th>' for h in head)
+    return (f'<h2 id="runs">Runs ({len(frame)})</h2><p class="meta">One row per run; click '
+            f'a heading to sort by it (again: the other way). Below {_e(root)}.</p>'
+            '<div class="wide"><table class="sortable runs-table">'
+            f'<thead><tr>{header}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def _device(run: Path) -> str:
+    """'cuda:0 (NVIDIA H100 80GB HBM3)' from a run's env.json, '' where not recorded."""
+    path = run / "env.json"
+    try:
+        env = run_dirs.read_json(path) if path.is_file() else {}
+    except UserError:
+        return ""
+    device, name = env.get("device"), env.get("device_name")
+    return f"{device} ({name})" if device and name else str(device or "")
+
+
+# Sorts a table.sortable by the clicked column: numbers (data-sort) as numbers, empty cells
+# last; a second click reverses. No library and nothing fetched: the page stays offline.
+SORT_SCRIPT = """
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  table.querySelectorAll("th").forEach(function (th, column) {
+    th.style.cursor = "pointer";
+    th.addEventListener("click", function () {
+      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      var up = th.getAttribute("data-order") !== "up";
+      table.querySelectorAll("th").forEach(function (h) { h.removeAttribute("data-order"); });
+      th.setAttribute("data-order", up ? "up" : "down");
+      function key(row) {
+        var cell = row.cells[column], sort = cell.getAttribute("data-sort");
+        if (sort === "") { return null; }
+        return sort !== null ? parseFloat(sort) : cell.textContent;
+      }
+      rows.sort(function (a, b) {
+        var x = key(a), y = key(b);
+        if (x === null || y === null) { return x === y ? 0 : (x === null ? 1 : -1); }
+        var order = typeof x === "number" && typeof y === "number" ? x - y
+          : String(x).localeCompare(String(y), undefined, {numeric: true});
+        return up ? order : -order;
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
+"""
 
 
 def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path],
-           others: list[tuple[str, int]] | None = None, title: str = TITLE) -> str:
+           others: list[tuple[str, int]] | None = None, title: str | None = None) -> str:
     decided = checked.decided
     beside = placed(decided, found)
     shown = {o.claim.id for claims in beside.values() for o in claims}
+    frame = framing(checked, found)
+    columns = checked.results.recipe_columns
     sections = []
     for panel in found:
         picture = _image(panel.image) if panel.image else _table_file(out, panel.stem)
@@ -302,23 +457,25 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
             f'<h2 id="{_e(panel.stem)}">{_e(panel.stem)}</h2><div class="figure">'
             f'<div class="picture">{picture}</div>'
             + (f'<p class="note">{_e(panel.differs)}.</p>'
-               if panel.differs else "")
+               if panel.differs and frame != OWN else "")
             + (f'<p class="note">Drawn together although {_e(panel.note)}.</p>'
                if panel.note else "")
+            + _curves(panel, columns)
             + '<div class="side"><h3>Runs behind it</h3>'
             f'{_runs_box(panel.runs, panel.diverged)}<h3>Claims</h3>'
-            f'{_claims_table(beside[panel.stem])}'
+            f'{_claims_table(beside[panel.stem], frame)}'
             + _cited_not_run(panel.stem, checked) + "</div></div>")
     rest = [o for o in decided if o.claim.id not in shown]
     if rest:
         sections.append("<h2>Claims decided on runs no figure draws</h2>"
-                        + _claims_table(rest))
+                        + _claims_table(rest, frame))
     groups = checked.not_run()
     if groups:
         items = "".join(f"<li>{_e(reason)} <b>({len(group)})</b><br>"
                         f"<span class=\"meta\">{_e(', '.join(o.claim.id for o in group))}"
                         "</span></li>" for reason, group in groups)
         sections.append(f'<h2 id="not-run">Claims not run</h2><ul>{items}</ul>')
+    sections.append(runs_table(checked.results))
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     counts = " ".join(f"{_badge(v)} {sum(o.verdict == v for o in checked.outcomes)}"
                       for v in (PASS, FAIL, INCONCLUSIVE, NOT_RUN))
@@ -327,40 +484,45 @@ def render(checked: Checked, found: list[Panel], out: Path, run_paths: list[Path
                    + "; ".join(f"<b>--claims {_e(name)}</b> decides {n}" for name, n in others)
                    + ".")
     # Beside the badges, where a reader skimming sees it first: runs not at the paper's
-    # settings (a demo) show the effect's direction, not the paper's numbers.
+    # settings (a demo) show the effect's direction, not the paper's numbers. An own study
+    # is measured against its own claims: no banner.
     nonpaper = [panel for panel in found if panel.differs]
-    if nonpaper:
+    if frame == DEMO:
         counts += (f'<br><span class="demo">Demo settings: direction, not magnitude. The runs '
                    f"of {len(nonpaper)} of {len(found)} figures are not at the paper's "
                    "settings (each figure says how): a pass says the effect points the "
                    "paper's way at these sizes, not that the paper's numbers are "
                    "reproduced.</span>")
+    heading = title or (own_title(run_paths) if frame == OWN else TITLE)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{_e(title if title != TITLE else 'perencode report')}</title>"
+            f"<title>{_e(heading if heading != TITLE else 'perencode report')}</title>"
             f"<style>{STYLE}</style></head><body>"
-            f"<h1>{_e(title)}</h1>"
+            f"<h1>{_e(heading)}</h1>"
             f'<p class="meta">Runs: {_e(", ".join(map(str, run_paths)))} &middot; claims: '
-            f"{_e(checked.claims_path.name)} &middot; written {when} by perencode</p>"
+            f"{_e(checked.claims_path.name)} &middot; written {when} by perencode &middot; "
+            '<a href="#runs">every run</a></p>'
             f'<div class="summary">{_e(checked.summary())}<br>{counts}</div>'
-            f'<p class="rule">{_e(RULE)}</p>' + "".join(sections) + "</body></html>\n")
+            f'<p class="rule">{_e(RULE)}</p>' + "".join(sections)
+            + f"<script>{SORT_SCRIPT}</script></body></html>\n")
 
 
 def make_report(runs: list[Path], claims: str | Path = defaults.CLAIMS,
                 out: Path = defaults.FIGURES, accept_code_change: bool = False,
                 title: str | None = None) -> Path:
     """Draw the figures into `out`, check the claims and write `out`/report.html (headed
-    `title`, else the paper's reproduction); its path."""
+    `title`, else as its framing says: the paper's reproduction, or a study of one's own);
+    its path."""
     run_paths = [Path(p) for p in runs]
     out = Path(out)
     results = collect(run_paths, "report", accept_code_change)
     checked = check_claims(run_paths, claims, results=results)  # a bad claims file stops it here
-    written = draw_figures(results, out)
+    written = draw_figures(results, out, compare_with_paper=not own_study(checked))
     others = [] if checked.decided else other_claims(checked, run_paths, results)
     if others:
         console.print(f"no claim of {checked.claims_path.name} concerns these runs; "
                       + "; ".join(f"--claims {name} decides {n}" for name, n in others),
                       highlight=False, soft_wrap=True)
-    page = render(checked, panels(results, written), out, run_paths, others, title or TITLE)
+    page = render(checked, panels(results, written), out, run_paths, others, title)
     with hold(out, "report"):
         remove_stale_temps(out, lambda name: name == REPORT)
         atomic_write_text(out / REPORT, page)

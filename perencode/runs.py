@@ -506,6 +506,11 @@ class Run:
         newest = checkpoint is None
         if checkpoint is None:
             steps = self.checkpoints()
+            if not steps and self.resume_path.is_file():
+                raise UserError(f"{self.dir}: no periodic checkpoint yet, only "
+                                f"{self.resume_path.name} of an interrupted run: `perencode "
+                                f"train` resumes it; `--checkpoint {self.resume_path}` "
+                                "scores it as it is")
             if not steps:
                 raise UserError(f"{self.dir}: no checkpoints yet (train it first)")
             checkpoint = steps[-1][1]

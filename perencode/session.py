@@ -20,9 +20,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from perencode import runs
-from perencode.errors import UserError
 from perencode.console import console
 from perencode.device import CPU_MODEL, device_model
+from perencode.errors import UserError
 from perencode.models import SequenceModel, build_model
 from perencode.recipe import OptimConfig, Recipe
 from perencode.tasks import Batch, make

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from perencode import defaults, identity, kinds, runs
-from perencode.console import console
+from perencode.console import console, results
 from perencode.device import resolve_device
 from perencode.errors import UserError
 from perencode.io import atomic_write_text, remove_stale_temps
@@ -144,6 +144,6 @@ def _analyse(run: runs.Run, chosen: Triplets, dev: torch.device, triplets: int, 
             rows.extend(new)
             _write_csv(path, rows)
     # One line, true in each case: a finished analysis is left as it is.
-    console.print(f"wrote {path}" if todo else f"{path}: every checkpoint analysed already; "
+    results.print(f"wrote {path}" if todo else f"{path}: every checkpoint analysed already; "
                   "kept as it is", highlight=False, soft_wrap=True)
     return path

@@ -4,7 +4,14 @@
                                                 train/sequences_per_second at each log step
 
 Written only with `perencode train --tensorboard` (an option of the command, not of the
-recipe: it never changes what a run is). The `tensorboard` package is an optional extra.
+recipe: it never changes what a run is). For a run trained without it, `perencode
+tensorboard` writes the same curves from its metrics.jsonl:
+
+    RUN_DIR/tensorboard-from-metrics/events.out.tfevents.0.metrics   train/loss, train/accuracy,
+                                                train/lr, held_out/* (rewritten when
+                                                metrics.jsonl is newer)
+
+The `tensorboard` package is an optional extra.
 """
 
 from __future__ import annotations
@@ -18,12 +25,14 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from perencode import defaults
+from perencode import defaults, runs
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.io import atomic_write_bytes, remove_stale_temps
 
 FOLDER = "tensorboard"
+FROM_METRICS = "tensorboard-from-metrics"
+CONVERTED = "events.out.tfevents.0.metrics"
 EXTRA = "pip install 'perencode[tensorboard]'"
 # The temporary file of an event file being rewritten (truncate_events): .truncating.XXXXXXXX.tmp
 TRUNCATING = "truncating"
@@ -131,10 +140,45 @@ class TensorBoardLog:
             self._writer = None
 
 
-def logdir_spec(run_dirs: list[Path]) -> str:
+def events_from_metrics(run_dir: Path) -> Path | None:
+    """RUN_DIR/tensorboard-from-metrics holding the curves of RUN_DIR/metrics.jsonl as one
+    event file (rewritten atomically when metrics.jsonl is newer), for a run trained without
+    --tensorboard; None when the run has logged no step yet."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    source, folder = run_dir / "metrics.jsonl", run_dir / FROM_METRICS
+    target = folder / CONVERTED
+    if not source.is_file():
+        return None
+    if target.is_file() and target.stat().st_mtime >= source.stat().st_mtime:
+        return folder
+    rows = runs.Run(run_dir).metrics()
+    if not rows:
+        return None
+    data = io.BytesIO()
+    writer = RecordWriter(data)
+    writer.write(Event(wall_time=0.0, file_version="brain.Event:2").SerializeToString())
+    for row in rows:
+        values = [(f"train/{key}", row[key]) for key in ("loss", "accuracy", "lr")
+                  if isinstance(row.get(key), (int, float))]
+        values += [(f"held_out/{key.removeprefix(HELD_OUT)}", value)
+                   for key, value in row.items() if key.startswith(HELD_OUT)]
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value))
+                                 for tag, value in values])
+        writer.write(Event(wall_time=float(row["seconds"]), step=row["step"],
+                           summary=summary).SerializeToString())
+    folder.mkdir(exist_ok=True)
+    atomic_write_bytes(target, data.getvalue(), temp_name=TRUNCATING)
+    return folder
+
+
+def logdir_spec(run_dirs: list[Path], folders: dict[Path, str] | None = None) -> str:
     """TensorBoard's `--logdir_spec name:path,...` for these runs, each named by its path
     below the folder they share (a sweep's `vocab_size=32/encoding=none/seed=111`), so
-    TensorBoard shows them side by side under names that say what differs."""
+    TensorBoard shows them side by side under names that say what differs; each run's
+    events in its `folders` entry (default RUN_DIR/tensorboard)."""
     real = [Path(os.path.abspath(r)) for r in run_dirs]
     root = Path(os.path.commonpath(real)) if len(real) > 1 else real[0].parent
     parts = []
@@ -143,28 +187,47 @@ def logdir_spec(run_dirs: list[Path]) -> str:
             raise UserError(f"{run_dir}: TensorBoard cannot take a path with a comma; "
                             "move or link the run elsewhere")
         name = run_dir.relative_to(root).as_posix().replace(":", "_")  # ends the name
-        parts.append(f"{name}:{run_dir / FOLDER}")
+        folder = (folders or {}).get(Path(os.path.abspath(run_dir)), FOLDER)
+        parts.append(f"{name}:{run_dir / folder}")
     return ",".join(parts)
 
 
 def tensorboard_command(run_dirs: list[Path], port: int = defaults.TENSORBOARD_PORT) -> list[str]:
-    """The command that serves the curves of these runs that have event files, side by
-    side; UserError when none has (TensorBoard would show an empty page). A run trained
-    with --tensorboard writes its event file as it starts, so a run left out is one trained
-    without it or not started yet (start TensorBoard again once it is)."""
+    """The command that serves the curves of these runs side by side: the event files of
+    runs trained with --tensorboard, and for the others event files written now from their
+    metrics.jsonl (`events_from_metrics`); UserError when no run has logged a step
+    (TensorBoard would show an empty page)."""
     if not run_dirs:
         raise UserError("no run directories there (folders holding recipe.toml)")
-    logged = [r for r in run_dirs if event_files(r / FOLDER)]
+    if find_spec("tensorboard") is None:
+        raise UserError(f"tensorboard: the tensorboard package is not installed; {EXTRA}")
+    logged, folders, converted, unwritable = [], {}, 0, []
+    for run in run_dirs:
+        if event_files(run / FOLDER):
+            logged.append(run)
+            continue
+        try:
+            folder = events_from_metrics(run)
+        except OSError as exc:  # a run directory one may read, not write (a colleague's)
+            unwritable.append(f"{run} ({exc.strerror or exc})")
+            continue
+        if folder is not None:
+            logged.append(run)
+            folders[Path(os.path.abspath(run))] = FROM_METRICS
+            converted += 1
     if not logged:
-        raise UserError(f"none of the {len(run_dirs)} run(s) has TensorBoard event files "
-                        "(runs write them with `perencode train --tensorboard` or `perencode "
-                        "sweep --tensorboard`)")
+        raise UserError(f"none of the {len(run_dirs)} run(s) has logged a training step yet "
+                        "(metrics.jsonl) or has TensorBoard event files")
     left = len(run_dirs) - len(logged)
-    console.print(f"{len(logged)} of {len(run_dirs)} runs have TensorBoard event files"
-                  + (f"; {left} without any left out (trained without --tensorboard or not "
-                     "started yet)" if left else ""), highlight=False)
-    return [sys.executable, "-m", "tensorboard.main", "--logdir_spec", logdir_spec(logged),
-            "--port", str(port)]
+    console.print(f"{len(logged)} of {len(run_dirs)} runs shown"
+                  + (f"; {converted} from their metrics.jsonl (trained without "
+                     f"--tensorboard, written to RUN_DIR/{FROM_METRICS})" if converted else "")
+                  + (f"; {left} left out (no step logged yet"
+                     + (f", or their folder not writable: {'; '.join(unwritable[:3])}"
+                        if unwritable else "") + ")" if left else ""),
+                  highlight=False, soft_wrap=True)
+    return [sys.executable, "-m", "tensorboard.main", "--logdir_spec",
+            logdir_spec(logged, folders), "--port", str(port)]
 
 
 def launch(command: list[str]) -> int:

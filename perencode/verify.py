@@ -26,8 +26,8 @@ from perencode.verdicts import (
     Checked,
     Outcome,
     check_claims,
-    paper_interval,
     outside_plan,
+    paper_interval,
     reproduced,
 )
 

@@ -285,3 +285,87 @@ def test_quickstart_folders(monkeypatch, args, runs, out, note):
     assert code == 1, text
     assert called == {"runs": Path(runs), "out": Path(out), "swept": Path(runs)}
     assert ("note: --figures is now --out" in text) == note
+
+
+# -- results on stdout, notes on stderr; --json; show tells a run's story (issue 48) ----------
+
+def streams(*args) -> tuple[int, str, str]:
+    """`perencode ARGS...` in-process: (exit code, stdout, stderr) apart."""
+    result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    from conftest import train_args
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    code, out, err = streams(*train_args(run, "train.iterations=10", "train.checkpoint_every=5",
+                                         "task.vocab_size=16", "task.length=6"))
+    assert code == 0, err
+    assert "token_accuracy" in out and "token_accuracy" not in err  # the results: stdout
+    return run
+
+
+def test_eval_prints_its_results_on_stdout_and_as_json(trained):
+    import subprocess
+
+    from conftest import PYTHON, subprocess_env
+
+    done = subprocess.run([PYTHON, "-m", "perencode", "eval", str(trained), "--device", "cpu"],
+                          capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert done.returncode == 0 and "token_accuracy" in done.stdout, done.stderr
+    assert "token_accuracy" not in done.stderr
+    code, out, _ = streams("eval", trained, "--device", "cpu", "--json")
+    scored = json.loads((trained / "eval.json").read_text())
+    assert code == 0 and json.loads(out)["token_accuracy"] == scored["token_accuracy"]
+
+
+def test_show_tells_a_runs_story(trained):
+    from perencode import identity
+
+    code, out, _ = streams("show", trained)
+    assert code == 0
+    scored = json.loads((trained / "eval.json").read_text())
+    lines = [line for line in out.splitlines() if line.startswith("# ")]
+    assert lines[0] == f"# run: {trained}"
+    assert lines[1] == "# state: finished at iteration 10 of 10"
+    assert f"token_accuracy {scored['token_accuracy']:.4g}" in lines[2]
+    assert re.fullmatch(r"# training: loss [\d.]+, accuracy [\d.]+ at step 10; \d+ s", lines[3])
+    assert "# device: cpu" in lines[4]
+    assert f"# fingerprint: {identity.short(trained)} " in out and "WARNING" not in out
+    assert tomllib.loads(out)["train"]["iterations"] == 10  # still valid TOML
+    code, out, _ = streams("show", trained, "--json")
+    story = json.loads(out)
+    assert (story["state"], story["iteration"], story["fingerprint"]) == (
+        "finished", 10, identity.short(trained))
+    assert story["results"]["token_accuracy"] == scored["token_accuracy"]
+    assert story["training"]["step"] == 10 and story["recipe"]["train"]["iterations"] == 10
+
+
+def test_show_says_when_a_runs_files_no_longer_match_the_record(trained, tmp_path):
+    import shutil
+
+    run = tmp_path / "copy"
+    shutil.copytree(trained, run)
+    recipe = run / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("hidden_size = 16", "hidden_size = 32"))
+    scored = json.loads((run / "eval.json").read_text())
+    (run / "eval.json").write_text(json.dumps({**scored, "seed": scored["seed"] + 1}))
+    code, out, err = streams("show", run)
+    assert code == 0
+    warnings = [line for line in out.splitlines() if line.startswith("# WARNING: ")]
+    assert len(warnings) == 2, out
+    assert "model.hidden_size: 16 when the run was made vs 32 now" in warnings[0]
+    assert f"eval.json is another run's: seed {scored['seed'] + 1}" in warnings[1]
+    assert " ".join(err.split()).count("warning:") == 2
+
+
+def test_show_reads_a_plugins_run_without_the_plugin(tmp_path):
+    from test_study import plugin_run
+
+    run = plugin_run(tmp_path)
+    code, out, err = streams("show", run)
+    assert code == 0, err
+    assert "# state: finished at iteration 10 of 10" in out and 'arch = "mingru"' in out
+    assert "results (eval.json): token_accuracy 0.5" in out

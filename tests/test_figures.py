@@ -171,9 +171,11 @@ def test_every_panel_states_its_seed_count(drawn):
 def test_a_point_of_one_seed_is_marked_as_having_no_ci(tmp_path):
     for seed in (111, 222):
         for enc in ("none", "sinusoidal"):
-            if (seed, enc) != (222, "sinusoidal"):
-                fake_run(tmp_path / "runs", f"{enc}/{seed}", encoding=enc, seed=seed,
-                         metrics={"token_accuracy": 0.5, "dl_distance": 1.0})
+            for vocab in (32, 64):  # two K: lines (one K is drawn as bars, hatched)
+                if (seed, enc, vocab) != (222, "sinusoidal", 32):
+                    fake_run(tmp_path / "runs", f"{enc}/{vocab}/{seed}", encoding=enc,
+                             seed=seed, vocab=vocab,
+                             metrics={"token_accuracy": 0.5, "dl_distance": 1.0})
     _, saved = drawing([tmp_path / "runs"], tmp_path / "figs")
     (fig,) = saved.values()
     ax = fig.axes[0]
@@ -277,7 +279,9 @@ def test_no_run_is_drawn_twice_and_no_file_repeats_another(tmp_path):
     assert len({p.read_bytes() for p in pngs}) == len(pngs)
     assert len(set(written)) == len(written)
     (other,) = [n for n in saved if n.startswith("other_")]
-    labels = {line.get_label() for ax in saved[other].axes for line in ax.containers}
+    # One K: bars, whose error bars are unlabelled containers of their own.
+    labels = {line.get_label() for ax in saved[other].axes for line in ax.containers
+              if not str(line.get_label()).startswith("_")}
     assert labels == {"Random PE"}
 
 

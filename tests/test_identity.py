@@ -308,7 +308,7 @@ def test_one_fingerprint_shown_compared_and_reported(made, tmp_path):
     fingerprint = entry["fingerprint"]
     assert len(fingerprint) == 12 and entry["code"]["encoding"]["origin"] == "perencode"
     code, text = run_cli("show", made)
-    assert code == 0 and text.startswith(f"# fingerprint: {fingerprint} ") \
+    assert code == 0 and f"\n# fingerprint: {fingerprint} " in text \
         and "encoding.kind = 'sinusoidal': perencode (perencode.encoding)" in text, text
     # The same experiment elsewhere: the same fingerprint; another seed: another.
     same, seed = tmp_path / "same", tmp_path / "seed"
@@ -332,7 +332,7 @@ def test_a_run_made_before_the_record_is_read_with_a_note(run, tmp_path):
     assert code == 0 and "1 run(s) have no identity.json" in " ".join(text.split()), text
     assert "unverified" in (tmp_path / "f" / "results.csv").read_text()
     code, text = run_cli("show", run)
-    assert code == 0 and text.startswith("# fingerprint: unverified"), text
+    assert code == 0 and "\n# fingerprint: unverified" in text, text
     assert not (run / "identity.json").exists()  # no past is made up
 
 

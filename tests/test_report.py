@@ -8,12 +8,15 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
+import pandas as pd
 import pytest
 from conftest import ROOT
 from fake_runs import fake_run
 
 from perencode.grid import load_grid
+from perencode.recipe import validate
 from perencode.report import REPORT, make_report
 from perencode.sweep.plan import plan, prepare
 
@@ -191,3 +194,102 @@ def test_a_browser_draws_the_page_offline(report, tmp_path):
     assert len(colours) > 500  # text, plots, verdict badges: not a blank or error page
     ink = (pixels < 0.9).any(axis=2).mean()
     assert 0.03 < ink < 0.9
+
+
+# -- the researcher's notebook (issue 48): curves, every run, an own study framed as one -------
+
+def runs_table_rows(page: str) -> list[list[str]]:
+    body = page.split('<table class="sortable runs-table">', 1)[1].split("</table>", 1)[0]
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row)
+            for row in body.split("<tbody>", 1)[1].split("</tr>") if "<td" in row]
+
+
+def curve_images(page: str) -> list[bytes]:
+    return [base64.b64decode(data) for data in
+            re.findall(r'<img class="curves" alt="[^"]+" src="data:image/png;base64,([^"]+)"',
+                       page)]
+
+
+def test_the_quick_demo_page_has_learning_curves_and_every_run_sortable(tmp_path):
+    import matplotlib.image
+
+    runs = quick_runs(tmp_path / "runs")
+    page = make_report([runs], claims="quick", out=tmp_path / "figures").read_text()
+    assert "reproduction report</h1>" in page and "Demo settings" in page
+    fig2 = sections(page)["fig02_reverse_vocabulary__nonpaper"]
+    [png] = curve_images(fig2)
+    (tmp_path / "curves.png").write_bytes(png)
+    height, width = matplotlib.image.imread(tmp_path / "curves.png").shape[:2]
+    assert width > 400 and height > 300  # two K facets, loss and accuracy rows
+    table = sections(page)["Runs (12)"]
+    heads = re.findall(r"<th(?: [^>]*)?>(.*?)</th>", table)
+    assert heads[:6] == ["run", "vocab_size", "encoding", "iterations", "seed", "state"]
+    assert {"token_accuracy", "dl_distance", "fingerprint", "device", "training time"} \
+        <= set(heads)
+    rows = runs_table_rows(page)
+    assert len(rows) == 12 and all(row[5] == "finished" for row in rows)
+    seeds = sorted(int(row[4]) for row in rows)
+    assert seeds == sorted([111, 222, 333] * 4)
+    first = dict(zip(heads, rows[0]))
+    assert first["run"] == "vocab_size=1024/encoding=none/seed=111"
+    assert float(first["token_accuracy"]) == pytest.approx(0.17)
+    assert first["training time"] == "20 s"  # fake_run logs 10 s, then 20 s
+    # Sortable in the page, numbers as numbers, nothing fetched.
+    assert 'data-sort="0.17"' in table and "<script>" in page
+    assert not re.search(r'(src|href)="(?!data:|#)', page) and "http" not in page
+
+
+def test_the_mean_curve_is_taken_where_every_seed_logged():
+    from perencode.curves import mean_curve
+
+    cell = pd.DataFrame({"run": ["a"] * 3 + ["b"] * 2, "step": [10, 20, 30, 10, 20],
+                         "loss": [4.0, 2.0, 1.0, 2.0, 1.0]})
+    mean = mean_curve(cell, "loss")
+    assert list(mean.index) == [10, 20] and list(mean) == [3.0, 1.5]
+
+
+def own_study(root: Path) -> tuple[Path, Path]:
+    """Vanilla, the sinusoidal PE and an encoding of one's own (a plugin's, not loaded
+    here) at one K, three seeds each, and a claims file of one's own."""
+    runs = root / "runs"
+    for kind, accuracy in (("none", 0.6), ("sinusoidal", 0.9), ("my_pe", 0.9)):
+        for seed in (1, 2, 3):
+            recipe = validate({"task": {"name": "reverse", "vocab_size": 256, "length": 8},
+                               "encoding": {"kind": kind}, "train": {"seed": seed}}, "own",
+                              any_kind=True)
+            fake_run(runs, f"{kind}/seed={seed}", recipe=recipe, curve=[3.0, 2.0, 1.0],
+                     metrics={"token_accuracy": accuracy + seed / 100, "dl_distance": 1.0})
+    claims = root / "mine.toml"
+    claims.write_text('[[claim]]\nid = "mine-beats-vanilla"\nstatement = "my PE beats '
+                      'vanilla"\nmetric = "token_accuracy"\ntest = "difference"\n'
+                      'a = { "encoding.kind" = "my_pe" }\nb = { "encoding.kind" = "none" }\n'
+                      'op = ">"\nvalue = 0.1\n')
+    return runs, claims
+
+
+def test_an_own_study_is_framed_as_one(tmp_path, monkeypatch):
+    from perencode import plots
+
+    runs, claims = own_study(tmp_path)
+    notes, bars = [], []
+    save = plots._save
+
+    def record(fig, stem, note=""):
+        notes.append(note)
+        bars.append([len(ax.patches) for ax in fig.axes])
+        return save(fig, stem, note)
+
+    monkeypatch.setattr(plots, "_save", record)
+    page = make_report([runs], claims=claims, out=tmp_path / "figures").read_text()
+    assert "<h1>runs: study report</h1>" in page and "reproduction" not in page
+    assert "Demo settings" not in page and "Not the paper" not in page
+    assert notes == [""]  # no subtitle about the paper's settings drawn in the figure
+    assert bars == [[3, 3]]  # one K: a bar per encoding, not three points on one x
+    claims_table = page.split('<table class="claims">', 1)[1].split("</table>", 1)[0]
+    assert "<th>paper</th>" not in claims_table and "<th>measured [95% CI]</th>" in \
+        claims_table
+    assert len(curve_images(page)) == 1 and len(runs_table_rows(page)) == 9
+    # The paper's claims file on the same runs is still a study of one's own (its own
+    # encoding, no claim of the paper decided), unless a title says otherwise.
+    page = make_report([runs], claims="paper", out=tmp_path / "f2", title="Mine").read_text()
+    assert "<h1>Mine</h1>" in page and "Demo settings" not in page

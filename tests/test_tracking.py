@@ -124,6 +124,31 @@ def test_without_the_flag_no_event_files(cli, tmp_path):
     assert not (run_dir / "tensorboard").exists()
 
 
+def test_runs_trained_without_the_flag_are_shown_from_their_metrics(cli, tmp_path):
+    """`perencode tensorboard` writes the curves of a run trained without --tensorboard from
+    its metrics.jsonl, beside a run trained with it; written again only once the run logs
+    more."""
+    plain, logged = tmp_path / "sweep" / "plain", tmp_path / "sweep" / "logged"
+    args = [a for a in _train_args(plain, iterations=10, every=10) if a != "--tensorboard"]
+    assert cli(*args)[0] == 0 and cli(*_train_args(logged, 10, 10))[0] == 0
+    code, text = cli("tensorboard", tmp_path / "sweep", "--dry-run")
+    assert code == 0, text
+    assert "2 of 2 runs shown; 1 from their metrics.jsonl" in " ".join(text.split())
+    assert (f"--logdir_spec logged:{logged}/tensorboard,plain:{plain}/"
+            f"{tracking.FROM_METRICS}") in text
+    board = EventAccumulator(str(plain / tracking.FROM_METRICS))
+    board.Reload()
+    rows = runs.Run(plain).metrics()
+    for tag, key in (("train/loss", "loss"), ("train/accuracy", "accuracy"),
+                     ("train/lr", "lr")):
+        got = [(e.step, e.value) for e in board.Scalars(tag)]
+        assert got == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in rows], tag
+    written = plain / tracking.FROM_METRICS / tracking.CONVERTED
+    before = written.stat().st_mtime_ns
+    assert cli("tensorboard", tmp_path / "sweep", "--dry-run")[0] == 0
+    assert written.stat().st_mtime_ns == before  # metrics.jsonl unchanged: not rewritten
+
+
 def test_missing_tensorboard_names_the_extra(cli, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     code, text = cli(*_train_args(tmp_path / "run"))
@@ -153,7 +178,7 @@ def test_tensorboard_command_dry_run(cli, tmp_path):
         assert code == 0, text
     code, text = cli("tensorboard", tmp_path / "sweep", "--dry-run", "--port", "6007")
     assert code == 0, text
-    assert "2 of 2 runs have TensorBoard event files" in text
+    assert "2 of 2 runs shown\n" in text
     assert (f"-m tensorboard.main --logdir_spec a/seed=111:{tmp_path}/sweep/a/seed=111/"
             f"tensorboard,b/seed=111:{tmp_path}/sweep/b/seed=111/tensorboard --port 6007") in text
     code, text = cli("tensorboard", tmp_path / "nowhere")
