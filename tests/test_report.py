@@ -119,10 +119,10 @@ def test_the_claims_not_run_with_their_reasons(report):
 
 # Token accuracy of the quick demo's runs as measured (recipes/quick, claims/quick.toml):
 # K = 32 solved by both, K = 1,024 PE ahead on every seed.
-# PE ahead by 8.5 points at K = 1,024 with little spread: every quick claim passes Welch's
-# and Student's t at 3 seeds (perencode.stats), not only the paper's bootstrap.
-QUICK = {(32, "none"): (0.99, 0.985, 0.995), (32, "sinusoidal"): (0.995, 0.99, 1.0),
-         (1024, "none"): (0.17, 0.175, 0.18), (1024, "sinusoidal"): (0.25, 0.26, 0.27)}
+# PE ahead at K = 1,024 on every seed: every quick claim passes Welch's and Student's t at
+# 4 seeds (perencode.stats), not only the paper's bootstrap.
+QUICK = {(32, "none"): (0.99, 0.985, 0.995, 0.99), (32, "sinusoidal"): (0.995, 0.99, 1.0, 0.995),
+         (1024, "none"): (0.17, 0.175, 0.18, 0.17), (1024, "sinusoidal"): (0.22, 0.26, 0.3, 0.27)}
 
 
 def quick_runs(out):
@@ -133,7 +133,7 @@ def quick_runs(out):
     prepare(planned)
     for run in planned:
         recipe = run.cell.recipe
-        seed = (111, 222, 333).index(recipe.train.seed)
+        seed = (111, 222, 333, 444).index(recipe.train.seed)
         acc = QUICK[recipe.task.vocab_size, recipe.encoding.kind][seed]
         fake_run(run.dir.parent, run.dir.name, recipe=recipe, metrics={
             "token_accuracy": acc, "dl_distance": (1 - acc) * 6 * 0.9,
@@ -146,7 +146,7 @@ def test_report_through_the_cli(tmp_path, cli):
     code, output = cli("report", runs, "--claims", "quick", "--out", tmp_path / "figures")
     assert code == 0 and f"wrote {tmp_path / 'figures' / REPORT}" in output.replace("\n", "")
     page = (tmp_path / "figures" / REPORT).read_text()
-    assert "4 claims; 4 concern the 12 finished runs given: 4 pass, 0 fail, 0 inconclusive." \
+    assert "4 claims; 4 concern the 16 finished runs given: 4 pass, 0 fail, 0 inconclusive." \
         in page
     assert "Claims not run" not in page
     fig2 = sections(page)["fig02_reverse_vocabulary__nonpaper"]
@@ -156,8 +156,8 @@ def test_report_through_the_cli(tmp_path, cli):
     assert all(f"q{i}-" in fig2 for i in range(1, 5))
     # Not the paper's sizes, and said so beside the figure.
     assert "<dt>hidden_size</dt><dd>128</dd>" in fig2 and "<dt>length</dt><dd>6</dd>" in fig2
-    assert "<dt>iterations</dt><dd>2000, 4000</dd>" in fig2
-    assert ("Drawn together although train.iterations follows vocab_size (32: 2000; 1024: "
+    assert "<dt>iterations</dt><dd>1500, 4000</dd>" in fig2
+    assert ("Drawn together although train.iterations follows vocab_size (32: 1500; 1024: "
             "4000).") in fig2
 
 

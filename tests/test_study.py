@@ -427,9 +427,9 @@ def test_eval_every_rides_on_log_steps_and_its_cost_is_in_the_dry_run(tmp_path, 
     code, text = cli("sweep", ROOT / "recipes" / "quick" / "quickstart.toml", "--dry-run",
                      "--runs", tmp_path / "runs", "--device", "cpu", "--set",
                      "train.eval_every=500")
-    # 6 runs of 4,000 iterations (7 scorings before the last) and 6 of 2,000 (3), each a
+    # 8 runs of 4,000 iterations (7 scorings before the last) and 8 of 1,500 (2), each a
     # forward pass over 1,024 held-out sequences: 16 batches of 64, a third of an iteration.
-    assert code == 0 and "held-out scoring every 500 iterations (train.eval_every) in 12 " \
+    assert code == 0 and "held-out scoring every 500 iterations (train.eval_every) in 16 " \
         "run(s): " in flat(text)
     assert held_out_iterations(load_grid(ROOT / "recipes" / "quick" / "quickstart.toml",
                                          ["train.eval_every=500"]).cells[0].recipe) == \
