@@ -200,7 +200,8 @@ class TrainConfig(Section):
         "LSTM at K = 16,384 takes about 240 MB a checkpoint). Not part of the run's identity.")
     deterministic: bool = Field(
         True, description="cuDNN's deterministic mode (torch.backends.cudnn.deterministic) for "
-        "training, as the authors' training template sets it; no effect on the CPU.")
+        "training, as the authors' training template sets it; no effect on the CPU. Not part "
+        "of the run's identity (it picks kernels, not what they compute).")
 
     @field_validator("keep_checkpoints")
     @classmethod
@@ -266,9 +267,9 @@ class Recipe(Section):
 
 
 # Training fields that change nothing a run computes: its checkpoint retention and its
-# periodic held-out scores (training is bit-identical with or without them): outside its
-# identity.
-NOT_IDENTITY = ("keep_checkpoints", "eval_every")
+# periodic held-out scores (training is bit-identical with or without them), and which of
+# cuDNN's kernels compute it (train.deterministic): outside its identity.
+NOT_IDENTITY = ("keep_checkpoints", "eval_every", "deterministic")
 AUTHORS_PRECISION = "authors"  # train.precision's default: torch's TF32 defaults
 # Fields that change nothing a figure or a claim compares, never a reason to split a figure:
 # those outside the identity, the seed (runs of several seeds repeat one setting), how often

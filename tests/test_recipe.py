@@ -151,9 +151,10 @@ def test_the_bookkeeping_fields_have_one_home():
     assert {f"train.{name}" for name in NOT_IDENTITY} <= set(BOOKKEEPING)
     assert BOOKKEEPING == ("train.seed", "train.log_every", "train.checkpoint_every",
                            "train.eval_batch_size", "train.keep_checkpoints",
-                           "train.eval_every")
+                           "train.eval_every", "train.deterministic")
     assert COSTLESS_TRAIN_FIELDS == {"seed", "iterations", "checkpoint_every", "log_every",
-                                     "eval_batch_size", "keep_checkpoints", "eval_every"}
+                                     "eval_batch_size", "keep_checkpoints", "eval_every",
+                                     "deterministic"}
     assert identity({"description": "x", "task": {"name": "sort"},
                      "train": {"seed": 1, "keep_checkpoints": 3}}) == \
         {"task": {"name": "sort"}, "train": {"seed": 1}}

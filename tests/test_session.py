@@ -173,5 +173,9 @@ def test_train_deterministic_sets_cudnns_mode_for_the_session():
         assert torch.backends.cudnn.deterministic is True
         Session(tiny_recipe("train.deterministic=false"), CPU)
         assert torch.backends.cudnn.deterministic is False
+        # Recorded in recipe.toml; a run's identity (and a stored fingerprint) is the same
+        # with either: it picks kernels, not what they compute.
+        assert "deterministic = false" in tiny_recipe("train.deterministic=false").to_toml()
+        assert tiny_recipe().identity() == tiny_recipe("train.deterministic=false").identity()
     finally:
         torch.backends.cudnn.deterministic = before

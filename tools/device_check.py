@@ -290,14 +290,16 @@ class Check:
             return {"skipped": NO_GPU + " (make doctor runs its CPU rows)"}
         # The checkout's perencode in the child too, installed or not.
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-        done = subprocess.run([*environment.perencode_command(), "doctor", "--device",
-                               str(self.device), "--runs", str(self.out / "doctor-runs")],
-                              capture_output=True, text=True, timeout=max(1, self.left() - 5),
-                              env={**os.environ, "PYTHONPATH": path})
-        (self.out / "doctor.txt").write_text(done.stdout + done.stderr)
-        lines = done.stdout.strip().splitlines()
+        table = self.out / "doctor.txt"  # written as it goes: kept if the step runs out
+        with open(table, "w", encoding="utf-8") as f:
+            done = subprocess.run([*environment.perencode_command(), "doctor", "--device",
+                                   str(self.device), "--runs", str(self.out / "doctor-runs")],
+                                  stdout=f, stderr=subprocess.STDOUT, text=True,
+                                  timeout=max(1, self.left() - 5),
+                                  env={**os.environ, "PYTHONPATH": path, "COLUMNS": "200"})
+        lines = table.read_text(encoding="utf-8").strip().splitlines()
         return {"exit": done.returncode, "summary": lines[-1] if lines else "",
-                "failed": [line for line in lines if " FAIL " in line][:10]}
+                "failed": [line for line in lines if "FAIL" in line][:10]}
 
 
 def share_worker(start_at: float, duration: float) -> None:
