@@ -184,7 +184,6 @@ GPU_ALIASES = {"a100-80gb": "a100", "4090": "rtx4090", "h100-80gb": "h100"}
 # below its peak. These two numbers are the model's assumptions, not measurements;
 # REPRODUCE.md's cost section gives the floor at the peak rates beside them.
 EFFICIENCY = {"cudnn": 0.25, "matmul": 0.8}
-PRECISIONS = ("authors", "tf32")
 
 
 def gpu(name: str) -> GPU:

@@ -559,6 +559,11 @@ def _print(doc: dict[str, Any], executor: str, gpus: int, runs_per_gpu: int,
         f"rates, a floor: {_h(doc['gpu_hours_at_peak'])}. Recurrent layers "
         f"{doc['layer_eflop']:,.3g} EFLOP, heads {doc['head_eflop']:,.3g} EFLOP.",
         highlight=False, soft_wrap=True)
+    for entry in doc["grids"]:
+        if entry["memory_bytes"] > g["memory_gb"] * 1e9:
+            console.print(f"[yellow]warning:[/] {entry['grid']}: a run needs "
+                          f"{_gb(entry['memory_bytes'])}, more than the {g['memory_gb']:g} GB "
+                          f"of {g['name']}", highlight=False)
     for scored in doc["scored"]:
         console.print(f"language model: {scored} scored positions a sequence", highlight=False)
     console.print(f"train.precision = \"tf32\" (heads in TF32): {_h(doc['gpu_hours_tf32'])} "

@@ -321,3 +321,11 @@ def test_the_dry_run_names_the_plans_figures_and_the_executors_jobs(tmp_path):
     assert expected > 0
     assert "slurm: 50 job(s) in one array" in text and "20 min a job" in text
     assert f"({expected} requeue(s) expected" in text
+
+
+def test_a_run_larger_than_the_gpus_memory_is_named(cli):
+    code, text = cli("plan", ROOT / "recipes/paper/fig15_table1_lstm_wikitext103.toml",
+                     "--gpu", "rtx4090")
+    assert code == 0, text
+    assert "fig15_table1_lstm_wikitext103: a run needs 28.5 GB, more than the 24 GB" in \
+        " ".join(text.split())
