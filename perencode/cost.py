@@ -16,13 +16,14 @@ import math
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 
 from perencode import kinds
 from perencode.encoding import input_width
 from perencode.errors import UserError
+from perencode.grid import SlurmConfig
 from perencode.io import atomic_write_json
 from perencode.models import SequenceModel
 from perencode.preflight import meta_model, parameter_count
@@ -183,7 +184,6 @@ GPU_ALIASES = {"a100-80gb": "a100", "4090": "rtx4090", "h100-80gb": "h100"}
 # below its peak. These two numbers are the model's assumptions, not measurements;
 # REPRODUCE.md's cost section gives the floor at the peak rates beside them.
 EFFICIENCY = {"cudnn": 0.25, "matmul": 0.8}
-PRECISIONS = ("authors", "tf32")
 
 
 def gpu(name: str) -> GPU:
@@ -340,3 +340,33 @@ def seeds_needed(effect: float, groups: int = 2, most: int = 100) -> int | None:
         if detectable_effect(n, groups) <= effect:
             return n
     return None
+
+
+# --------------------------------------------------------------------------------------
+# Executors: wall time and SLURM jobs of runs of known hours (`plan`, `sweep --dry-run`)
+# --------------------------------------------------------------------------------------
+
+def local_wall_hours(hours: list[float], gpus: int, runs_per_gpu: int) -> float:
+    """Hours until the last run ends on `gpus` GPUs with `runs_per_gpu` runs sharing each:
+    runs sharing a GPU share its throughput (each takes that many times as long), so the
+    wall time is the device-hours over the GPUs, never below the longest run's time when
+    it shares its GPU."""
+    if not hours:
+        return 0.0
+    sharing = min(runs_per_gpu, math.ceil(len(hours) / gpus))
+    return max(sum(hours) / gpus, max(hours) * sharing)
+
+
+def slurm_jobs(hours: list[float], cfg: SlurmConfig) -> dict[str, Any]:
+    """One job per run (the sweep's job array): its size, GPUs and time limit, the runs
+    longer than the limit (requeued from their last checkpoint) and the requeues expected,
+    the GPU-hours charged, and the wall time with `array_parallelism` jobs at once."""
+    usable = cfg.time_min / 60 - cfg.signal_delay_s / 3600  # hours a job trains
+    requeues = [max(0, math.ceil(h / usable) - 1) for h in hours]
+    parallel = max(1, min(cfg.array_parallelism, len(hours)))
+    total = sum(hours)
+    return {"jobs": len(hours), "array_size": len(hours), "gpus_per_job": cfg.gpus_per_job,
+            "time_limit_min": cfg.time_min, "over_limit": sum(q > 0 for q in requeues),
+            "requeues": sum(requeues), "most_requeues": max(requeues, default=0),
+            "max_requeues": cfg.max_requeues, "gpu_hours_charged": total * cfg.gpus_per_job,
+            "wall_hours": max([total / parallel, *hours]) if hours else 0.0}

@@ -38,9 +38,11 @@ from perencode.cost import (
     Work,
     detectable_effect,
     gpu,
+    local_wall_hours,
     modelled_seconds,
     seeds_needed,
     shape_key,
+    slurm_jobs,
     work,
 )
 from perencode.errors import UserError
@@ -111,7 +113,7 @@ def grid_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-def choose_gpu(name: str | None, runs_root: Path) -> tuple[GPU, str]:
+def choose_gpu(name: str | None) -> tuple[GPU, str]:
     """The GPU the plan prices: --gpu's, else the one present; never this machine's CPU (a
     login node's CPU says nothing of a GPU sweep)."""
     if name is not None:
@@ -276,7 +278,6 @@ def observed_effects(claims: list[Claim], paths: list[Path]) -> dict[str, float]
 @dataclass
 class Budgeted:
     hours: float
-    seeds: int
     seeds_source: str
     chosen: dict[str, Run]                                  # run key -> run
     analyses: dict[str, set[str]]                           # run key -> analyses its claims read
@@ -343,8 +344,7 @@ def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFra
                 analyses.setdefault(key, set()).add(claim.table)
         spent += more
         decided.append(claim)
-    shown = seeds if seeds is not None else 0
-    return Budgeted(budget, shown, source, chosen, analyses, decided, left_out, spent,
+    return Budgeted(budget, source, chosen, analyses, decided, left_out, spent,
                     seeds_used)
 
 
@@ -417,31 +417,13 @@ def _unique(values: list) -> list:
 # --------------------------------------------------------------------------------------
 
 def local_wall(runs: list[Run], gpus: int, runs_per_gpu: int) -> float:
-    """Hours until the last run ends on `gpus` GPUs with `runs_per_gpu` runs sharing each:
-    runs sharing a GPU share its throughput (each takes that many times as long), so the
-    wall time is the device-hours over the GPUs, never below the longest run's time when
-    it shares its GPU."""
-    if not runs:
-        return 0.0
-    total = sum(r.hours for r in runs)
-    sharing = min(runs_per_gpu, math.ceil(len(runs) / gpus))
-    return max(total / gpus, max(r.hours for r in runs) * sharing)
+    """Hours until the last of `runs` ends on the local executor (cost.local_wall_hours)."""
+    return local_wall_hours([r.hours for r in runs], gpus, runs_per_gpu)
 
 
 def slurm_view(runs: list[Run], cfg: SlurmConfig) -> dict[str, Any]:
-    """One job per run (the sweep's job array): its size, GPUs and time limit, the runs
-    longer than the limit (requeued from their last checkpoint) and the requeues expected,
-    the GPU-hours charged, and the wall time with `array_parallelism` jobs at once."""
-    usable = cfg.time_min / 60 - cfg.signal_delay_s / 3600  # hours a job trains
-    requeues = [max(0, math.ceil(r.hours / usable) - 1) for r in runs]
-    parallel = max(1, min(cfg.array_parallelism, len(runs)))
-    total = sum(r.hours for r in runs)
-    return {"jobs": len(runs), "array_size": len(runs), "gpus_per_job": cfg.gpus_per_job,
-            "time_limit_min": cfg.time_min, "over_limit": sum(q > 0 for q in requeues),
-            "requeues": sum(requeues), "most_requeues": max(requeues, default=0),
-            "max_requeues": cfg.max_requeues,
-            "gpu_hours_charged": total * cfg.gpus_per_job,
-            "wall_hours": max([total / parallel, *(r.hours for r in runs)]) if runs else 0.0}
+    """The SLURM jobs of `runs` (cost.slurm_jobs)."""
+    return slurm_jobs([r.hours for r in runs], cfg)
 
 
 # --------------------------------------------------------------------------------------
@@ -472,7 +454,7 @@ def plan(paths: list[Path], gpu_name: str | None = None, claims: str | Path = de
     if seeds is not None and seeds < 2:
         raise UserError(f"--seeds {seeds}: expected at least 2 (a t test needs two per group)")
     grids = [load_grid(p) for p in grid_files(paths)]
-    device, device_source = choose_gpu(gpu_name, runs_root)
+    device, device_source = choose_gpu(gpu_name)
     sized: dict[str, tuple[Work, int]] = {}
     costs, unique = cost_runs(grids, device, runs_root, sized=sized)
     _, as_tf32 = cost_runs(grids, device, runs_root, precision="tf32", sized=sized)
@@ -577,6 +559,11 @@ def _print(doc: dict[str, Any], executor: str, gpus: int, runs_per_gpu: int,
         f"rates, a floor: {_h(doc['gpu_hours_at_peak'])}. Recurrent layers "
         f"{doc['layer_eflop']:,.3g} EFLOP, heads {doc['head_eflop']:,.3g} EFLOP.",
         highlight=False, soft_wrap=True)
+    for entry in doc["grids"]:
+        if entry["memory_bytes"] > g["memory_gb"] * 1e9:
+            console.print(f"[yellow]warning:[/] {entry['grid']}: a run needs "
+                          f"{_gb(entry['memory_bytes'])}, more than the {g['memory_gb']:g} GB "
+                          f"of {g['name']}", highlight=False)
     for scored in doc["scored"]:
         console.print(f"language model: {scored} scored positions a sequence", highlight=False)
     console.print(f"train.precision = \"tf32\" (heads in TF32): {_h(doc['gpu_hours_tf32'])} "

@@ -304,3 +304,28 @@ def test_a_measurement_on_that_gpu_replaces_the_model(tmp_path):
                                           / cost.flops_per_iteration(measured))
     _, on_h100 = cost_runs(grids, cost.gpu("h100"), tmp_path / "runs")
     assert all(r.measured == "" for r in on_h100.values())
+
+
+def test_the_dry_run_names_the_plans_figures_and_the_executors_jobs(tmp_path):
+    """`sweep --dry-run` keeps its per-grid view with the figure `plan` gives for the paper's
+    GPU, and the executor's line: SLURM jobs, limits and requeues."""
+    grid = ROOT / "recipes/paper/fig10_lstm_predecessor.toml"
+    code, text = run_cli("sweep", grid, "--runs", tmp_path / "runs", "--dry-run", "--executor",
+                         "slurm", "--time-min", "20")
+    assert code == 0, text
+    text = " ".join(text.split())
+    _, unique = cost_runs([load_grid(grid)], A100, tmp_path / "runs")
+    hours = sorted(r.hours for r in unique.values())
+    assert f"the paper's GPU: {sum(hours):.3g} h modelled" in text
+    expected = sum(max(0, math.ceil(h / (20 / 60 - 90 / 3600)) - 1) for h in hours)
+    assert expected > 0
+    assert "slurm: 50 job(s) in one array" in text and "20 min a job" in text
+    assert f"({expected} requeue(s) expected" in text
+
+
+def test_a_run_larger_than_the_gpus_memory_is_named(cli):
+    code, text = cli("plan", ROOT / "recipes/paper/fig15_table1_lstm_wikitext103.toml",
+                     "--gpu", "rtx4090")
+    assert code == 0, text
+    assert "fig15_table1_lstm_wikitext103: a run needs 28.5 GB, more than the 24 GB" in \
+        " ".join(text.split())

@@ -72,7 +72,7 @@ def run_sweep(grid: str | Path, out: str | Path = defaults.RUNS,
     if o.estimate:
         measure(planned, out, o.device, o.jobs, handed)
     if o.dry_run or o.estimate or o.explain:
-        print_plan(g, planned, out, o.device, o.jobs)
+        print_plan(g, planned, out, o.device, o.jobs, executor)
         if o.explain:
             print_origins(g)
         conflicts = [r for r in planned if r.state == RunState.CONFLICT]

@@ -34,6 +34,7 @@ from perencode.cost import (
 from perencode.device import available_cores, resolve_device
 from perencode.io import atomic_write_text
 from perencode.sweep.local import perencode_command, thread_env
+from perencode.sweep.options import Executor
 from perencode.sweep.plan import FINISHED, PlannedRun, RunState
 
 ESTIMATE_REPEATS = 3  # bench children a shape is timed in, the median cached
@@ -134,10 +135,12 @@ def _print_held_out(planned: list[PlannedRun], cache: Estimates, label: str, flo
                      if unknown else ""), highlight=False)
 
 
-def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: int) -> dict:
+def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: int,
+               executor: Executor) -> dict:
     """`sweep --dry-run`: the run table with each run's disk and device-hours, then the
-    totals. Instant: sizes are counted on the meta device, times come from the cache."""
-    dev, threads, label = _device(device, jobs)
+    totals and how `executor` would run them. Instant: sizes are counted on the meta device,
+    times come from the cache (else modelled for the paper's GPU)."""
+    _, _, label = _device(device, jobs)
     cache = Estimates(out)
     table = Table(title=f"{grid.path}: {len(planned)} runs -> {out / grid.name}")
     for col in ("run", "state", "to run", "disk", "device time"):
@@ -199,6 +202,9 @@ def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: in
                                              run.cell.recipe.train.precision
                                              ) * run.iterations / 3600
         totals["modelled_a100_hours"] = modelled
+        per_run = [modelled_seconds(works[shape_key(r.cell.recipe)], paper_gpu,
+                                    r.cell.recipe.train.precision) * r.iterations / 3600
+                   for r in planned if r.state != RunState.REUSE]
         console.print(f"device time on {label}: not measured yet (`--estimate` times "
                       f"{len(sizes)} shape(s), {ESTIMATE_REPEATS} x 3 iterations each, and "
                       f"caches the median in {cache.path}); on {paper_gpu.name}, the paper's GPU: "
@@ -206,6 +212,11 @@ def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: in
                       f"{grid.path} --gpu NAME`: another GPU, the SLURM jobs, the claims)",
                       highlight=False)
     else:
+        per_run = []
+        for run in planned:
+            seconds, _ = cache.seconds(label, run.cell.recipe)
+            if run.state != RunState.REUSE and seconds is not None:
+                per_run.append(run.iterations * seconds / 3600)
         notes = []
         if totals["extrapolated"]:
             notes.append(f"{totals['extrapolated']} run(s) extrapolated by FLOPs (~)")
@@ -217,4 +228,5 @@ def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: in
                       f"{jobs}){'; ' + '; '.join(notes) if notes else ''}. Analyses "
                       f"({', '.join(grid.sweep.after) or 'none'}) are not included.",
                       highlight=False)
+    console.print(executor.timing(per_run), highlight=False, soft_wrap=True)
     return totals

@@ -9,6 +9,7 @@ before its workers stop) is waited for, counted against --jobs, and then resumed
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from perencode import plugins, runs
+from perencode.cost import local_wall_hours
 from perencode.device import (
     RUNS_SHARING_ENV,
     available_cores,
@@ -88,6 +90,13 @@ class LocalExecutor:
         if not ready:
             return True
         return run_local(ready, board, self.jobs, self.runs_per_gpu, self.device, handed)
+
+    def timing(self, hours: list[float]) -> str:
+        gpus = max(1, math.ceil(self.jobs / self.runs_per_gpu))
+        wall = local_wall_hours(hours, gpus, self.runs_per_gpu)
+        return (f"local: {self.jobs} run(s) at once, {self.runs_per_gpu} a GPU: about "
+                f"{wall:,.3g} h wall-clock on {gpus} GPU(s) (runs sharing a GPU share its "
+                "throughput)")
 
     def stopped(self, planned: list[PlannedRun]) -> str | None:
         return interrupted_line(planned)

@@ -55,3 +55,8 @@ class Executor(Protocol):
     def stopped(self, planned: list[PlannedRun]) -> str | None:
         """The line that closes a stopped sweep (None: the executor has said it)."""
         ...
+
+    def timing(self, hours: list[float]) -> str:
+        """`--dry-run`'s line on how it would run runs of these device-hours: wall time,
+        jobs, time limits (perencode.cost.local_wall_hours, slurm_jobs)."""
+        ...

@@ -15,6 +15,7 @@ import submitit
 
 from perencode import runs
 from perencode.console import console
+from perencode.cost import slurm_jobs
 from perencode.errors import UserError
 from perencode.grid import Grid, SlurmConfig
 from perencode.sweep.board import Board
@@ -164,6 +165,15 @@ class SlurmExecutor:
         self.grid, self.out, self.options = grid, out, slurm
         self.device, self.wait = options.device, options.wait
         self.detaches = slurm.cluster == "slurm"  # submitit's local cluster ends with us
+
+    def timing(self, hours: list[float]) -> str:
+        jobs = slurm_jobs(hours, self.options)
+        return (f"slurm: {jobs['jobs']} job(s) in one array (one run each, at most "
+                f"{self.options.array_parallelism} at once), {jobs['gpus_per_job']} GPU(s) and "
+                f"{jobs['time_limit_min']} min a job; {jobs['over_limit']} run(s) exceed the "
+                f"limit and rely on requeue ({jobs['requeues']} requeue(s) expected, at most "
+                f"{jobs['most_requeues']} for one run; max_requeues {jobs['max_requeues']}); "
+                f"about {jobs['wall_hours']:,.3g} h wall-clock")
 
     def run(self, ready: list[PlannedRun], planned: list[PlannedRun], board: Board,
             handed: list[str]) -> bool:
