@@ -806,7 +806,9 @@ def crosscheck(
 
     Encodings, schedule, tasks and scoring, forward logits, Adam steps, gradient stability
     (REPRODUCE.md, "Check the implementation against the authors' code"). Exit 1 if a
-    check disagrees; another commit than 3e98213 is checked too, with a warning.
+    check disagrees, 3 if a central one (schedule, Adam, loop, chunked loss, resume) could
+    not run: pip install --no-deps timm==0.9.12; another commit than 3e98213 is checked
+    too, with a warning.
     """
     from perencode.crosscheck import run_crosscheck
 

@@ -373,10 +373,10 @@ def test_stability_weighting_is_seen(authors, monkeypatch):
     assert all(c.verdict == DISAGREE for c in stability.check_stability(authors))
 
 
-def test_stability_metric_against_spec_and_the_printed_eq_3_4_by_hand():
+def test_stability_metric_against_the_code_and_the_printed_eq_3_4_by_hand():
     """The stability metric has no counterpart to run in the authors' figures: a hand-worked
-    case pins what SPEC section 6 says the code computes, and shows Eq. 3-4 as printed
-    differ. Rows: J^A = [[3, 4], [0, 1]], J^B = [[4, 3], [0, 2]]:
+    case pins what docs/paper-facts.md#gradient-stability says the code computes, and shows
+    Eq. 3-4 as printed differ. Rows: J^A = [[3, 4], [0, 1]], J^B = [[4, 3], [0, 2]]:
     n^A = (5, 1), n^B = (5, 2); cos = (24/25, 1); w = (25, 2) / 27, so the weighted cosine
     is (25 * 24/25 + 2 * 1) / 27 = 26/27 and the plain mean 0.98. Eq. 4: alpha^A = (5, 1)/6,
     alpha^B = (5, 2)/7; Eq. 3: sum_i alpha^A_i alpha^B_i <J^A_i, J^B_i>
@@ -388,7 +388,7 @@ def test_stability_metric_against_spec_and_the_printed_eq_3_4_by_hand():
     assert float(metrics["weighted"]) == pytest.approx(26 / 27, abs=1e-15)
     assert float(metrics["mean"]) == pytest.approx(0.98, abs=1e-15)
     assert float(metrics["printed"]) == pytest.approx(604 / 42, abs=1e-12)
-    # Identical Jacobians: 1 as SPEC's weighted cosine, not 1 as printed
+    # Identical Jacobians: 1 as the weighted cosine, not 1 as printed
     # (alpha = (5, 1)/6: (25/36) 25 + (1/36) 1 = 626/36).
     same = our_stability.stability_metrics(A, A)
     assert float(same["weighted"]) == pytest.approx(1.0, abs=1e-15)

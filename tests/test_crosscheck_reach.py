@@ -172,3 +172,23 @@ def test_resume_agrees_and_a_resume_without_adam_state_disagrees(authors, monkey
     monkeypatch.setattr(session.Session, "load", forgetful)
     (check,) = resume.check_resume(authors)
     assert check.verdict == DISAGREE and "ours resumed vs uninterrupted" in check.reason
+
+
+@needs_authors
+def test_initialisation_tells_a_trained_table_from_a_buffer(authors, monkeypatch):
+    from perencode.crosscheck import init
+    checks = by_name(init.check_init(authors))
+    assert checks["initialisation: gru random"].verdict == AGREE
+    assert "trainable parameters by name" in checks["initialisation: gru random"].compared
+
+    def trained_random(enc):  # the random table a parameter: same values, but it trains
+        if enc.kind == "random":
+            table = enc.table
+            del enc.table
+            enc.table = torch.nn.Parameter(table)
+
+    _after_encoding_init(monkeypatch, trained_random)
+    checks = by_name(init.check_init(authors))
+    assert checks["initialisation: gru random"].verdict == DISAGREE
+    assert "ours only ['time_encoder.embeddings']" in checks["initialisation: gru random"].reason
+    assert checks["initialisation: gru learnable"].verdict == AGREE

@@ -73,6 +73,7 @@ def test_without_a_working_timm_the_crosscheck_is_incomplete(tmp_path, how):
     assert summary.startswith("INCOMPLETE: central checks not run: schedule, Adam "
                               "trajectory, training loop, chunked loss, resume ("), summary
     assert "pip install timm==0.9.12 --no-deps" in summary
+    assert "pip install 'perencode[crosscheck]'" in summary
     assert all(len(line) <= 80 for line in child.stdout.splitlines()[:-1]), child.stdout
     data = json.loads((out / "crosscheck.json").read_text())
     assert data["complete"] is False

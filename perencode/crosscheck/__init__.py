@@ -119,7 +119,7 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
     out = Path(out)
     _check_writable(out)
     if repo.note:
-        console.print(repo.note, highlight=False)
+        console.print(repo.note, highlight=False, markup=False)
     shape = training.SHAPES[train_shape]
     if margin is not None and not 0 < margin < 1:
         raise UserError(f"--margin {margin}: must be between 0 and 1 (token accuracy)")
@@ -178,7 +178,7 @@ def run_crosscheck(repo_path: str | Path, out: str | Path, train: bool = False,
                         f"({reason or exc})") from None
     # The summary: incompleteness first (it changes what "agree" means), then the counts.
     console.print(f"{incomplete + '; ' if incomplete else ''}{counts}; {wall:.0f} s; detail "
-                  f"in {out / 'crosscheck.md'}", highlight=False)
+                  f"in {out / 'crosscheck.md'}", highlight=False, markup=False)
     if failed:
         return 1
     if skipped == len(checks):

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from perencode.crosscheck.authors import Authors
-from perencode.crosscheck.models import ours, their_state_dict, theirs
+from perencode.crosscheck.models import ours, their_name, their_state_dict, theirs
 from perencode.crosscheck.report import AGREE, DISAGREE, Comparison
 
 SEEDS = (0, 1, 2, 3)
@@ -26,8 +26,15 @@ CASES = [(a, f) for a in ("gru", "lstm", "s4d") for f in ("none", "sinusoidal")]
 CASES += [("gru", "random"), ("gru", "learnable")]
 
 
-def _draws(authors: Authors, arch: str, form: str) -> tuple[dict, dict]:
-    """{their name: [tensor per seed]} of each side, ours renamed."""
+def trainable(model: torch.nn.Module, rename=lambda n: n) -> set[str]:
+    """The names of the parameters that take a gradient: named_parameters, not state_dict,
+    which cannot tell a trained table from a fixed buffer."""
+    return {rename(n) for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _draws(authors: Authors, arch: str, form: str) -> tuple[dict, dict, tuple]:
+    """{their name: [tensor per seed]} of each side, ours renamed; and the names of the
+    trainable parameters on each side (ours, theirs)."""
     mine: dict[str, list[Tensor]] = {}
     other: dict[str, list[Tensor]] = {}
     for seed in SEEDS:
@@ -35,11 +42,12 @@ def _draws(authors: Authors, arch: str, form: str) -> tuple[dict, dict]:
         model = ours(arch, form)
         torch.manual_seed(seed)
         target = theirs(authors, arch, form)
+        names = (trainable(model, their_name), trainable(target))
         for name, value in their_state_dict(model, target).items():
             mine.setdefault(name, []).append(value.detach().double().flatten())
         for name, value in target.state_dict().items():
             other.setdefault(name, []).append(value.detach().double().flatten())
-    return mine, other
+    return mine, other, names
 
 
 def ks_statistic(a: Tensor, b: Tensor) -> float:
@@ -76,7 +84,7 @@ def compare_tensor(a: Tensor, b: Tensor) -> list[str]:
 
 
 def check_case(authors: Authors, arch: str, form: str) -> Comparison:
-    mine, other = _draws(authors, arch, form)
+    mine, other, (ours_trained, theirs_trained) = _draws(authors, arch, form)
     wrong, exact = [], 0
     for name in sorted(set(mine) | set(other)):
         if name.endswith("time_encoder.frequencies"):
@@ -90,12 +98,16 @@ def check_case(authors: Authors, arch: str, form: str) -> Comparison:
         a, b = torch.cat(mine[name]), torch.cat(other[name])
         exact += torch.equal(a, b)
         wrong += [f"{name}: {w} (ours vs theirs)" for w in compare_tensor(a, b)]
+    if ours_trained != theirs_trained:
+        wrong.append(f"trainable parameters: ours only {sorted(ours_trained - theirs_trained)}"
+                     f", theirs only {sorted(theirs_trained - ours_trained)}")
     total = len([n for n in other if not n.endswith("time_encoder.frequencies")])
     check = Comparison(
-        f"initialisation: {arch} {form}", f"{total} parameters of fresh models (seeds "
+        f"initialisation: {arch} {form}", f"{total} tensors of fresh models (seeds "
         f"{', '.join(map(str, SEEDS))}): names, shapes, mean, std, min, max, KS; {exact} of "
-        f"{total} drawn identically", f"model.{'ssm.SSM' if arch == 's4d' else 'rnn.RNN'}"
-        ".__init__", {"fp32": 0.0, "fp64": 0.0},
+        f"{total} drawn identically; the {len(theirs_trained)} trainable parameters by name "
+        "(named_parameters: a fixed table is a buffer)",
+        f"model.{'ssm.SSM' if arch == 's4d' else 'rnn.RNN'}.__init__", {"fp32": 0.0, "fp64": 0.0},
         {"fp32": float(len(wrong)), "fp64": float(len(wrong))},
         unit="parameters whose initial distribution differs", verdict=AGREE)
     if wrong:

@@ -36,7 +36,7 @@ from perencode.crosscheck.tasks import Log
 from perencode.lm.data import Split
 from perencode.models.rnn import RecurrentModel
 from perencode.recipe import EncodingConfig
-from perencode.tasks.lm import LanguageModelTask, model_ids, shapes
+from perencode.tasks.lm import LanguageModelConfig, LanguageModelTask, model_ids, shapes
 
 NEEDS = ("torchtext", "torchdata")
 # SentencePiece pieces (with <unk>, <s>, </s> as ids 0, 1, 2), embedding and hidden sizes,
@@ -80,7 +80,6 @@ def _their_script(authors: Authors) -> tuple[types.ModuleType, str]:
 def _task(seed: int = 0) -> LanguageModelTask:
     """A LanguageModelTask over generated paragraphs (no prepared folder): SentencePiece ids
     with <unk> (0) inside some paragraphs, lengths 2..LENGTH + 1 tokens."""
-    from perencode.tasks.lm import LanguageModelConfig
     cfg = LanguageModelConfig.model_construct(name="lm", vocab_size=V, length=LENGTH,
                                               data="generated")
     task = LanguageModelTask.__new__(LanguageModelTask)
