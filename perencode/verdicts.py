@@ -711,8 +711,8 @@ def _explain(outcome: Outcome, pick: Scored, k: int, cells: str) -> Outcome:
         per = " per group" if len(pick.n) > 1 else ""
         said = (f"about {outcome.seeds_to_decide} runs{per} would decide it"
                 if outcome.seeds_to_decide else "no number of runs up to 1,000 would decide it")
-        said += (f" (power calculation: {POWER:.0%} power at alpha = {pick.test.alpha:.3g} "
-                 "if the observed difference and spread were the truth)")
+        said += (f" by a power calculation: {POWER:.0%} power at alpha = "
+                 f"{pick.test.alpha:.3g} if the observed difference and spread were the truth")
         outcome.note = f"{outcome.note}; {said}" if outcome.note else said
     elif pick.note == ONE_SEED:
         outcome.note = f"{ONE_SEED}; at least 2 runs per group are needed"

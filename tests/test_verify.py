@@ -320,7 +320,7 @@ def test_three_way_verdicts_through_the_cli(three_way_runs, tmp_path, cli):
     # Inconclusive: the runs that would decide it, stated as a power calculation.
     assert got["overlap"]["seeds_to_decide"] > 3
     assert (f"about {got['overlap']['seeds_to_decide']} runs per group would decide it "
-            "(power calculation") in got["overlap"]["note"]
+            "by a power calculation: 80% power at alpha = 0.025") in got["overlap"]["note"]
     assert "one run per group" in got["one-seed"]["note"]
     assert got["one-seed"]["value"] == pytest.approx(0.75)
     # Inconclusive claims come first in the report, in file order after them.
