@@ -693,6 +693,8 @@ def _explain(outcome: Outcome, pick: Scored, k: int, cells: str) -> Outcome:
         outcome.method = f"{pick.method}, n = {n}"
     elif pick.note == ONE_SEED:
         outcome.method = f"no test: one run per group (n = {n})"
+    elif pick.method == "none":  # e.g. lowest: no run at the expected value
+        outcome.method, outcome.p = f"no test: {pick.note}", math.nan
     else:
         parts = [pick.method, "one-sided", f"alpha = {pick.alpha:.3g}"]
         if pick.test is not None and pick.test.bounded and not pick.method.startswith("exact"):
@@ -709,10 +711,14 @@ def _explain(outcome: Outcome, pick: Scored, k: int, cells: str) -> Outcome:
     if not decided and pick.test is not None:
         outcome.seeds_to_decide = seeds_to_decide(pick.test, POWER)
         per = " per group" if len(pick.n) > 1 else ""
-        said = (f"about {outcome.seeds_to_decide} runs{per} would decide it"
-                if outcome.seeds_to_decide else "no number of runs up to 1,000 would decide it")
-        said += (f" by a power calculation: {POWER:.0%} power at alpha = "
+        power = (f" by a power calculation: {POWER:.0%} power at alpha = "
                  f"{pick.test.alpha:.3g} if the observed difference and spread were the truth")
+        if outcome.seeds_to_decide:
+            said = f"about {outcome.seeds_to_decide} runs{per} would decide it{power}"
+        elif pick.test.estimate == pick.test.threshold:
+            said = "the estimate equals the threshold: no number of runs decides it there"
+        else:
+            said = f"more than 1,000 runs{per} would decide it{power}"
         outcome.note = f"{outcome.note}; {said}" if outcome.note else said
     elif pick.note == ONE_SEED:
         outcome.note = f"{ONE_SEED}; at least 2 runs per group are needed"

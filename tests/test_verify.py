@@ -552,3 +552,16 @@ def test_a_crash_inside_a_claim_is_exit_2_not_the_code_of_a_fail(three_way_runs,
     code, output = cli("verify", three_way_runs, "--claims", write(
         tmp_path, DIFF.format(id="x", k=32, op=">")), "--out", tmp_path / "out")
     assert code == 2 and "claim x could not be evaluated (KeyError:" in output
+
+
+def test_an_estimate_on_the_threshold_is_undecidable_and_says_so(tmp_path):
+    for enc in ("sinusoidal", "none"):
+        for seed in (111, 222, 333):
+            fake_run(tmp_path / "runs", f"{enc}/{seed}", encoding=enc, seed=seed,
+                     metrics={"token_accuracy": 1.0, "dl_distance": 0.0})
+    (outcome,) = check_claims([tmp_path / "runs"], write(tmp_path, DIFF.format(
+        id="tie", k=32, op=">"))).outcomes
+    assert outcome.verdict == "inconclusive" and outcome.value == 0.0
+    assert outcome.method.startswith("exact permutation test, one-sided, alpha = 0.05")
+    assert outcome.note == "the estimate equals the threshold: no number of runs decides it " \
+                           "there"
