@@ -364,6 +364,7 @@ PASS, FAIL, INCONCLUSIVE, NOT_RUN = "pass", "fail", "inconclusive", "not run"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE, NOT_RUN)
 ONE_SEED = "one run per group: no spread to test with, so no verdict"
 POWER = 0.8  # of the seeds-to-decide calculation
+NO_TEST = "no test"  # a cell's method where nothing could be tested
 
 
 def three_way(holds, low: float, high: float) -> str:
@@ -573,7 +574,7 @@ def _observed(claim: Claim, cell: tuple, value: float, holds: bool, n: tuple[int
 
 def _one_seed(claim: Claim, cell: tuple, value: float, n: tuple[int, ...], margin: float,
               groups: tuple[np.ndarray, ...]) -> Scored:
-    return Scored(cell, value, math.nan, math.nan, 1.0, 1.0, _alpha(claim), "none", n,
+    return Scored(cell, value, math.nan, math.nan, 1.0, 1.0, _alpha(claim), NO_TEST, n,
                   margin, groups, note=ONE_SEED)
 
 
@@ -693,7 +694,7 @@ def _explain(outcome: Outcome, pick: Scored, k: int, cells: str) -> Outcome:
         outcome.method = f"{pick.method}, n = {n}"
     elif pick.note == ONE_SEED:
         outcome.method = f"no test: one run per group (n = {n})"
-    elif pick.method == "none":  # e.g. lowest: no run at the expected value
+    elif pick.method == NO_TEST:  # e.g. lowest: no run at the expected value
         outcome.method, outcome.p = f"no test: {pick.note}", math.nan
     else:
         parts = [pick.method, "one-sided", f"alpha = {pick.alpha:.3g}"]
@@ -809,7 +810,7 @@ def _lowest(claim: Claim, cell: tuple, series: dict, bounded: bool) -> Scored:
     others = [k for k in series if k != expected]
     runs = tuple(len(series[k]) for k in series)
     if expected is None or not others:
-        return Scored(cell, math.nan, math.nan, math.nan, 1.0, 0.0, _alpha(claim), "none",
+        return Scored(cell, math.nan, math.nan, math.nan, 1.0, 0.0, _alpha(claim), NO_TEST,
                       runs, -math.inf, note=f"no run at {claim.along} = {claim.expect}")
     nearest = min(others, key=lambda k: float(stat(series[k])))
     gap = float(stat(series[nearest]) - stat(series[expected]))
