@@ -14,15 +14,19 @@ and table columns), the metric, the cells it holds in (`by`, `cells`) and a test
     approx       |statistic - value| <= tolerance (the paper's numbers, Table 1)
 
 The statistic is taken over runs (one value per run: the mean of its matching rows, weighted
-by `n` where the table has it), i.e. over seeds; the reproduced value comes with its 95%
-percentile-bootstrap CI (10,000 resamples). Verdicts account for the seeds (`three_way`):
-pass when the CI lies entirely on the claimed side of the threshold, fail when it lies
-entirely on the other side, inconclusive when it straddles it or a group has one run (no
-CI); not run when no run matches, with the reason: the claim's filters that the runs nearest
-to matching fail and the values they have there ("need model.hidden_size = 512, the
-nearest runs have 32"), or the field that varies within one of the claim's groups though
-the claim does not name it (runs of different settings would be pooled). Only a fail makes
-`perencode verify` exit 1.
+by `n` where the table has it), i.e. over seeds. A verdict on a mean is a one-sided test at
+the claim's level (perencode.stats: Student's t against a threshold, Welch's t for a
+difference or a trend, exact tests for constant cells, a conservative rule for metrics in
+[0, 1]; docs/claims.md#statistics): pass when the test of the claim rejects its negation,
+fail when the test of the opposite rejects the claim, inconclusive otherwise or when a group
+has one run, with the runs per group that would decide it (a power calculation). Each
+verdict names its method, runs per group, alpha and p, with the paper's percentile-bootstrap
+CI beside it for comparison only. Not run when no run matches, with the reason: the claim's
+filters that the runs nearest to matching fail and the values they have there ("need
+model.hidden_size = 512, the nearest runs have 32"), or the field that varies within one of
+the claim's groups though the claim does not name it (runs of different settings would be
+pooled). A column the claim names that its table lacks, or text given for a column of
+numbers, is a usage error (exit 2). Only a fail makes `perencode verify` exit 1.
 """
 
 from __future__ import annotations
