@@ -48,7 +48,7 @@ from perencode.naming import short_key
 from perencode.recipe import BOOKKEEPING, read_toml
 from perencode.results import Results, collect
 from perencode.stats import (
-    Test,
+    HypothesisTest,
     bootstrap_ci,
     bootstrap_diff_ci,
     difference_test,
@@ -232,7 +232,9 @@ def _did_you_mean(name: str, columns) -> str:
 
 
 def per_run(df: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFrame:
-    """One value per run and cell: the mean of its rows (weighted by `n` if present)."""
+    """One value per run and cell: the mean of its rows (weighted by `n` if present). Rows
+    without a value are left out (a sum over none of them would read as 0)."""
+    df = df[pd.to_numeric(df[metric], errors="coerce").notna()]
     weights = df["n"] if "n" in df.columns else pd.Series(1.0, index=df.index)
     work = df.assign(_w=weights.astype(float), _wm=df[metric].astype(float) * weights)
     out = work.groupby(["run", *keys], dropna=False, as_index=False)[["_w", "_wm"]].sum()
@@ -240,11 +242,15 @@ def per_run(df: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFrame:
 
 
 def _cells(df: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, np.ndarray]]:
-    """(cell key, per-run values) sorted by key."""
+    """(cell key, per-run values) sorted by key; a run without a value (NaN) is left out, and
+    a cell left without runs."""
     if not keys:
-        return [((), df["value"].to_numpy())]
+        values = df["value"].dropna().to_numpy()
+        return [((), values)] if len(values) else []
     groups = df.groupby(keys, dropna=False, sort=True)
-    return [(k if isinstance(k, tuple) else (k,), g["value"].to_numpy()) for k, g in groups]
+    cells = [(k if isinstance(k, tuple) else (k,), g["value"].dropna().to_numpy())
+             for k, g in groups]
+    return [(k, v) for k, v in cells if len(v)]
 
 
 def _groups(df: pd.DataFrame, claim: Claim, source: str) -> tuple[pd.DataFrame, list[str]]:
@@ -400,7 +406,7 @@ class Scored(NamedTuple):
     n: tuple[int, ...]    # runs per group
     margin: float         # how far inside (+) or outside (-) the claim the estimate lies
     groups: tuple[np.ndarray, ...] = ()  # the per-run values tested (a, b) or (values,)
-    test: Test | None = None  # the t-test (or exact test) whose power an inconclusive needs
+    test: HypothesisTest | None = None  # the test an inconclusive's power calculation uses
     note: str = ""
 
     @property
@@ -542,7 +548,8 @@ def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcom
             scored = [(_near if claim.test == "approx" else _threshold)(claim, cell, vals,
                                                                         bounded)
                       for cell, vals in _cells(values, claim.by)]
-            outcome = _verdict(claim, scored)
+            outcome = _verdict(claim, scored) if scored else Outcome(
+                claim, NOT_RUN, note=f"no matching run has a value of {claim.metric}")
     if outcome.verdict != NOT_RUN:  # a difference rests on its groups' runs alone
         outcome.runs = sorted(set(_groups(rows, claim, source)[0]["run"]))
     return _count_diverged(outcome, results)
@@ -582,7 +589,8 @@ def _one_seed(claim: Claim, cell: tuple, value: float, n: tuple[int, ...], margi
                   margin, groups, note=ONE_SEED)
 
 
-def _from_test(claim: Claim, cell: tuple, test: Test, groups: tuple[np.ndarray, ...]) -> Scored:
+def _from_test(claim: Claim, cell: tuple, test: HypothesisTest,
+               groups: tuple[np.ndarray, ...]) -> Scored:
     """A cell decided by a test of `quantity OP value`."""
     up = claim.op in (">", ">=")
     p_pass, p_fail = (test.p_above, test.p_below) if up else (test.p_below, test.p_above)

@@ -565,3 +565,19 @@ def test_an_estimate_on_the_threshold_is_undecidable_and_says_so(tmp_path):
     assert outcome.method.startswith("exact permutation test, one-sided, alpha = 0.05")
     assert outcome.note == "the estimate equals the threshold: no number of runs decides it " \
                            "there"
+
+
+def test_runs_without_a_value_are_left_out_of_the_test(tmp_path):
+    """A run whose eval.json lacks the metric has no value (NaN): the test rests on the
+    others; a claim none of whose runs has a value is not run, and says so."""
+    for seed, metrics in ((111, {"token_accuracy": 0.99}), (222, {"token_accuracy": 0.995}),
+                          (333, {"token_accuracy": 0.985}), (444, {"dl_distance": 1.0})):
+        fake_run(tmp_path / "runs", f"r{seed}", seed=seed, metrics=metrics)
+    claim = ('[[claim]]\nid = "x"\nstatement = "above 95%"\nmetric = "{}"\n'
+             'test = "threshold"\nvalue = 0.95\nwhere = {{ "task.vocab_size" = 32 }}\n')
+    (outcome,) = check_claims([tmp_path / "runs"], write(tmp_path, claim.format(
+        "token_accuracy"))).outcomes
+    assert outcome.verdict == "pass" and outcome.n == [3]
+    (outcome,) = check_claims([tmp_path / "runs"], write(tmp_path, claim.format(
+        "dl_distance"))).outcomes
+    assert outcome.verdict == "inconclusive" and outcome.n == [1]
