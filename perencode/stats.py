@@ -133,7 +133,7 @@ def t_quantile(q: float, df: float) -> float:
 
 
 @dataclass(frozen=True)
-class Test:
+class HypothesisTest:
     """One test of a quantity (a mean, or a difference of two groups' means) against a
     threshold: p-values for either side and the one-sided bounds at the level used."""
     method: str           # "Student t", "Welch t", "exact sign test", "exact permutation test"
@@ -195,7 +195,7 @@ def difference_p_values(a: np.ndarray, b: np.ndarray, threshold: float = 0.0
 
 
 def mean_test(values: Values, threshold: float, alpha: float = 0.05,
-              bounded: bool = False) -> Test:
+              bounded: bool = False) -> HypothesisTest:
     """Student's one-sample t-test of mean(values) against `threshold`, one-sided both ways.
 
     Bounded metrics (every value in [0, 1]: accuracies) are skewed near their bounds, which
@@ -209,8 +209,8 @@ def mean_test(values: Values, threshold: float, alpha: float = 0.05,
     s = float(x.std(ddof=1))
     p_above, p_below, exact = (float(v[0]) for v in mean_p_values(x[None], threshold, bounded))
     if exact:
-        return Test("exact sign test", m, threshold, m, m, p_above, p_below, (n,), alpha,
-                    (0.0,), bounded)
+        return HypothesisTest("exact sign test", m, threshold, m, m, p_above, p_below, (n,),
+                              alpha, (0.0,), bounded)
     used = alpha / 2 if bounded else alpha
     se = s * math.sqrt(float(_bounded_scale(np.array([m]), threshold)[0]) if bounded
                        else 1.0) / math.sqrt(n)
@@ -218,8 +218,8 @@ def mean_test(values: Values, threshold: float, alpha: float = 0.05,
     low, high = m - margin, m + margin
     if bounded:  # a mean of values in [0, 1] lies there too
         low, high = max(low, 0.0), min(high, 1.0)
-    return Test("Student t", m, threshold, low, high, p_above, p_below, (n,), used, (s,),
-                bounded)
+    return HypothesisTest("Student t", m, threshold, low, high, p_above, p_below, (n,), used,
+                          (s,), bounded)
 
 
 def welch_df(var_a: float, n_a: int, var_b: float, n_b: int) -> float:
@@ -229,7 +229,7 @@ def welch_df(var_a: float, n_a: int, var_b: float, n_b: int) -> float:
 
 
 def difference_test(a: Values, b: Values, threshold: float = 0.0, alpha: float = 0.05,
-                    bounded: bool = False) -> Test:
+                    bounded: bool = False) -> HypothesisTest:
     """Welch's t-test of mean(a) - mean(b) against `threshold`, one-sided both ways (alpha
     halved for bounded metrics: the skew of a group near its bound, measured up to 7.5% at
     5% for beta-distributed accuracies). Both groups constant: the exact permutation test
@@ -242,19 +242,20 @@ def difference_test(a: Values, b: Values, threshold: float = 0.0, alpha: float =
     p_above, p_below, exact = (float(v[0]) for v in
                                difference_p_values(xa[None], xb[None], threshold))
     if exact:
-        return Test("exact permutation test", d, threshold, d, d, p_above, p_below,
-                    (na, nb), alpha, (0.0, 0.0), bounded)
+        return HypothesisTest("exact permutation test", d, threshold, d, d, p_above,
+                              p_below, (na, nb), alpha, (0.0, 0.0), bounded)
     used = alpha / 2 if bounded else alpha
     se = math.sqrt(sa * sa / na + sb * sb / nb)
     margin = t_quantile(1 - used, welch_df(sa * sa, na, sb * sb, nb)) * se
     low, high = d - margin, d + margin
     if bounded:  # a difference of two means in [0, 1] lies in [-1, 1]
         low, high = max(low, -1.0), min(high, 1.0)
-    return Test("Welch t", d, threshold, low, high, p_above, p_below, (na, nb), used,
-                (sa, sb), bounded)
+    return HypothesisTest("Welch t", d, threshold, low, high, p_above, p_below, (na, nb),
+                          used, (sa, sb), bounded)
 
 
-def seeds_to_decide(test: Test, power: float = 0.8, most: int = 1000) -> int | None:
+def seeds_to_decide(test: HypothesisTest, power: float = 0.8,
+                    most: int = 1000) -> int | None:
     """Runs per group that would decide the test (reject on the side its estimate lies)
     with probability `power` if the observed difference from the threshold and the observed
     spread were the truth: the smallest n with |estimate - threshold| / se(n) >=

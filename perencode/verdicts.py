@@ -14,15 +14,19 @@ and table columns), the metric, the cells it holds in (`by`, `cells`) and a test
     approx       |statistic - value| <= tolerance (the paper's numbers, Table 1)
 
 The statistic is taken over runs (one value per run: the mean of its matching rows, weighted
-by `n` where the table has it), i.e. over seeds; the reproduced value comes with its 95%
-percentile-bootstrap CI (10,000 resamples). Verdicts account for the seeds (`three_way`):
-pass when the CI lies entirely on the claimed side of the threshold, fail when it lies
-entirely on the other side, inconclusive when it straddles it or a group has one run (no
-CI); not run when no run matches, with the reason: the claim's filters that the runs nearest
-to matching fail and the values they have there ("need model.hidden_size = 512, the
-nearest runs have 32"), or the field that varies within one of the claim's groups though
-the claim does not name it (runs of different settings would be pooled). Only a fail makes
-`perencode verify` exit 1.
+by `n` where the table has it), i.e. over seeds. A verdict on a mean is a one-sided test at
+the claim's level (perencode.stats: Student's t against a threshold, Welch's t for a
+difference or a trend, exact tests for constant cells, a conservative rule for metrics in
+[0, 1]; docs/claims.md#statistics): pass when the test of the claim rejects its negation,
+fail when the test of the opposite rejects the claim, inconclusive otherwise or when a group
+has one run, with the runs per group that would decide it (a power calculation). Each
+verdict names its method, runs per group, alpha and p, with the paper's percentile-bootstrap
+CI beside it for comparison only. Not run when no run matches, with the reason: the claim's
+filters that the runs nearest to matching fail and the values they have there ("need
+model.hidden_size = 512, the nearest runs have 32"), or the field that varies within one of
+the claim's groups though the claim does not name it (runs of different settings would be
+pooled). A column the claim names that its table lacks, or text given for a column of
+numbers, is a usage error (exit 2). Only a fail makes `perencode verify` exit 1.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from perencode.naming import short_key
 from perencode.recipe import BOOKKEEPING, read_toml
 from perencode.results import Results, collect
 from perencode.stats import (
-    Test,
+    HypothesisTest,
     bootstrap_ci,
     bootstrap_diff_ci,
     difference_test,
@@ -229,7 +233,9 @@ def _did_you_mean(name: str, columns) -> str:
 
 
 def per_run(df: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFrame:
-    """One value per run and cell: the mean of its rows (weighted by `n` if present)."""
+    """One value per run and cell: the mean of its rows (weighted by `n` if present). Rows
+    without a value are left out (a sum over none of them would read as 0)."""
+    df = df[pd.to_numeric(df[metric], errors="coerce").notna()]
     weights = df["n"] if "n" in df.columns else pd.Series(1.0, index=df.index)
     work = df.assign(_w=weights.astype(float), _wm=df[metric].astype(float) * weights)
     out = work.groupby(["run", *keys], dropna=False, as_index=False)[["_w", "_wm"]].sum()
@@ -237,11 +243,15 @@ def per_run(df: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFrame:
 
 
 def _cells(df: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, np.ndarray]]:
-    """(cell key, per-run values) sorted by key."""
+    """(cell key, per-run values) sorted by key; a run without a value (NaN) is left out, and
+    a cell left without runs."""
     if not keys:
-        return [((), df["value"].to_numpy())]
+        values = df["value"].dropna().to_numpy()
+        return [((), values)] if len(values) else []
     groups = df.groupby(keys, dropna=False, sort=True)
-    return [(k if isinstance(k, tuple) else (k,), g["value"].to_numpy()) for k, g in groups]
+    cells = [(k if isinstance(k, tuple) else (k,), g["value"].dropna().to_numpy())
+             for k, g in groups]
+    return [(k, v) for k, v in cells if len(v)]
 
 
 def _groups(df: pd.DataFrame, claim: Claim, source: str) -> tuple[pd.DataFrame, list[str]]:
@@ -365,6 +375,7 @@ PASS, FAIL, INCONCLUSIVE, NOT_RUN = "pass", "fail", "inconclusive", "not run"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE, NOT_RUN)
 ONE_SEED = "one run per group: no spread to test with, so no verdict"
 POWER = 0.8  # of the seeds-to-decide calculation
+NO_TEST = "no test"  # a cell's method where nothing could be tested
 
 
 def three_way(holds, low: float, high: float) -> str:
@@ -396,7 +407,7 @@ class Scored(NamedTuple):
     n: tuple[int, ...]    # runs per group
     margin: float         # how far inside (+) or outside (-) the claim the estimate lies
     groups: tuple[np.ndarray, ...] = ()  # the per-run values tested (a, b) or (values,)
-    test: Test | None = None  # the t-test (or exact test) whose power an inconclusive needs
+    test: HypothesisTest | None = None  # the test an inconclusive's power calculation uses
     note: str = ""
 
     @property
@@ -538,7 +549,8 @@ def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcom
             scored = [(_near if claim.test == "approx" else _threshold)(claim, cell, vals,
                                                                         bounded)
                       for cell, vals in _cells(values, claim.by)]
-            outcome = _verdict(claim, scored)
+            outcome = _verdict(claim, scored) if scored else Outcome(
+                claim, NOT_RUN, note=f"no matching run has a value of {claim.metric}")
     if outcome.verdict != NOT_RUN:  # a difference rests on its groups' runs alone
         outcome.runs = sorted(set(_groups(rows, claim, source)[0]["run"]))
     return _count_diverged(outcome, results)
@@ -574,11 +586,12 @@ def _observed(claim: Claim, cell: tuple, value: float, holds: bool, n: tuple[int
 
 def _one_seed(claim: Claim, cell: tuple, value: float, n: tuple[int, ...], margin: float,
               groups: tuple[np.ndarray, ...]) -> Scored:
-    return Scored(cell, value, math.nan, math.nan, 1.0, 1.0, _alpha(claim), "none", n,
+    return Scored(cell, value, math.nan, math.nan, 1.0, 1.0, _alpha(claim), NO_TEST, n,
                   margin, groups, note=ONE_SEED)
 
 
-def _from_test(claim: Claim, cell: tuple, test: Test, groups: tuple[np.ndarray, ...]) -> Scored:
+def _from_test(claim: Claim, cell: tuple, test: HypothesisTest,
+               groups: tuple[np.ndarray, ...]) -> Scored:
     """A cell decided by a test of `quantity OP value`."""
     up = claim.op in (">", ">=")
     p_pass, p_fail = (test.p_above, test.p_below) if up else (test.p_below, test.p_above)
@@ -694,6 +707,8 @@ def _explain(outcome: Outcome, pick: Scored, k: int, cells: str) -> Outcome:
         outcome.method = f"{pick.method}, n = {n}"
     elif pick.note == ONE_SEED:
         outcome.method = f"no test: one run per group (n = {n})"
+    elif pick.method == NO_TEST:  # e.g. lowest: no run at the expected value
+        outcome.method, outcome.p = f"no test: {pick.note}", math.nan
     else:
         parts = [pick.method, "one-sided", f"alpha = {pick.alpha:.3g}"]
         if pick.test is not None and pick.test.bounded and not pick.method.startswith("exact"):
@@ -710,10 +725,14 @@ def _explain(outcome: Outcome, pick: Scored, k: int, cells: str) -> Outcome:
     if not decided and pick.test is not None:
         outcome.seeds_to_decide = seeds_to_decide(pick.test, POWER)
         per = " per group" if len(pick.n) > 1 else ""
-        said = (f"about {outcome.seeds_to_decide} runs{per} would decide it"
-                if outcome.seeds_to_decide else "no number of runs up to 1,000 would decide it")
-        said += (f" (power calculation: {POWER:.0%} power at alpha = {pick.test.alpha:.3g} "
-                 "if the observed difference and spread were the truth)")
+        power = (f" by a power calculation: {POWER:.0%} power at alpha = "
+                 f"{pick.test.alpha:.3g} if the observed difference and spread were the truth")
+        if outcome.seeds_to_decide:
+            said = f"about {outcome.seeds_to_decide} runs{per} would decide it{power}"
+        elif pick.test.estimate == pick.test.threshold:
+            said = "the estimate equals the threshold: no number of runs decides it there"
+        else:
+            said = f"more than 1,000 runs{per} would decide it{power}"
         outcome.note = f"{outcome.note}; {said}" if outcome.note else said
     elif pick.note == ONE_SEED:
         outcome.note = f"{ONE_SEED}; at least 2 runs per group are needed"
@@ -804,7 +823,7 @@ def _lowest(claim: Claim, cell: tuple, series: dict, bounded: bool) -> Scored:
     others = [k for k in series if k != expected]
     runs = tuple(len(series[k]) for k in series)
     if expected is None or not others:
-        return Scored(cell, math.nan, math.nan, math.nan, 1.0, 0.0, _alpha(claim), "none",
+        return Scored(cell, math.nan, math.nan, math.nan, 1.0, 0.0, _alpha(claim), NO_TEST,
                       runs, -math.inf, note=f"no run at {claim.along} = {claim.expect}")
     nearest = min(others, key=lambda k: float(stat(series[k])))
     gap = float(stat(series[nearest]) - stat(series[expected]))

@@ -320,7 +320,7 @@ def test_three_way_verdicts_through_the_cli(three_way_runs, tmp_path, cli):
     # Inconclusive: the runs that would decide it, stated as a power calculation.
     assert got["overlap"]["seeds_to_decide"] > 3
     assert (f"about {got['overlap']['seeds_to_decide']} runs per group would decide it "
-            "(power calculation") in got["overlap"]["note"]
+            "by a power calculation: 80% power at alpha = 0.025") in got["overlap"]["note"]
     assert "one run per group" in got["one-seed"]["note"]
     assert got["one-seed"]["value"] == pytest.approx(0.75)
     # Inconclusive claims come first in the report, in file order after them.
@@ -552,3 +552,32 @@ def test_a_crash_inside_a_claim_is_exit_2_not_the_code_of_a_fail(three_way_runs,
     code, output = cli("verify", three_way_runs, "--claims", write(
         tmp_path, DIFF.format(id="x", k=32, op=">")), "--out", tmp_path / "out")
     assert code == 2 and "claim x could not be evaluated (KeyError:" in output
+
+
+def test_an_estimate_on_the_threshold_is_undecidable_and_says_so(tmp_path):
+    for enc in ("sinusoidal", "none"):
+        for seed in (111, 222, 333):
+            fake_run(tmp_path / "runs", f"{enc}/{seed}", encoding=enc, seed=seed,
+                     metrics={"token_accuracy": 1.0, "dl_distance": 0.0})
+    (outcome,) = check_claims([tmp_path / "runs"], write(tmp_path, DIFF.format(
+        id="tie", k=32, op=">"))).outcomes
+    assert outcome.verdict == "inconclusive" and outcome.value == 0.0
+    assert outcome.method.startswith("exact permutation test, one-sided, alpha = 0.05")
+    assert outcome.note == "the estimate equals the threshold: no number of runs decides it " \
+                           "there"
+
+
+def test_runs_without_a_value_are_left_out_of_the_test(tmp_path):
+    """A run whose eval.json lacks the metric has no value (NaN): the test rests on the
+    others; a claim none of whose runs has a value is not run, and says so."""
+    for seed, metrics in ((111, {"token_accuracy": 0.99}), (222, {"token_accuracy": 0.995}),
+                          (333, {"token_accuracy": 0.985}), (444, {"dl_distance": 1.0})):
+        fake_run(tmp_path / "runs", f"r{seed}", seed=seed, metrics=metrics)
+    claim = ('[[claim]]\nid = "x"\nstatement = "above 95%"\nmetric = "{}"\n'
+             'test = "threshold"\nvalue = 0.95\nwhere = {{ "task.vocab_size" = 32 }}\n')
+    (outcome,) = check_claims([tmp_path / "runs"], write(tmp_path, claim.format(
+        "token_accuracy"))).outcomes
+    assert outcome.verdict == "pass" and outcome.n == [3]
+    (outcome,) = check_claims([tmp_path / "runs"], write(tmp_path, claim.format(
+        "dl_distance"))).outcomes
+    assert outcome.verdict == "inconclusive" and outcome.n == [1]
