@@ -28,6 +28,7 @@ from perencode.io import atomic_write_json
 from perencode.models import SequenceModel
 from perencode.preflight import meta_model, parameter_count
 from perencode.recipe import BOOKKEEPING, Recipe
+from perencode.stats import t_quantile
 from perencode.tasks import shapes
 
 # Training fields that do not change what one iteration costs: the bookkeeping (recipe.py),
@@ -269,56 +270,6 @@ PEAK = {"cudnn": 1.0, "matmul": 1.0}
 # --------------------------------------------------------------------------------------
 
 LEVEL, POWER = 0.95, 0.80
-
-
-def _beta_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularised incomplete beta function (modified Lentz;
-    Numerical Recipes, section 6.4)."""
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _incomplete_beta(a: float, b: float, x: float) -> float:
-    if x <= 0.0 or x >= 1.0:
-        return 0.0 if x <= 0.0 else 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                     + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1) / (a + b + 2):
-        return front * _beta_fraction(a, b, x) / a
-    return 1.0 - front * _beta_fraction(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with `df` degrees of freedom."""
-    tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The t with t_cdf(t, df) = p (bisection: monotone, 1e-10 close)."""
-    low, high = -1e4, 1e4
-    for _ in range(200):
-        mid = (low + high) / 2
-        if t_cdf(mid, df) < p:
-            low = mid
-        else:
-            high = mid
-        if high - low < 1e-10:
-            break
-    return (low + high) / 2
 
 
 def detectable_effect(n: int, groups: int = 2) -> float:

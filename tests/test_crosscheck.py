@@ -96,7 +96,6 @@ def test_welch_known_answers():  # Welch's p-value beside TOST in --train's row
     assert df == pytest.approx(4.0) and p == pytest.approx(1.648308899e-05, rel=1e-6)
     assert training.welch([1.0, 1.0], [1.0, 1.0])[2] == 1.0
     assert training.welch([1.0, 1.0], [0.5, 0.5])[2] == 0.0
-    assert training.betainc(2.0, 3.0, 0.4) == pytest.approx(0.5248, rel=1e-12)
 
 
 # -- the report and exit codes (stand-in groups: no repository needed beyond its files) ---

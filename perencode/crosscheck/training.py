@@ -31,6 +31,7 @@ from perencode.crosscheck.tasks import Log
 from perencode.progress import Reporter
 from perencode.recipe import OptimConfig, Recipe
 from perencode.session import Session
+from perencode.stats import t_quantile, t_sf
 
 ALPHA = 0.05  # both one-sided tests of TOST, and Welch's test for "different"
 POWER = 0.8  # the power the seeds needed are computed for (true difference 0)
@@ -69,38 +70,6 @@ SHAPES = {
 }
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                     + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
 def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """Welch's two-sample t-test: (t, degrees of freedom, two-sided p)."""
     na, nb = len(a), len(b)
@@ -112,24 +81,12 @@ def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
         return (0.0, math.inf, 1.0) if ma == mb else (math.inf, math.inf, 0.0)
     t = (ma - mb) / math.sqrt(se2)
     df = se2 ** 2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
-    return t, df, betainc(df / 2.0, 0.5, df / (df + t * t))
+    return t, df, 2.0 * float(t_sf(abs(t), df))
 
 
 def t_cdf(t: float, df: float) -> float:
-    """Student's t distribution function."""
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_quantile(q: float, df: float) -> float:
-    """The q-quantile of Student's t (bisection on t_cdf)."""
-    lo, hi = -1e3, 1e3
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
-    return (lo + hi) / 2
+    """Student's t distribution function (perencode.stats computes the tail)."""
+    return 1.0 - float(t_sf(t, df))
 
 
 @dataclass(frozen=True)
