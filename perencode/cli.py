@@ -233,6 +233,12 @@ def train(
     guard_output()
     r = load_recipe(recipe, overrides)
     run_dir = renamed(run_dir, old_out, "--run-dir", "--out")
+    if run_dir is None and runs.holds_run(recipe):
+        # `train RUN_DIR/recipe.toml`: that run, resumed or reported, not a new one
+        run_dir = recipe.parent
+        console.print(f"note: {recipe} is the recipe of the run {run_dir}: training that run "
+                      "(--run-dir DIR trains a new one elsewhere)", highlight=False,
+                      soft_wrap=True)
     run_dir = run_dir if run_dir is not None else runs.default_run_dir(recipe, r.train.seed)
     already = run_dir.is_dir() and runs.Run(run_dir).is_complete()
     try:
