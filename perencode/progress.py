@@ -16,7 +16,6 @@ from rich.progress import (
 
 from perencode.console import console
 
-
 LINE_SECONDS = 30.0
 
 
