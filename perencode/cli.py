@@ -78,9 +78,15 @@ class _PlainCommand(_PlainHelp, typer.core.TyperCommand):
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         """An option of `perencode` itself given after the command (`eval RUN --plugin X`)
         says where it goes."""
+        given = list(args)  # the parser consumes `args`
         try:
             return super().parse_args(ctx, args)
         except Exception as exc:  # click's NoSuchOption (typer vendors its own click)
+            spaced = _spaced_set(given)
+            if spaced and "extra argument" in str(getattr(exc, "message", "")):
+                exc.message = (f"--set {spaced[0]} {spaced[1]}: write --set "  # type: ignore[attr-defined]
+                               f"{spaced[0]}={spaced[1]} (KEY=VALUE, one word)")
+                raise
             name = getattr(exc, "option_name", None)
             group = ctx.parent.command if ctx.parent else None
             own = {opt: param for param in getattr(group, "params", []) for opt in param.opts}
@@ -91,6 +97,14 @@ class _PlainCommand(_PlainHelp, typer.core.TyperCommand):
                        f"given before the command: perencode {name}{value} {ctx.info_name} ...")
             exc.message = message  # type: ignore[attr-defined]
             raise
+
+
+def _spaced_set(args: list[str]) -> tuple[str, str] | None:
+    """(key, value) of a `--set section.key value` written with a space for the '='."""
+    for option, key, value in zip(args, args[1:], args[2:]):
+        if option == "--set" and "=" not in key and not value.startswith("-"):
+            return key, value
+    return None
 
 
 class _PlainGroup(_PlainHelp, typer.core.TyperGroup):

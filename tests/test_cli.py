@@ -369,3 +369,10 @@ def test_show_reads_a_plugins_run_without_the_plugin(tmp_path):
     assert code == 0, err
     assert "# state: finished at iteration 10 of 10" in out and 'arch = "mingru"' in out
     assert "results (eval.json): token_accuracy 0.5" in out
+
+
+def test_a_set_with_a_space_for_its_equals_sign_says_how_to_write_it():
+    code, out, err = streams("show", ROOT / "recipes/gru_vocab256.toml", "--set",
+                             "train.iterations", "10")
+    assert code == 2 and "--set train.iterations 10: write --set train.iterations=10 " \
+        "(KEY=VALUE, one word)" in " ".join((out + err).replace("│", " ").split())
