@@ -277,3 +277,18 @@ def test_an_executor_plugs_in_by_the_interface_alone(tmp_path, monkeypatch, fini
     code, output = run_cli("sweep", _grid(tmp_path), "--executor", "recording", "--no-wait",
                            "--runs", tmp_path / "runs")
     assert code == 2 and "--no-wait: only with --executor slurm" in output
+
+
+def test_a_sweep_off_a_terminal_says_where_it_is_at_least_every_30_seconds(tmp_path, capsys,
+                                                                           monkeypatch):
+    from perencode.sweep import board
+
+    planned = plan(load_grid(_grid(tmp_path)), tmp_path / "runs")
+    for enabled in (True, False):  # the live table on, or --no-progress
+        shown = board.Board("g", planned, enabled)
+        shown.update()
+        assert "[sweep] elapsed" not in capsys.readouterr().err  # not yet 30 s
+        monkeypatch.setattr(board, "SUMMARY_SECONDS", 0.0)
+        shown.update()
+        assert capsys.readouterr().err.count("[sweep] elapsed") == 1
+        monkeypatch.undo()
