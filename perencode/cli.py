@@ -758,6 +758,8 @@ def crosscheck(
     device: str = typer.Option(defaults.DEVICE, help=DEVICE_HELP.rstrip(".")
                                + " (--train only)."),
     progress: bool = typer.Option(True, help="Show progress lines."),
+    as_json: bool = typer.Option(False, "--json", help="Also print crosscheck.json (every "
+                                 "check, its numbers and verdict) on stdout."),
 ) -> None:
     """Check perencode against the authors' own code on identical inputs and weights.
 
@@ -767,9 +769,12 @@ def crosscheck(
     """
     from perencode.crosscheck import run_crosscheck
 
-    raise typer.Exit(run_crosscheck(authors_repo, out, train=train, train_shape=train_shape,
-                                    seeds=seeds, iterations=iterations, device=device,
-                                    progress=progress, margin=margin))
+    code = run_crosscheck(authors_repo, out, train=train, train_shape=train_shape, seeds=seeds,
+                          iterations=iterations, device=device, progress=progress,
+                          margin=margin)
+    if as_json:  # the file it has just written: one record, two readers
+        print((out / "crosscheck.json").read_text(encoding="utf-8"), flush=True)
+    raise typer.Exit(code)
 
 
 @app.command()

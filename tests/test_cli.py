@@ -376,3 +376,13 @@ def test_a_set_with_a_space_for_its_equals_sign_says_how_to_write_it():
                              "train.iterations", "10")
     assert code == 2 and "--set train.iterations 10: write --set train.iterations=10 " \
         "(KEY=VALUE, one word)" in " ".join((out + err).replace("│", " ").split())
+
+
+def test_crosscheck_json_prints_its_file_on_stdout(tmp_path, monkeypatch):
+    from test_crosscheck import AGREE, NOT_RUN, _groups, crosscheck, fake_repository
+
+    monkeypatch.setattr(crosscheck, "GROUPS", _groups(AGREE, NOT_RUN))
+    out = tmp_path / "out"
+    code, stdout, _ = streams("crosscheck", fake_repository(tmp_path / "repo"), "--out", out,
+                              "--json")
+    assert code == 0 and json.loads(stdout) == json.loads((out / "crosscheck.json").read_text())
