@@ -386,3 +386,17 @@ def test_crosscheck_json_prints_its_file_on_stdout(tmp_path, monkeypatch):
     code, stdout, _ = streams("crosscheck", fake_repository(tmp_path / "repo"), "--out", out,
                               "--json")
     assert code == 0 and json.loads(stdout) == json.loads((out / "crosscheck.json").read_text())
+
+
+def test_eval_of_a_run_with_only_its_resume_checkpoint_says_so(trained, tmp_path):
+    import shutil
+
+    run = tmp_path / "copy"
+    shutil.copytree(trained, run)
+    for path in (run / "checkpoints").glob("step-*.pt"):
+        path.rename(run / "checkpoints" / "resume.pt")
+    for name in ("eval.json", "status.json"):  # an interrupted run: no result yet
+        (run / name).unlink(missing_ok=True)
+    code, out, err = streams("eval", run, "--device", "cpu")
+    assert code == 2 and "no periodic checkpoint yet, only resume.pt of an interrupted run" \
+        in " ".join(err.split()), err
