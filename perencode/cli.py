@@ -78,9 +78,15 @@ class _PlainCommand(_PlainHelp, typer.core.TyperCommand):
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         """An option of `perencode` itself given after the command (`eval RUN --plugin X`)
         says where it goes."""
+        given = list(args)  # the parser consumes `args`
         try:
             return super().parse_args(ctx, args)
         except Exception as exc:  # click's NoSuchOption (typer vendors its own click)
+            spaced = _spaced_set(given)
+            if spaced and "extra argument" in str(getattr(exc, "message", "")):
+                exc.message = (f"--set {spaced[0]} {spaced[1]}: write --set "  # type: ignore[attr-defined]
+                               f"{spaced[0]}={spaced[1]} (KEY=VALUE, one word)")
+                raise
             name = getattr(exc, "option_name", None)
             group = ctx.parent.command if ctx.parent else None
             own = {opt: param for param in getattr(group, "params", []) for opt in param.opts}
@@ -91,6 +97,14 @@ class _PlainCommand(_PlainHelp, typer.core.TyperCommand):
                        f"given before the command: perencode {name}{value} {ctx.info_name} ...")
             exc.message = message  # type: ignore[attr-defined]
             raise
+
+
+def _spaced_set(args: list[str]) -> tuple[str, str] | None:
+    """(key, value) of a `--set section.key value` written with a space for the '='."""
+    for option, key, value in zip(args, args[1:], args[2:]):
+        if option == "--set" and "=" not in key and not value.startswith("-"):
+            return key, value
+    return None
 
 
 class _PlainGroup(_PlainHelp, typer.core.TyperGroup):
@@ -238,6 +252,12 @@ def train(
     guard_output()
     r = load_recipe(recipe, overrides)
     run_dir = renamed(run_dir, old_out, "--run-dir", "--out")
+    if run_dir is None and runs.holds_run(recipe):
+        # `train RUN_DIR/recipe.toml`: that run, resumed or reported, not a new one
+        run_dir = recipe.parent
+        console.print(f"note: {recipe} is the recipe of the run {run_dir}: training that run "
+                      "(--run-dir DIR trains a new one elsewhere)", highlight=False,
+                      soft_wrap=True)
     run_dir = run_dir if run_dir is not None else runs.default_run_dir(recipe, r.train.seed)
     already = run_dir.is_dir() and runs.Run(run_dir).is_complete()
     try:
@@ -801,6 +821,8 @@ def crosscheck(
     device: str = typer.Option(defaults.DEVICE, help=DEVICE_HELP.rstrip(".")
                                + " (--train only)."),
     progress: bool = typer.Option(True, help="Show progress lines."),
+    as_json: bool = typer.Option(False, "--json", help="Also print crosscheck.json (every "
+                                 "check, its numbers and verdict) on stdout."),
 ) -> None:
     """Check perencode against the authors' own code on identical inputs and weights.
 
@@ -812,9 +834,12 @@ def crosscheck(
     """
     from perencode.crosscheck import run_crosscheck
 
-    raise typer.Exit(run_crosscheck(authors_repo, out, train=train, train_shape=train_shape,
-                                    seeds=seeds, iterations=iterations, device=device,
-                                    progress=progress, margin=margin))
+    code = run_crosscheck(authors_repo, out, train=train, train_shape=train_shape, seeds=seeds,
+                          iterations=iterations, device=device, progress=progress,
+                          margin=margin)
+    if as_json:  # the file it has just written: one record, two readers
+        print((out / "crosscheck.json").read_text(encoding="utf-8"), flush=True)
+    raise typer.Exit(code)
 
 
 @app.command()

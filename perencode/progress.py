@@ -16,12 +16,15 @@ from rich.progress import (
 
 from perencode.console import console
 
+LINE_SECONDS = 30.0
+
 
 class Reporter:
     """`with Reporter("train", total, start) as r: r.advance(n, loss=...)`.
 
     On a TTY: a live bar with it/s and ETA. Otherwise: a log line every `log_every` units
-    (rate and ETA included), so batch jobs leave readable logs.
+    and at least every LINE_SECONDS (rate and ETA included), so batch jobs leave readable
+    logs and a slow one (a paper-size recipe on a CPU) is never silent for minutes.
     """
 
     def __init__(self, label: str, total: int, completed: int = 0, log_every: int = 100,
@@ -32,7 +35,7 @@ class Reporter:
         self.enabled = enabled
         self.fields: dict[str, str] = {}
         self._start_done = completed
-        self._t0 = time.perf_counter()
+        self._t0 = self._last_line = time.perf_counter()
         self._progress: Progress | None = None
 
     def __enter__(self) -> Reporter:
@@ -66,7 +69,9 @@ class Reporter:
         if self._progress is not None:
             self._progress.update(self._task, completed=self.completed, info=info,
                                   rate=f"{rate:.2f} {self.unit}/s")
-        elif self.completed % self.log_every == 0 or self.completed == self.total:
+        elif (self.completed % self.log_every == 0 or self.completed == self.total
+              or time.perf_counter() - self._last_line >= LINE_SECONDS):
+            self._last_line = time.perf_counter()
             eta = (self.total - self.completed) / rate if rate > 0 else float("nan")
             print(f"[{self.label}] {self.completed}/{self.total} {info} "
                   f"{rate:.2f} {self.unit}/s ETA {eta:.0f}s", file=sys.stderr, flush=True)

@@ -191,6 +191,14 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def holds_run(recipe_path: str | Path) -> bool:
+    """Whether `recipe_path` is the recipe.toml of a run directory (one `train` claimed: it
+    wrote identity.json, status.json or metrics.jsonl beside it)."""
+    path = Path(recipe_path)
+    return path.name == "recipe.toml" and any(
+        (path.parent / name).exists() for name in (identity.RECORD, STATUS_NAME, "metrics.jsonl"))
+
+
 def default_run_dir(recipe_path: str | Path, seed: int) -> Path:
     return defaults.RUNS / Path(recipe_path).stem / f"seed-{seed}"
 

@@ -251,6 +251,32 @@ def _evaluate(run: runs.Run, session: Session) -> dict:
                        run.diverged(exc.iteration, reason)) from None
 
 
+# A run's length is estimated after its first TIMED_STEPS iterations and every TIMED_SECONDS
+# of training, from the rate so far, until one estimate is longer than LONG_SECONDS: that is
+# said once (a first estimate may be short of it on a machine that gets busier).
+TIMED_STEPS, TIMED_SECONDS, LONG_SECONDS = 20, 10.0, 3600.0
+
+
+def _warn_if_long(run: runs.Run, device: torch.device, at: int, steps: int,
+                  seconds: float) -> bool:
+    """One line when the rest of the run will take more than an hour at the rate measured
+    so far (a paper-size recipe on a CPU: thousands of hours, said at once, not found out)."""
+    total = run.recipe.train.iterations
+    left = total - at
+    if steps <= 0 or seconds <= 0 or left <= 0:
+        return False
+    estimate = left * seconds / steps
+    if estimate <= LONG_SECONDS:
+        return False
+    hours = estimate / 3600
+    spelt = f"{hours:.1f} hours" if hours < 48 else f"{hours / 24:.0f} days"
+    console.print(f"[yellow]warning:[/] {run.dir}: about {spelt} more on {device} at "
+                  f"{steps / seconds:.3g} iterations/s ({left:,} of {total:,} iterations "
+                  "left); Ctrl-C stops it with a checkpoint (the same command resumes), "
+                  "--set train.iterations=N shortens it", highlight=False, soft_wrap=True)
+    return True
+
+
 def _kept(run: runs.Run) -> str:
     """What a run stopped by a refused write keeps, and how to go on."""
     last = run.newest_checkpoint()
@@ -279,6 +305,7 @@ def _train(run: runs.Run, session: Session, progress: bool, existed: bool,
                         enabled=progress)
     pending: list[tuple[int, Tensor, Tensor | None]] = []  # steps since the last health check
     scores = None  # the held-out scores of the last periodic evaluation (train.eval_every)
+    timed, warned = t0, False  # when the run's length was last estimated (_warn_if_long)
     with reporter, _Stop() as stop, board.resumed_at(start, tc.batch_size, recipe.to_toml()), \
             _naming_plugins(run, session):
         for k in range(start + 1, tc.iterations + 1):
@@ -300,6 +327,10 @@ def _train(run: runs.Run, session: Session, progress: bool, existed: bool,
                 board.log(row)
                 shown = {"loss": row["loss"], "acc": row["accuracy"]}
             reporter.advance(1, **shown)
+            now = time.perf_counter()
+            if not warned and (k - start == TIMED_STEPS or now - timed >= TIMED_SECONDS):
+                timed = now
+                warned = _warn_if_long(run, session.device, k, k - start, now - t0)
             saved = None
             if k % tc.checkpoint_every == 0 or k == tc.iterations:
                 _check_health(run, pending, model, k)  # every checkpoint kept is finite

@@ -369,3 +369,34 @@ def test_show_reads_a_plugins_run_without_the_plugin(tmp_path):
     assert code == 0, err
     assert "# state: finished at iteration 10 of 10" in out and 'arch = "mingru"' in out
     assert "results (eval.json): token_accuracy 0.5" in out
+
+
+def test_a_set_with_a_space_for_its_equals_sign_says_how_to_write_it():
+    code, out, err = streams("show", ROOT / "recipes/gru_vocab256.toml", "--set",
+                             "train.iterations", "10")
+    assert code == 2 and "--set train.iterations 10: write --set train.iterations=10 " \
+        "(KEY=VALUE, one word)" in " ".join((out + err).replace("│", " ").split())
+
+
+def test_crosscheck_json_prints_its_file_on_stdout(tmp_path, monkeypatch):
+    from test_crosscheck import AGREE, NOT_RUN, _groups, crosscheck, fake_repository
+
+    monkeypatch.setattr(crosscheck, "GROUPS", _groups(AGREE, NOT_RUN))
+    out = tmp_path / "out"
+    code, stdout, _ = streams("crosscheck", fake_repository(tmp_path / "repo"), "--out", out,
+                              "--json")
+    assert code == 0 and json.loads(stdout) == json.loads((out / "crosscheck.json").read_text())
+
+
+def test_eval_of_a_run_with_only_its_resume_checkpoint_says_so(trained, tmp_path):
+    import shutil
+
+    run = tmp_path / "copy"
+    shutil.copytree(trained, run)
+    for path in (run / "checkpoints").glob("step-*.pt"):
+        path.rename(run / "checkpoints" / "resume.pt")
+    for name in ("eval.json", "status.json"):  # an interrupted run: no result yet
+        (run / name).unlink(missing_ok=True)
+    code, out, err = streams("eval", run, "--device", "cpu")
+    assert code == 2 and "no periodic checkpoint yet, only resume.pt of an interrupted run" \
+        in " ".join(err.split()), err

@@ -128,21 +128,27 @@ def _logged_run(root: Path, name: str, events: bool) -> Path:
     return run
 
 
-def test_tensorboard_dry_run_lists_only_logged_runs(cli, tmp_path):
+def test_tensorboard_dry_run_shows_runs_without_events_from_their_metrics(cli, tmp_path):
     _logged_run(tmp_path / "runs", "a", events=True)
     _logged_run(tmp_path / "runs", "b", events=False)
+    (tmp_path / "runs" / "c").mkdir()
+    (tmp_path / "runs" / "c" / "recipe.toml").write_text(
+        (tmp_path / "runs" / "b" / "recipe.toml").read_text())  # claimed, no step logged
     code, text = cli("tensorboard", tmp_path / "runs", "--dry-run")
     text = " ".join(text.split())
     assert code == 0, text
-    assert "1 of 2 runs have TensorBoard event files; 1 without any left out" in text
-    assert "a:" in text and "/runs/a/tensorboard" in text and "/runs/b/" not in text
+    assert "2 of 3 runs shown; 1 from their metrics.jsonl" in text
+    assert "1 left out (no step logged yet)" in text
+    assert "a:" in text and "/runs/a/tensorboard " in text.replace(",", " ")
+    assert "/runs/b/tensorboard-from-metrics" in text and "/runs/c/" not in text
 
 
-def test_tensorboard_without_any_events_is_an_error(cli, tmp_path):
-    _logged_run(tmp_path / "runs", "a", events=False)
+def test_tensorboard_without_any_logged_step_is_an_error(cli, tmp_path):
+    run = _logged_run(tmp_path / "runs", "a", events=False)
+    (run / "metrics.jsonl").unlink()
     code, text = cli("tensorboard", tmp_path / "runs", "--dry-run")
     assert code == 2
-    assert "none of the 1 run(s) has TensorBoard event files" in " ".join(text.split())
+    assert "none of the 1 run(s) has logged a training step yet" in " ".join(text.split())
 
 
 TINY_GRID = tiny_toml(grid={"task.vocab_size": [128, 256, 32, 64]})

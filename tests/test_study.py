@@ -523,11 +523,13 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
     root = tmp_path / "runs"
     for kind in ("none", "sinusoidal", "my_pe"):  # my_pe: a plugin's, not loaded here
         for seed in (1, 2):
-            recipe = validate({"task": {"name": "reverse", "vocab_size": 16, "length": 8},
-                               "encoding": {"kind": kind}, "train": {"seed": seed}}, "fake",
-                              any_kind=True)
-            fake_run(root, f"{kind}-{seed}", recipe=recipe, metrics={
-                "token_accuracy": 0.5, "sequence_accuracy": 0.1, "dl_distance": 2.0})
+            for vocab in (16, 32):  # two K: lines (one K is drawn as bars)
+                recipe = validate({"task": {"name": "reverse", "vocab_size": vocab,
+                                            "length": 8},
+                                   "encoding": {"kind": kind}, "train": {"seed": seed}},
+                                  "fake", any_kind=True)
+                fake_run(root, f"{kind}-{vocab}-{seed}", recipe=recipe, metrics={
+                    "token_accuracy": 0.5, "sequence_accuracy": 0.1, "dl_distance": 2.0})
     drawn: dict[str, dict[str, str]] = {}
     save = plots._save
 

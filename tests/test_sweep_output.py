@@ -82,9 +82,28 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new
     # The never-started cell is not listed as a problem ("new: DIR: "), only counted.
     assert not [line for line in output.splitlines() if line.startswith(("new:", "partial:"))]
     assert (first / "checkpoints/resume.pt").exists()
-    # The next sweep's plan: the stopped run resumes, the other was claimed but never began.
+    # The next sweep's plan: the stopped run resumes, the other was never claimed (a cell's
+    # directory is written as its run starts).
     states = {r.cell.name: r.state for r in plan(load_grid(grid), out)}
     assert states == {CELLS[0]: RunState.PARTIAL, CELLS[1]: RunState.NEW}
+    assert not (out / "g" / CELLS[1]).exists()
+
+
+def test_cells_are_claimed_as_they_start_so_a_stopped_sweep_leaves_the_others_free(tmp_path):
+    from perencode.sweep.local import LocalExecutor
+    from perencode.sweep.plan import claim
+
+    assert LocalExecutor.claims_at_start
+    grid = load_grid(_grid(tmp_path))
+    out = tmp_path / "runs"
+    planned = plan(grid, out)
+    ready = prepare(planned, claim_now=False)  # the local executor's way
+    assert len(ready) == 2 and not any(r.dir.exists() for r in planned)
+    assert claim(ready[0]) and (ready[0].dir / "recipe.toml").exists()  # as it starts
+    # The same cells at another learning rate (a re-used tree, no --tag): only the one
+    # that was started is in the way.
+    other = load_grid(_grid(tmp_path), ["optim.lr=0.02"])
+    assert [r.state for r in plan(other, out)] == [RunState.CONFLICT, RunState.NEW]
 
 
 def test_a_cell_claimed_but_never_trained_plans_as_new(tmp_path):
@@ -117,7 +136,9 @@ def test_a_dry_run_that_finds_a_conflict_names_the_field_and_exits_2(tmp_path):
     assert (f"{CELLS[0]}: holds a run of a different recipe (optim.lr: 0.02 there vs 0.01 in "
             "the grid); move it away or sweep into another --runs") in flat, text
     assert (f"error: 1 of 2 cell(s) conflict with the run already in their directory under "
-            f"{out / 'g'} (listed above); the sweep would skip them") in flat, text
+            f"{out / 'g'} (listed above); the sweep would skip them; to sweep beside them, "
+            f"name this sweep with --tag NAME (its runs go to {out / 'g'}@NAME) or give "
+            "another --runs") in flat, text
     assert "1 to train" in flat  # the conflicting cell is not counted as one to train
     code, text = run_cli("sweep", grid, "--runs", out, "--dry-run", "--device", "cpu",
                          "--only", "train.seed=222")
@@ -131,8 +152,10 @@ def test_a_sweep_names_the_field_of_a_conflict(tmp_path):
                   "--only", "train.seed=111")
     text = done.stdout + done.stderr
     assert done.returncode == 1, text
-    assert f"conflict: {out / 'g' / CELLS[0]}: holds a run of a different recipe (optim.lr: " \
-        "0.02 there vs 0.01 in the grid)" in _flat(text), text
+    assert (f"conflict: 1 of 1 cell(s) skipped, their directories under {out / 'g'} hold runs "
+            f"of another recipe (first: {out / 'g' / CELLS[0]}: holds a run of a different "
+            "recipe (optim.lr: 0.02 there vs 0.01 in the grid)") in _flat(text), text
+    assert _flat(text).count("conflict: ") == 1 and "--tag NAME" in _flat(text)
 
 
 @pytest.mark.slow
@@ -220,7 +243,7 @@ class _Recording:
     it trains nothing, marks each ready run done (or interrupted, when it is to stop) and
     records what it was handed."""
 
-    name, detaches, finish = "recording", False, True
+    name, detaches, claims_at_start, finish = "recording", False, False, True
     handed: list[tuple[str, int, str]] = []
 
     def __init__(self, options, grid, out, slurm) -> None:
@@ -254,3 +277,18 @@ def test_an_executor_plugs_in_by_the_interface_alone(tmp_path, monkeypatch, fini
     code, output = run_cli("sweep", _grid(tmp_path), "--executor", "recording", "--no-wait",
                            "--runs", tmp_path / "runs")
     assert code == 2 and "--no-wait: only with --executor slurm" in output
+
+
+def test_a_sweep_off_a_terminal_says_where_it_is_at_least_every_30_seconds(tmp_path, capsys,
+                                                                           monkeypatch):
+    from perencode.sweep import board
+
+    planned = plan(load_grid(_grid(tmp_path)), tmp_path / "runs")
+    for enabled in (True, False):  # the live table on, or --no-progress
+        shown = board.Board("g", planned, enabled)
+        shown.update()
+        assert "[sweep] elapsed" not in capsys.readouterr().err  # not yet 30 s
+        monkeypatch.setattr(board, "SUMMARY_SECONDS", 0.0)
+        shown.update()
+        assert capsys.readouterr().err.count("[sweep] elapsed") == 1
+        monkeypatch.undo()

@@ -24,10 +24,11 @@ from conftest import (
     train_args,
     unfinish,
 )
+from fake_runs import fake_run
 
 import perencode.io
 from perencode import runs
-from perencode.recipe import OptimConfig
+from perencode.recipe import OptimConfig, validate
 from perencode.session import learning_rate, loss_fn
 
 
@@ -488,3 +489,57 @@ def test_eval_removes_its_stale_temporary_file(cli, tmp_path):
     code, text = cli("eval", out, "--device", "cpu")
     assert code == 0, text
     assert not stale.exists()
+
+
+# -- a long run said at once, progress lines at least every 30 s, RUN_DIR/recipe.toml ---------
+
+def test_a_run_of_more_than_an_hour_is_said_in_one_line(cli, tmp_path, monkeypatch):
+    from perencode import train
+
+    # The estimate itself: 20 iterations in 2 s, 299,980 left: 8.3 hours.
+    run_dir = fake_run(tmp_path, "long", recipe=validate(
+        {"train": {"iterations": 300_000}}, "long"))
+    messages: list[str] = []
+    monkeypatch.setattr(train.console, "print", lambda text, **_: messages.append(text))
+    train._warn_if_long(runs.Run(run_dir), torch.device("cpu"), 20, 20, 2.0)
+    assert messages == [
+        f"[yellow]warning:[/] {run_dir}: about 8.3 hours more on cpu at 10 iterations/s "
+        "(299,980 of 300,000 iterations left); Ctrl-C stops it with a checkpoint (the same "
+        "command resumes), --set train.iterations=N shortens it"]
+    messages.clear()
+    train._warn_if_long(runs.Run(run_dir), torch.device("cpu"), 299_000, 20, 2.0)
+    assert messages == []  # 100 s left
+    # Through training: said once, when the first iterations are timed.
+    monkeypatch.undo()
+    monkeypatch.setattr(train, "LONG_SECONDS", 0.0)
+    monkeypatch.setattr(train, "TIMED_STEPS", 3)
+    code, text = cli(*_train_args(tmp_path / "run", 10))
+    assert code == 0 and " ".join(text.split()).count("more on cpu at") == 1, text
+
+
+def test_progress_lines_come_at_least_every_30_seconds(capsys, monkeypatch):
+    from perencode import progress
+
+    with progress.Reporter("train", 5, log_every=1000, enabled=True) as reporter:
+        reporter.tty = False
+        for _ in range(5):
+            reporter.advance(1)
+    assert capsys.readouterr().err.count("[train]") == 1  # the last step only
+    monkeypatch.setattr(progress, "LINE_SECONDS", 0.0)  # as if 30 s passed between steps
+    with progress.Reporter("train", 5, log_every=1000, enabled=True) as reporter:
+        reporter.tty = False
+        for _ in range(5):
+            reporter.advance(1)
+    assert capsys.readouterr().err.count("[train]") == 5
+
+
+def test_training_a_runs_own_recipe_file_trains_that_run(cli, tmp_path):
+    run_dir = tmp_path / "runs" / "mine"
+    code, text = cli(*_train_args(run_dir, 10))
+    assert code == 0, text
+    scored = (run_dir / "eval.json").read_text()
+    code, text = cli("train", run_dir / "recipe.toml", "--device", "cpu", "--no-progress")
+    flat = " ".join(text.split())
+    assert code == 0 and f"is the recipe of the run {run_dir}: training that run" in flat
+    assert "run is already complete" in flat and (run_dir / "eval.json").read_text() == scored
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["mine"]  # no new run

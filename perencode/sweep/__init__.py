@@ -79,7 +79,7 @@ def run_sweep(grid: str | Path, out: str | Path = defaults.RUNS,
         if conflicts:  # the sweep would skip these: the plan is not the grid's
             raise UserError(f"{len(conflicts)} of {len(planned)} cell(s) conflict with the run "
                             f"already in their directory under {out / g.name} (listed "
-                            "above); the sweep would skip them")
+                            f"above); the sweep would skip them; {tag_hint(g, out)}")
         return 0
     tree = out / g.name
     tree.mkdir(parents=True, exist_ok=True)
@@ -87,6 +87,13 @@ def run_sweep(grid: str | Path, out: str | Path = defaults.RUNS,
     # beside a running one) exits 2 naming the first, instead of training every run twice.
     with hold(tree, f"perencode sweep {g.path}"):
         return _sweep(g, planned, out, executor, o, handed)
+
+
+def tag_hint(g, out: Path) -> str:
+    """How to sweep beside the runs in the way: another tag (its own tree) or --runs."""
+    stem = g.name.split("@", 1)[0]
+    return (f"to sweep beside them, name this sweep with --tag NAME (its runs go to "
+            f"{out / stem}@NAME) or give another --runs")
 
 
 def print_origins(g) -> None:
@@ -105,7 +112,8 @@ def _sweep(g, planned: list[PlannedRun], out: Path, executor: Executor, o: Sweep
         mark_queued(planned)
     title = f"{g.path} -> {out / g.name} ({executor.name})"
     with Board(title, planned, o.progress) as board:
-        ready = prepare([r for r in planned if r.commands or r.state == RunState.REUSE])
+        ready = prepare([r for r in planned if r.commands or r.state == RunState.REUSE],
+                        claim_now=not executor.claims_at_start)
         board.update()
         finished = executor.run(ready, planned, board, handed)
         board.update()
@@ -123,9 +131,17 @@ def _sweep(g, planned: list[PlannedRun], out: Path, executor: Executor, o: Sweep
     if not finished:  # stopped: the runs it left are the one line below, not a list
         bad = [r for r in bad if r.state in (RunState.FAILED, RunState.DIVERGED,
                                              RunState.CONFLICT)]
+    conflicts = [r for r in bad if r.state == RunState.CONFLICT]
     for r in bad:
-        console.print(f"[bold red]{r.state}:[/] {r.dir}: {r.message}", highlight=False,
-                      soft_wrap=True)
+        if r.state != RunState.CONFLICT:
+            console.print(f"[bold red]{r.state}:[/] {r.dir}: {r.message}", highlight=False,
+                          soft_wrap=True)
+    if conflicts:  # one line for them all: the same cause, usually a re-used tree
+        first = conflicts[0]
+        console.print(f"[bold red]conflict:[/] {len(conflicts)} of {len(planned)} cell(s) "
+                      f"skipped, their directories under {out / g.name} hold runs of another "
+                      f"recipe (first: {first.dir}: {first.message}); {tag_hint(g, out)}",
+                      highlight=False, soft_wrap=True)
     if not finished:
         line = executor.stopped(planned)
         if line:

@@ -17,6 +17,9 @@ STYLE = {RunState.DONE: "green", RunState.FAILED: "bold red", RunState.CONFLICT:
          RunState.RUNNING: "cyan", RunState.REUSE: "green", RunState.DIVERGED: "bold red"}
 # Left out of the live view of a big grid.
 QUIET = (RunState.DONE, RunState.REUSE, RunState.NEW, RunState.PARTIAL)
+# Off a terminal, a line of the sweep's time and ETA at least this often, even with
+# --no-progress: a log under nohup is never silent for minutes.
+SUMMARY_SECONDS = 30.0
 
 
 def duration(seconds: float | None) -> str:
@@ -28,7 +31,8 @@ def duration(seconds: float | None) -> str:
 
 
 class Board:
-    """A live table on a terminal; plain log lines (state changes, a summary a minute)."""
+    """A live table on a terminal; plain log lines (state changes, a summary every 30 s;
+    with --no-progress the summary's first line only)."""
 
     def __init__(self, title: str, all_runs: list[PlannedRun], enabled: bool):
         self.title, self.runs = title, all_runs
@@ -91,13 +95,17 @@ class Board:
             self.live.update(self.table(every_run=fits), refresh=True)
             return
         if not self.enabled:
+            if not console.is_terminal and time.monotonic() - self._last_summary >= \
+                    SUMMARY_SECONDS:
+                self._last_summary = time.monotonic()
+                print(f"[sweep] {self.overall()}", file=sys.stderr, flush=True)
             return
         for r in self.runs:
             if self._seen[id(r)] != r.state:
                 self._seen[id(r)] = r.state
                 note = f" - {r.message}" if r.message else ""
                 print(f"[sweep] {r.cell.name}: {r.state}{note}", file=sys.stderr, flush=True)
-        if time.monotonic() - self._last_summary > 60:
+        if time.monotonic() - self._last_summary >= SUMMARY_SECONDS:
             self._last_summary = time.monotonic()
             print(f"[sweep] {self.overall()}", file=sys.stderr, flush=True)
             for r in self.runs:

@@ -32,7 +32,7 @@ from perencode.grid import Grid, SlurmConfig
 from perencode.lock import PARENT_ENV, describe, live_holder
 from perencode.sweep.board import Board, interrupted_line
 from perencode.sweep.options import SweepOptions
-from perencode.sweep.plan import PlannedRun, RunState, refresh
+from perencode.sweep.plan import PlannedRun, RunState, claim, refresh
 
 
 def _die_with(parent: int):
@@ -80,6 +80,7 @@ class LocalExecutor:
 
     name = "local"
     detaches = False  # the workers die with the sweep
+    claims_at_start = True  # a sweep stopped early leaves the cells it never started free
 
     def __init__(self, options: SweepOptions, grid: Grid, out: Path, slurm: SlurmConfig) -> None:
         self.jobs, self.runs_per_gpu, self.device = options.jobs, options.runs_per_gpu, \
@@ -111,19 +112,24 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
     threads = max(1, available_cores() // max(1, min(slots, len(ready))))
     queue, active = list(ready), list[PlannedRun]()
 
-    def start(run: PlannedRun, sharing: int = 1) -> None:
+    def start(run: PlannedRun, sharing: int = 1) -> bool:
+        """Launch the run's next command (claiming its directory first); False when the
+        claim is refused (the run FAILED)."""
         holder = live_holder(run.dir)
         if holder is not None:  # a worker of an earlier sweep: wait for it in its slot
             run.proc, run.state = None, RunState.RUNNING
             run.message = (f"still held by {describe(holder)}, a worker of an earlier "
                            f"sweep; waiting for it")
-            return
+            return True
+        if not claim(run):
+            return False
         # With a GPU of its own (CUDA_VISIBLE_DEVICES) a run sees it as device 0.
         command = [*run.commands.pop(0), "--device", "cuda" if gpus else device]
         env = thread_env(threads, run.gpu, handed)
         env[RUNS_SHARING_ENV] = str(sharing)
         run.proc, run.log = launch(command, run.dir, env)
         run.state, run.message = RunState.RUNNING, ""
+        return True
 
     # SIGTERM and SIGHUP (a dropped SSH session) stop the sweep as Ctrl-C does; under
     # `nohup` SIGHUP stays ignored, and so it does in the workers, which inherit that.
@@ -135,8 +141,8 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
             for run in list(active):
                 if run.proc is None:  # waiting for an earlier sweep's worker
                     refresh(run)
-                    if live_holder(run.dir) is None:
-                        start(run)
+                    if live_holder(run.dir) is None and not start(run):
+                        active.remove(run)
                     continue
                 code = run.proc.poll()
                 refresh(run)
@@ -144,7 +150,8 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
                     continue
                 run.log.close()
                 if code == 0 and run.commands:
-                    start(run)
+                    if not start(run):
+                        active.remove(run)
                     continue
                 active.remove(run)
                 run.proc, run.eta_s = None, None
@@ -172,8 +179,8 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
                     # share it (perencode.preflight); the next ones see its memory taken.
                     if load[run.gpu] == 0:
                         sharing = min(runs_per_gpu, len(queue) + 1, -(-slots // len(gpus)))
-                start(run, sharing)
-                active.append(run)
+                if start(run, sharing):
+                    active.append(run)
             board.update()
             time.sleep(0.5)
     except KeyboardInterrupt:

@@ -42,6 +42,7 @@ class Executor(Protocol):
 
     name: str        # as --executor names it
     detaches: bool   # its runs outlive the sweep, so it may submit and leave (--no-wait)
+    claims_at_start: bool  # claims each run directory as it starts the run (else all at once)
 
     def __init__(self, options: SweepOptions, grid: Grid, out: Path,
                  slurm: SlurmConfig) -> None: ...

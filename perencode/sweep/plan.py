@@ -266,9 +266,24 @@ def mark_queued(planned: list[PlannedRun]) -> None:
             run.commands = []
 
 
-def prepare(todo: list[PlannedRun]) -> list[PlannedRun]:
-    """Claim each run directory (writes recipe.toml, and sweep.json: the sweep that made it)
-    or link it to its twin; the runs that still have commands to run."""
+def claim(run: PlannedRun) -> bool:
+    """Claim a new or partial run's directory (writes recipe.toml, and sweep.json: the sweep
+    that made it); False, the run FAILED with the reason, when it is refused."""
+    try:
+        if run.state in (RunState.NEW, RunState.PARTIAL):
+            runs.Run(run.dir).claim(run.cell.recipe)
+            if run.cell.record:
+                atomic_write_json(run.dir / runs.SWEEP_RECORD, run.cell.record)
+    except (UserError, OSError) as exc:
+        run.state, run.message = RunState.FAILED, str(exc)
+        return False
+    return True
+
+
+def prepare(todo: list[PlannedRun], claim_now: bool = True) -> list[PlannedRun]:
+    """Link each run directory to its twin, and claim the others (`claim`) unless the
+    executor claims each as it starts it (`claim_now` False: a sweep stopped early leaves
+    the cells it never started free); the runs that still have commands to run."""
     ready = []
     for run in todo:
         try:
@@ -278,12 +293,10 @@ def prepare(todo: list[PlannedRun]) -> list[PlannedRun]:
                 run.dir.parent.mkdir(parents=True, exist_ok=True)
                 run.dir.symlink_to(os.path.relpath(run.twin, run.dir.parent),
                                    target_is_directory=True)
-            elif run.state in (RunState.NEW, RunState.PARTIAL):
-                runs.Run(run.dir).claim(run.cell.recipe)
-                if run.cell.record:
-                    atomic_write_json(run.dir / runs.SWEEP_RECORD, run.cell.record)
         except (UserError, OSError) as exc:
             run.state, run.message = RunState.FAILED, str(exc)
+            continue
+        if claim_now and not claim(run):
             continue
         if run.commands:
             ready.append(run)

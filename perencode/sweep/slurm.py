@@ -165,6 +165,7 @@ class SlurmExecutor:
         self.grid, self.out, self.options = grid, out, slurm
         self.device, self.wait = options.device, options.wait
         self.detaches = slurm.cluster == "slurm"  # submitit's local cluster ends with us
+        self.claims_at_start = False  # a job array starts its runs later, elsewhere
 
     def timing(self, hours: list[float]) -> str:
         jobs = slurm_jobs(hours, self.options)
