@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from perencode import defaults
-from perencode.console import console
+from perencode.console import console, results
 from perencode.io import atomic_write_json, atomic_write_text, remove_stale_temps
 from perencode.lock import hold
 from perencode.results import say_left_out
@@ -85,12 +85,14 @@ def verify_runs(runs: list[Path], claims: str | Path = defaults.CLAIMS,
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
         _print(checked)
-    console.print(f"wrote {out / 'verify.md'} and {out / 'verify.json'}", highlight=False)
+    # Results on stdout, unless stdout carries the JSON document alone.
+    (console if as_json else results).print(f"wrote {out / 'verify.md'} and "
+                                            f"{out / 'verify.json'}", highlight=False)
     return 1 if any(o.verdict == FAIL for o in outcomes) else 0
 
 
 def _print(checked: Checked) -> None:
-    console.print(checked.summary(), highlight=False)
+    results.print(checked.summary(), highlight=False)
     if checked.decided:
         table = Table(title=f"claims of {checked.claims_path}")
         for col in ("claim", "paper", "reproduced [one-sided bounds]", "decided by",
@@ -99,7 +101,7 @@ def _print(checked: Checked) -> None:
         for o in in_report_order(checked.decided):
             table.add_row(f"{o.claim.id}: {o.claim.statement}", o.claim.paper,
                           reproduced(o), o.method, f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}")
-        console.print(table)
+        results.print(table)
     for reason, group in checked.not_run():
-        console.print(f"[yellow]not run[/] ({len(group)}): {escape(reason)}\n    "
+        results.print(f"[yellow]not run[/] ({len(group)}): {escape(reason)}\n    "
                       f"{_ids(group)}", highlight=False)

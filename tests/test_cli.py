@@ -400,3 +400,12 @@ def test_eval_of_a_run_with_only_its_resume_checkpoint_says_so(trained, tmp_path
     code, out, err = streams("eval", run, "--device", "cpu")
     assert code == 2 and "no periodic checkpoint yet, only resume.pt of an interrupted run" \
         in " ".join(err.split()), err
+
+
+def test_verify_prints_its_verdicts_on_stdout(trained, tmp_path):
+    code, out, err = streams("verify", trained, "--out", tmp_path)
+    assert code == 0, err
+    assert "not run" in out and "not run" not in err  # the verdicts: stdout
+    assert f"wrote {tmp_path / 'verify.md'}" in " ".join(out.split())
+    code, out, err = streams("verify", trained, "--out", tmp_path, "--json")
+    assert code == 0 and json.loads(out)["claims"], err  # stdout holds the document alone
