@@ -151,6 +151,9 @@ def test_figures_mark_a_cell_whose_runs_differ_in_code(tmp_path):
     code, text = run_cli("figures", tmp_path, "--out", tmp_path / "f")
     assert code == 0 and "runs of one cell made by different code" in " ".join(text.split())
     assert "code_differs" in (tmp_path / "f" / "results.csv").read_text().splitlines()[0]
+    code, text = run_cli("report", tmp_path, "--claims", "quick", "--out", tmp_path / "r")
+    assert code == 0 and "(runs of one cell made by different code)" \
+        in (tmp_path / "r" / "report.html").read_text(), text
     entry["modules"]["perencode.models.base"] = identity.modules_record(
         validate({"model": {"arch": "gru"}}, "x"))["perencode.models.base"]
     path.write_text(json.dumps(entry))
