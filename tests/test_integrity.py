@@ -413,3 +413,30 @@ def test_figures_of_a_float_axis_keep_every_file_and_the_report_shows_them(tmp_p
                     "fig02_reverse_vocabulary__lr=0.1__nonpaper.png"]
     page = (tmp_path / "r" / "report.html").read_text()
     assert all(f'id="{name[:-4]}"' in page for name in pngs)
+
+
+def test_stability_of_a_pruned_run_says_it_kept_its_file_only(tmp_path):
+    from conftest import fitting
+    from test_stability import TINY_DUAL
+
+    run = tmp_path / "dual"
+    sets = [a for item in fitting(TINY_DUAL) for a in ("--set", item)]
+    assert run_cli("train", ROOT / "recipes/gru_dualfreq_vocab64.toml", *sets, "--run-dir",
+                   run, "--device", "cpu", "--no-progress")[0] == 0
+    code, text = run_cli("stability", run, "--triplets", 4, "--device", "cpu",
+                         "--no-progress")
+    assert code == 0 and f"wrote {run / 'stability.csv'}" in " ".join(text.split()), text
+    assert run_cli("prune", run)[0] == 0
+    code, text = run_cli("stability", run, "--triplets", 4, "--device", "cpu",
+                         "--no-progress")
+    flat = " ".join(text.split())
+    assert code == 0 and "is kept as it is" in flat and "wrote" not in flat, text
+
+
+def test_a_damaged_result_of_a_pruned_run_is_not_sent_to_eval(run, tmp_path):
+    assert run_cli("prune", run)[0] == 0
+    (run / "eval.json").write_text("{}")
+    code, text = run_cli("figures", run, "--out", tmp_path / "f")
+    line = one_line(text)
+    assert code == 2 and "its checkpoints were deleted (pruned): restore it from a copy of " \
+        "the run" in line and "perencode eval" not in line, text
