@@ -83,7 +83,7 @@ def test_the_code_of_a_run_is_its_training_and_scoring_path():
 
 def test_an_edit_to_shared_code_is_named_and_changes_the_fingerprint(run, tmp_path,
                                                                      monkeypatch):
-    entry = identity.read(run)
+    entry = json.loads((run / "identity.json").read_text())
     assert entry["version"] == 2 and entry["modules"] == identity.modules_record(recipe_of())
     monkeypatch.setattr(identity, "PACKAGE", edited_package(tmp_path) / "perencode")
     changes = identity.code_changes(entry, recipe_of())
@@ -127,7 +127,8 @@ def test_eval_resume_and_stability_refuse_edited_shared_code(run, tmp_path):
     assert code == 0, text
     result = json.loads((run / "eval.json").read_text())
     assert "perencode.models.base" in result["code_changes_accepted"][0]
-    assert [a["command"] for a in identity.read(run)["accepted"]] == ["eval"]
+    accepted = json.loads((run / "identity.json").read_text())["accepted"]
+    assert [(a["command"], a["kind"]) for a in accepted] == [("eval", "code")]
     other = tmp_path / "other"
     code, text = perencode(*tiny(other), env=env, cwd=tmp_path)
     assert code == 0, text
