@@ -86,14 +86,23 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
 
 
 @functools.cache
+def _tree(path: str, stamp: float) -> ast.Module | None:
+    """A source file's syntax tree, parsed once (for its code and its imports), or None
+    when it does not parse. `stamp` (its modification time) renews the cache."""
+    try:
+        return ast.parse(Path(path).read_bytes())
+    except (SyntaxError, ValueError):
+        return None
+
+
+@functools.cache
 def _file_code(path: str, stamp: float) -> bytes:
     """A source file's code: its syntax tree without docstrings (no positions), or its bytes
-    when it does not parse. `stamp` (its modification time) renews the cache."""
-    data = Path(path).read_bytes()
-    try:
-        return ast.dump(_without_docstrings(ast.parse(data))).encode()
-    except (SyntaxError, ValueError):
-        return data
+    when it does not parse. Cached: the shared tree loses its docstrings once."""
+    tree = _tree(path, stamp)
+    if tree is None:
+        return Path(path).read_bytes()
+    return ast.dump(_without_docstrings(tree)).encode()
 
 
 def source_hash(files: list[Path], root: Path | None = None) -> str:
@@ -162,9 +171,8 @@ def _package_file(module: str) -> Path | None:
 def _imports(path: str, stamp: float, module: str | None) -> frozenset[str]:
     """The perencode modules a source file imports (anywhere in it, and the packages above
     them, whose __init__ runs first); `module` names the file, for its relative imports."""
-    try:
-        tree = ast.parse(Path(path).read_bytes())
-    except (SyntaxError, ValueError):
+    tree = _tree(path, stamp)
+    if tree is None:
         return frozenset()
     found: set[str] = set()
     for node in ast.walk(tree):

@@ -125,6 +125,8 @@ def provenance(part: pd.DataFrame) -> dict:
     accepted = part.get("code_changes_accepted", pd.Series([None] * len(part)))
     fingerprints = sorted({f"{found} (other code accepted)" if isinstance(other, str) else found
                            for found, other in zip(part.get("fingerprint", []), accepted)})
+    if "code_differs" in part and part["code_differs"].any():  # perencode.results
+        fingerprints.append("(runs of one cell made by different code)")
     shown = {short_key(c): _distinct(part[c]) for c in SETTINGS if c in part}
     return {"runs": len(part), "seeds": sorted(int(s) for s in part["train.seed"].unique()),
             "settings": {k: v for k, v in shown.items() if v}, "devices": devices,

@@ -10,8 +10,9 @@
     RUN_DIR/checkpoints/resume.pt  written when a run is interrupted (SIGINT/SIGTERM)
     RUN_DIR/eval.json              held-out metrics of the final model
     RUN_DIR/status.json            the run's state, written when it changes: {"state":
-                                   "finished", "iteration"} once eval.json is written (the
-                                   run stays finished when its checkpoints are deleted);
+                                   "finished", "iteration", "eval_sha256"} once eval.json
+                                   is written (the run stays finished when its checkpoints,
+                                   or its eval.json, are deleted: never trained again);
                                    {"state": "diverged", "iteration", "reason", "checkpoint"}
                                    when training met a number that is not finite (the newest
                                    finite checkpoint is kept); "pruned" what `perencode prune`

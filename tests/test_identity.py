@@ -237,11 +237,12 @@ def test_a_language_model_run_keeps_its_data(tmp_path, monkeypatch):
     assert code == 0, text
     assert json.loads((run / "eval.json").read_text()) == scored
     prepare_cli(corpus, tmp_path / "again")
-    entry = identity.read(run)
+    entry = json.loads((run / "identity.json").read_text())
     again = validate({**entry["recipe"], "task": {**entry["recipe"]["task"],
                                                   "data": str(tmp_path / "again")}}, "again")
-    assert identity.data_record(again)["content_sha256"] == data["content_sha256"]
-    assert identity.fingerprint(again.identity(), entry["code"], identity.data_record(again),
+    copy = identity.data_record(again)
+    assert copy is not None and copy["content_sha256"] == data["content_sha256"]
+    assert identity.fingerprint(again.identity(), entry["code"], copy,
                                 entry["modules"]) == entry["fingerprint"]
     # The data rebuilt in place (from another version of the corpus): refused.
     newer = tmp_path / "newer"
@@ -260,7 +261,7 @@ def test_a_language_model_run_keeps_its_data(tmp_path, monkeypatch):
     assert (run / "eval.json").read_bytes() == before
     code, text = run_cli("eval", run, "--device", "cpu", "--accept-data")
     assert code == 0, text
-    accepted = identity.read(run)["accepted"]
+    accepted = json.loads((run / "identity.json").read_text())["accepted"]
     assert [(a["command"], a["kind"]) for a in accepted] == [("eval", "data")]
     assert "its data" in json.loads((run / "eval.json").read_text())["code_changes_accepted"][0]
 

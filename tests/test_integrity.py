@@ -83,7 +83,7 @@ def test_the_code_of_a_run_is_its_training_and_scoring_path():
 
 def test_an_edit_to_shared_code_is_named_and_changes_the_fingerprint(run, tmp_path,
                                                                      monkeypatch):
-    entry = identity.read(run)
+    entry = json.loads((run / "identity.json").read_text())
     assert entry["version"] == 2 and entry["modules"] == identity.modules_record(recipe_of())
     monkeypatch.setattr(identity, "PACKAGE", edited_package(tmp_path) / "perencode")
     changes = identity.code_changes(entry, recipe_of())
@@ -127,7 +127,8 @@ def test_eval_resume_and_stability_refuse_edited_shared_code(run, tmp_path):
     assert code == 0, text
     result = json.loads((run / "eval.json").read_text())
     assert "perencode.models.base" in result["code_changes_accepted"][0]
-    assert [a["command"] for a in identity.read(run)["accepted"]] == ["eval"]
+    accepted = json.loads((run / "identity.json").read_text())["accepted"]
+    assert [(a["command"], a["kind"]) for a in accepted] == [("eval", "code")]
     other = tmp_path / "other"
     code, text = perencode(*tiny(other), env=env, cwd=tmp_path)
     assert code == 0, text
@@ -151,6 +152,9 @@ def test_figures_mark_a_cell_whose_runs_differ_in_code(tmp_path):
     code, text = run_cli("figures", tmp_path, "--out", tmp_path / "f")
     assert code == 0 and "runs of one cell made by different code" in " ".join(text.split())
     assert "code_differs" in (tmp_path / "f" / "results.csv").read_text().splitlines()[0]
+    code, text = run_cli("report", tmp_path, "--claims", "quick", "--out", tmp_path / "r")
+    assert code == 0 and "(runs of one cell made by different code)" \
+        in (tmp_path / "r" / "report.html").read_text(), text
     entry["modules"]["perencode.models.base"] = identity.modules_record(
         validate({"model": {"arch": "gru"}}, "x"))["perencode.models.base"]
     path.write_text(json.dumps(entry))
@@ -410,3 +414,30 @@ def test_figures_of_a_float_axis_keep_every_file_and_the_report_shows_them(tmp_p
                     "fig02_reverse_vocabulary__lr=0.1__nonpaper.png"]
     page = (tmp_path / "r" / "report.html").read_text()
     assert all(f'id="{name[:-4]}"' in page for name in pngs)
+
+
+def test_stability_of_a_pruned_run_says_it_kept_its_file_only(tmp_path):
+    from conftest import fitting
+    from test_stability import TINY_DUAL
+
+    run = tmp_path / "dual"
+    sets = [a for item in fitting(TINY_DUAL) for a in ("--set", item)]
+    assert run_cli("train", ROOT / "recipes/gru_dualfreq_vocab64.toml", *sets, "--run-dir",
+                   run, "--device", "cpu", "--no-progress")[0] == 0
+    code, text = run_cli("stability", run, "--triplets", 4, "--device", "cpu",
+                         "--no-progress")
+    assert code == 0 and f"wrote {run / 'stability.csv'}" in " ".join(text.split()), text
+    assert run_cli("prune", run)[0] == 0
+    code, text = run_cli("stability", run, "--triplets", 4, "--device", "cpu",
+                         "--no-progress")
+    flat = " ".join(text.split())
+    assert code == 0 and "is kept as it is" in flat and "wrote" not in flat, text
+
+
+def test_a_damaged_result_of_a_pruned_run_is_not_sent_to_eval(run, tmp_path):
+    assert run_cli("prune", run)[0] == 0
+    (run / "eval.json").write_text("{}")
+    code, text = run_cli("figures", run, "--out", tmp_path / "f")
+    line = one_line(text)
+    assert code == 2 and "its checkpoints were deleted (pruned): restore it from a copy of " \
+        "the run" in line and "perencode eval" not in line, text
