@@ -37,8 +37,9 @@ def training_time(rows: list[dict]) -> tuple[float, int]:
 def mismatches(run_dir: Path, recipe: Recipe) -> list[str]:
     """How the run's files differ from what was recorded when it was made, one phrase each:
     an edited recipe.toml or changed data (perencode.identity, as eval and resume check
-    them), code that differs from the code loaded now, an eval.json whose identity fields
-    are another run's."""
+    them), code that differs from the code loaded now, an eval.json that is another run's or
+    was edited since the run wrote it (perencode.runs.check_eval, as figures and verify
+    check it)."""
     found = []
     try:
         changes = identity.check(run_dir, recipe, "show", accept_code_change=True,
@@ -47,17 +48,10 @@ def mismatches(run_dir: Path, recipe: Recipe) -> list[str]:
         found.append(str(exc).removeprefix(f"{run_dir}: "))
     else:
         found += changes
-    path = run_dir / "eval.json"
-    if path.is_file():
-        try:
-            scored = runs.read_json(path)
-        except UserError as exc:
-            return [*found, str(exc)]
-        ours = runs.eval_identity(recipe)
-        other = [f"{key} {scored[key]!r} (the run's: {ours[key]!r})" for key in ours
-                 if key in scored and scored[key] != ours[key]]
-        if other:
-            found.append(f"{path} is another run's: {', '.join(other)}")
+    try:  # another run's eval.json, or one edited since the run wrote it (its hash)
+        runs.check_eval(run_dir, recipe)
+    except UserError as exc:
+        found.append(str(exc))
     return found
 
 

@@ -357,8 +357,15 @@ def test_show_says_when_a_runs_files_no_longer_match_the_record(trained, tmp_pat
     warnings = [line for line in out.splitlines() if line.startswith("# WARNING: ")]
     assert len(warnings) == 2, out
     assert "model.hidden_size: 16 when the run was made vs 32 now" in warnings[0]
-    assert f"eval.json is another run's: seed {scored['seed'] + 1}" in warnings[1]
+    assert f"the result of another run (seed {scored['seed'] + 1}" in warnings[1]
     assert " ".join(err.split()).count("warning:") == 2
+    # A hand-edited score: its identity fields hold, the hash recorded at the finish does not.
+    (run / "eval.json").write_text(json.dumps({**scored, "token_accuracy": 0.99}))
+    recipe.write_text((trained / "recipe.toml").read_text())
+    code, out, _ = streams("show", run)
+    warnings = [line for line in out.splitlines() if line.startswith("# WARNING: ")]
+    assert code == 0 and len(warnings) == 1, out
+    assert "not the eval.json this run wrote" in warnings[0]
 
 
 def test_show_reads_a_plugins_run_without_the_plugin(tmp_path):
