@@ -128,10 +128,22 @@ def named(stem: Path, suffix: str) -> Path:
     return stem.with_name(stem.name + suffix)
 
 
-def _save(fig, stem: Path, note: str = "") -> list[Path]:
-    """PNG and PDF of `fig`: one legend for all panels, outside them (never over data), and
-    `note` (how these runs differ from the paper's) as a subtitle."""
+# Said on every figure with error bars: they follow the paper's method, which is not the
+# verdicts' (a percentile bootstrap over 3-5 seeds covers less than 95%; verify decides by
+# one-sided t-tests, docs/claims.md#statistics).
+ERROR_BARS = ("error bars: 95% percentile bootstrap over seeds (the paper's method; "
+              "verdicts: verify)")
+
+
+def _save(fig, stem: Path, note: str = "", error_bars: bool = True) -> list[Path]:
+    """PNG and PDF of `fig`: one legend for all panels, outside them (never over data),
+    `note` (how these runs differ from the paper's) as a subtitle, and the method of the
+    error bars in small print at the top left (`error_bars`)."""
     import matplotlib.pyplot as plt
+
+    if error_bars:
+        fig.text(0.005, 0.995, ERROR_BARS, ha="left", va="top", fontsize="x-small",
+                 color="dimgrey")
 
     handles: dict[str, object] = {}
     for ax in fig.axes:
@@ -389,7 +401,7 @@ def draw_lm_training(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]
     ax.set_yscale("log")
     ax.set_xlabel("Training iterations")
     ax.set_ylabel("Training perplexity")
-    return _save(fig, stem, note)
+    return _save(fig, stem, note, error_bars=False)
 
 
 def table_perplexity(df: pd.DataFrame, stem: Path, note: str = "") -> list[Path]:

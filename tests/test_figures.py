@@ -26,9 +26,9 @@ def drawing(runs: list[Path], out: Path) -> tuple[list[Path], dict[str, Figure]]
     saved: dict[str, Figure] = {}
     save = plots._save
 
-    def keep(fig, stem, note=""):
+    def keep(fig, stem, note="", **options):
         saved[stem.name] = fig
-        return save(fig, stem, note)
+        return save(fig, stem, note, **options)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(plots, "_save", keep)
@@ -165,6 +165,15 @@ def test_every_panel_states_its_seed_count(drawn):
     titles = [ax.get_title() for ax in _saved(drawn, "fig02").axes]
     assert titles[0] == "GRU\n2-3 seeds per point"
     assert "3 seeds" in _saved(drawn, "fig03").axes[0].get_title()
+
+
+def test_every_figure_with_error_bars_names_their_method(drawn):
+    from perencode.plots import ERROR_BARS
+
+    assert "percentile bootstrap" in ERROR_BARS and "the paper's method" in ERROR_BARS
+    for name, fig in drawing_saved().items():
+        texts = [t.get_text() for t in fig.texts]
+        assert texts.count(ERROR_BARS) == (0 if name.startswith("fig15") else 1), name
 
 
 @pytest.mark.slow

@@ -274,10 +274,10 @@ def test_an_own_study_is_framed_as_one(tmp_path, monkeypatch):
     notes, bars = [], []
     save = plots._save
 
-    def record(fig, stem, note=""):
+    def record(fig, stem, note="", **options):
         notes.append(note)
         bars.append([len(ax.patches) for ax in fig.axes])
-        return save(fig, stem, note)
+        return save(fig, stem, note, **options)
 
     monkeypatch.setattr(plots, "_save", record)
     page = make_report([runs], claims=claims, out=tmp_path / "figures").read_text()

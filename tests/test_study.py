@@ -533,11 +533,11 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
     drawn: dict[str, dict[str, str]] = {}
     save = plots._save
 
-    def colours_then_save(fig, stem, note=""):
+    def colours_then_save(fig, stem, note="", **options):
         handles, labels = fig.axes[0].get_legend_handles_labels()
         drawn[Path(stem).name] = {label: to_hex(h[0].get_color()) for h, label in
                                   zip(handles, labels) if hasattr(h, "__getitem__")}
-        return save(fig, stem, note)
+        return save(fig, stem, note, **options)
 
     monkeypatch.setattr(plots, "_save", colours_then_save)
     figures.make_figures([root], tmp_path / "fig")
@@ -577,9 +577,9 @@ def test_figures_without_the_plugin_label_its_kind_as_its_runs_recorded(tmp_path
     legends: list[list[str]] = []
     save = plots._save
 
-    def legend_then_save(fig, stem, note=""):
+    def legend_then_save(fig, stem, note="", **options):
         legends.append(fig.axes[0].get_legend_handles_labels()[1])
-        return save(fig, stem, note)
+        return save(fig, stem, note, **options)
 
     monkeypatch.setattr(plots, "_save", legend_then_save)
     figures.make_figures([tmp_path / "runs"], tmp_path / "fig")
