@@ -55,6 +55,12 @@ $(COMPAT_STAMP): pyproject.toml $(COMPAT_CONSTRAINTS)
 		--constraint $(COMPAT_CONSTRAINTS) torch==2.1.1 -e '.[dev]'
 	# timm's scheduler for crosscheck's tests, as `make install` has it (the authors' version).
 	$(COMPAT_VENV)/bin/python -m pip install -q --no-deps timm==0.9.12
+	# torchtext and torchdata, the pair built for torch 2.1.1, so that crosscheck's language-
+	# model group runs whole here (their vocabulary is torchtext's; no wheel pairs with the
+	# newer torch of `make install`): --no-deps, or pip would replace the pinned torch.
+	$(COMPAT_VENV)/bin/python -m pip install -q --no-deps torchtext==0.16.1 torchdata==0.7.1
+	PIP_CONSTRAINT=$(abspath $(COMPAT_CONSTRAINTS)) $(COMPAT_VENV)/bin/python -m pip install \
+		-q --constraint $(COMPAT_CONSTRAINTS) requests tqdm
 	touch $@
 
 # E9 selects syntax errors only, which with --target-version include syntax newer than 3.10
