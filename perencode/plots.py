@@ -138,12 +138,9 @@ ERROR_BARS = ("error bars: 95% percentile bootstrap over seeds (the paper's meth
 def _save(fig, stem: Path, note: str = "", error_bars: bool = True) -> list[Path]:
     """PNG and PDF of `fig`: one legend for all panels, outside them (never over data),
     `note` (how these runs differ from the paper's) as a subtitle, and the method of the
-    error bars in small print at the top left (`error_bars`)."""
+    error bars in small print as the legend's title (`error_bars`)."""
     import matplotlib.pyplot as plt
 
-    if error_bars:
-        fig.text(0.005, 0.995, ERROR_BARS, ha="left", va="top", fontsize="x-small",
-                 color="dimgrey")
 
     handles: dict[str, object] = {}
     for ax in fig.axes:
@@ -154,7 +151,10 @@ def _save(fig, stem: Path, note: str = "", error_bars: bool = True) -> list[Path
         longest = max(len(label) for label in handles) + 6  # the line sample's width too
         fits = max(1, int(15 * fig.get_figwidth()) // longest)
         fig.legend(list(handles.values()), list(handles), loc="outside lower center",
-                   ncol=min(len(handles), 3, fits), fontsize="small")
+                   ncol=min(len(handles), 3, fits), fontsize="small",
+                   title=ERROR_BARS if error_bars else None, title_fontsize="x-small")
+    elif error_bars:
+        fig.text(0.005, 0.005, ERROR_BARS, ha="left", va="bottom", fontsize="x-small")
     if note:  # about 13 characters an inch at this size; a setting is not split
         lines, width = [""], int(13 * fig.get_figwidth())
         for piece in note.split("; "):
