@@ -47,7 +47,7 @@ from perencode.cost import Estimates, device_label
 from perencode.device import device_model, host_syncs, kernel_support
 from perencode.environment import gpu_driver, perencode_command
 from perencode.grid import load_grid, repository_root
-from perencode.io import atomic_write_text
+from perencode.io import atomic_write_json, atomic_write_text
 from perencode.models import SequenceModel
 from perencode.recipe import EncodingConfig, ModelConfig, Recipe, TrainConfig, load_recipe, validate
 from perencode.session import CHUNK_LOGITS, Session
@@ -290,7 +290,13 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
     for step, path in run.checkpoints():
         if step > middle:
             path.unlink()
-    (run.dir / "eval.json").unlink()
+    # As a killed run leaves it: no result, no recorded state, no end time (a run recorded
+    # finished is never trained again, whatever file is missing: perencode.runs).
+    for name in ("eval.json", runs.STATUS_NAME):
+        (run.dir / name).unlink(missing_ok=True)
+    env = runs.read_json(run.dir / "env.json")
+    env.pop("end_time", None)
+    atomic_write_json(run.dir / "env.json", env)
     # Checkpoints are replaced atomically (a new file): the middle one keeps its inode only
     # if training went on from it rather than starting over.
     kept = run.checkpoint_path(middle).stat().st_ino

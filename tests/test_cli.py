@@ -402,8 +402,9 @@ def test_eval_of_a_run_with_only_its_resume_checkpoint_says_so(trained, tmp_path
     shutil.copytree(trained, run)
     for path in (run / "checkpoints").glob("step-*.pt"):
         path.rename(run / "checkpoints" / "resume.pt")
-    for name in ("eval.json", "status.json"):  # an interrupted run: no result yet
-        (run / name).unlink(missing_ok=True)
+    from conftest import unfinish
+
+    unfinish(run)  # an interrupted run: no result yet
     code, out, err = streams("eval", run, "--device", "cpu")
     assert code == 2 and "no periodic checkpoint yet, only resume.pt of an interrupted run" \
         in " ".join(err.split()), err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -327,5 +328,6 @@ def test_a_run_larger_than_the_gpus_memory_is_named(cli):
     code, text = cli("plan", ROOT / "recipes/paper/fig15_table1_lstm_wikitext103.toml",
                      "--gpu", "rtx4090")
     assert code == 0, text
-    assert "fig15_table1_lstm_wikitext103: a run needs 28.5 GB, more than the 24 GB" in \
-        " ".join(text.split())
+    needs = re.search(r"fig15_table1_lstm_wikitext103: a run needs ([\d.]+) GB, more than "
+                      r"the 24 GB", " ".join(text.split()))
+    assert needs and float(needs[1]) > 24, text  # the preflight's estimate (issue 47's)

@@ -238,6 +238,7 @@ def test_a_sweep_tells_the_first_run_on_each_gpu_how_many_will_share_it(monkeypa
     monkeypatch.setattr(local, "visible_gpus", lambda name: ["0", "1"])
     monkeypatch.setattr(local, "live_holder", lambda run_dir: None)
     monkeypatch.setattr(local, "launch", launch)
+    monkeypatch.setattr(local, "claim", lambda run: True)  # no cells to write: simulated
     monkeypatch.setattr(local.time, "sleep", lambda seconds: None)
     planned = [PlannedRun(cell=None, dir=tmp_path / str(i), state=RunState.NEW,  # type: ignore[arg-type]
                           commands=[["train"]]) for i in range(7)]

@@ -152,7 +152,7 @@ def test_report_through_the_cli(tmp_path, cli):
     fig2 = sections(page)["fig02_reverse_vocabulary__nonpaper"]
     # Each verdict names its test, sidedness, alpha and seeds; the paper's bootstrap beside.
     assert "<th>decided by</th><th>paper's bootstrap 95% CI</th>" in fig2
-    assert "Welch t, one-sided, alpha = 0.025 (metric in [0, 1]: halved), n = 3 + 3" in fig2
+    assert "Welch t, one-sided, alpha = 0.025 (metric in [0, 1]: halved), n = 4 + 4" in fig2
     assert all(f"q{i}-" in fig2 for i in range(1, 5))
     # Not the paper's sizes, and said so beside the figure.
     assert "<dt>hidden_size</dt><dd>128</dd>" in fig2 and "<dt>length</dt><dd>6</dd>" in fig2
@@ -221,15 +221,15 @@ def test_the_quick_demo_page_has_learning_curves_and_every_run_sortable(tmp_path
     (tmp_path / "curves.png").write_bytes(png)
     height, width = matplotlib.image.imread(tmp_path / "curves.png").shape[:2]
     assert width > 400 and height > 300  # two K facets, loss and accuracy rows
-    table = sections(page)["Runs (12)"]
+    table = sections(page)["Runs (16)"]
     heads = re.findall(r"<th(?: [^>]*)?>(.*?)</th>", table)
     assert heads[:6] == ["run", "vocab_size", "encoding", "iterations", "seed", "state"]
     assert {"token_accuracy", "dl_distance", "fingerprint", "device", "training time"} \
         <= set(heads)
     rows = runs_table_rows(page)
-    assert len(rows) == 12 and all(row[5] == "finished" for row in rows)
+    assert len(rows) == 16 and all(row[5] == "finished" for row in rows)
     seeds = sorted(int(row[4]) for row in rows)
-    assert seeds == sorted([111, 222, 333] * 4)
+    assert seeds == sorted([111, 222, 333, 444] * 4)
     first = dict(zip(heads, rows[0]))
     assert first["run"] == "vocab_size=1024/encoding=none/seed=111"
     assert float(first["token_accuracy"]) == pytest.approx(0.17)
@@ -286,7 +286,7 @@ def test_an_own_study_is_framed_as_one(tmp_path, monkeypatch):
     assert notes == [""]  # no subtitle about the paper's settings drawn in the figure
     assert bars == [[3, 3]]  # one K: a bar per encoding, not three points on one x
     claims_table = page.split('<table class="claims">', 1)[1].split("</table>", 1)[0]
-    assert "<th>paper</th>" not in claims_table and "<th>measured [95% CI]</th>" in \
+    assert "<th>paper</th>" not in claims_table and "<th>measured [one-sided bounds]</th>" in \
         claims_table
     assert len(curve_images(page)) == 1 and len(runs_table_rows(page)) == 9
     # The paper's claims file on the same runs is still a study of one's own (its own

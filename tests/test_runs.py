@@ -145,8 +145,8 @@ def test_checkpoint_format_and_a_version_1_checkpoint_with_a_scheduler_entry(tmp
     run.claim(recipe)
     path = run.save(_at(_session(), 30))
     state = runs.load_checkpoint(path)
-    assert sorted(state) == ["format", "iteration", "model", "optimizer", "recipe", "rng",
-                             "version"]
+    assert sorted(state) == ["device_model", "format", "iteration", "model", "optimizer",
+                             "recipe", "rng", "version"]
     assert (state["format"], state["version"], state["iteration"]) == \
         ("perencode-checkpoint", 1, 30)
     assert state["recipe"] == recipe.to_dict()
