@@ -487,8 +487,10 @@ def test_the_learned_frequency_sinusoid_trains_resumes_evaluates_and_sweeps(tmp_
     assert code_ == 0, text
     # Resume: the same run stopped after its checkpoint at 10 ends bit-identical.
     shutil.copytree(tmp_path / "a", tmp_path / "b")
-    for name in ("checkpoints/step-20.pt", "eval.json"):
-        (tmp_path / "b" / name).unlink()
+    from conftest import unfinish
+
+    (tmp_path / "b" / "checkpoints/step-20.pt").unlink()
+    unfinish(tmp_path / "b")  # as a run killed after its checkpoint at 10 leaves it
     code_, text = perencode(*plugin, "train", *recipe, "--run-dir", "b", "--device", "cpu",
                             "--no-progress", cwd=tmp_path)
     assert code_ == 0 and "resuming from iteration 10" in text, text

@@ -242,7 +242,9 @@ def test_figures_and_verify_on_the_swept_runs(swept, tmp_path):
     assert result.exit_code == 1
     verdicts = {r["id"]: r for r in json.loads((tmp_path / "verify.json").read_text())
                 ["results"]}
-    assert verdicts["trained"]["verdict"] == "pass"
+    # Two seeds a cell do not decide even a true threshold at 95% (one-sided t on 1 df,
+    # alpha halved for an accuracy): inconclusive, which does not fail verify.
+    assert verdicts["trained"]["verdict"] == "inconclusive"
     assert len(verdicts["trained"]["cells"]) == 4
     assert verdicts["impossible"]["verdict"] == "fail"
     worst = table.groupby(["vocab_size", "encoding"])["token_accuracy"].mean().min()
