@@ -63,7 +63,9 @@ def test_a_full_stderr_stops_the_messages_not_the_training(tmp_path, progress):
     # One note on the other stream, then silence there; the results still reach stdout.
     note = ("perencode: cannot write to stderr (No space left on device); its output stops "
             "here, the command goes on\n")
-    assert done.stdout.startswith(note) and done.stdout.count("cannot write") == 1
+    # (Without progress lines a short run may write nothing to stderr: then no note.)
+    assert done.stdout.count("cannot write") == done.stdout.count(note) <= 1
+    assert done.stdout.count(note) == 1 or not progress
     assert "token_accuracy" in done.stdout
 
 

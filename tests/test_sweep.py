@@ -247,8 +247,12 @@ def test_figures_and_verify_on_the_swept_runs(swept, tmp_path):
     assert verdicts["trained"]["verdict"] == "inconclusive"
     assert len(verdicts["trained"]["cells"]) == 4
     assert verdicts["impossible"]["verdict"] == "fail"
-    worst = table.groupby(["vocab_size", "encoding"])["token_accuracy"].mean().min()
-    assert verdicts["impossible"]["value"] == pytest.approx(worst)
+    # The cell shown is the one that decides: the lowest of the cells the test fails (a
+    # cell whose seeds tie, e.g. both at the same accuracy, has no spread to fail with).
+    means = table.groupby(["vocab_size", "encoding"])["token_accuracy"].mean()
+    failing = [c["value"] for c in verdicts["impossible"]["cells"] if c["verdict"] == "fail"]
+    assert failing and verdicts["impossible"]["value"] == pytest.approx(min(failing))
+    assert all(any(v == pytest.approx(m) for m in means) for v in failing)
 
 
 @pytest.mark.slow
