@@ -60,7 +60,7 @@ $(COMPAT_STAMP): pyproject.toml $(COMPAT_CONSTRAINTS)
 	# newer torch of `make install`): --no-deps, or pip would replace the pinned torch.
 	$(COMPAT_VENV)/bin/python -m pip install -q --no-deps torchtext==0.16.1 torchdata==0.7.1
 	PIP_CONSTRAINT=$(abspath $(COMPAT_CONSTRAINTS)) $(COMPAT_VENV)/bin/python -m pip install \
-		-q --constraint $(COMPAT_CONSTRAINTS) requests tqdm
+		-q --constraint $(COMPAT_CONSTRAINTS) requests==2.34.2 tqdm
 	touch $@
 
 # E9 selects syntax errors only, which with --target-version include syntax newer than 3.10
