@@ -13,7 +13,8 @@ import pytest
 import torch
 from conftest import RECIPE, ROOT, finished_run, run_cli, train_args
 from fake_runs import fake_run
-from test_plugins import error_line, perencode
+from test_identity import SHORT, one_line
+from test_plugins import perencode
 
 from perencode import identity, runs
 from perencode.errors import UserError
@@ -21,18 +22,7 @@ from perencode.recipe import load_recipe, validate
 from perencode.results import collect
 from perencode.train import Diverged, train
 
-SHORT = ["train.iterations=10", "train.checkpoint_every=5", "task.vocab_size=16",
-         "task.length=6"]
 BASE_LINE = "return self.encoding(self.embedding(tokens))"
-
-
-def tiny(run: Path, *extra: str) -> list[str]:
-    return train_args(run, *SHORT, *extra)
-
-
-def recipe_of(*extra: str):
-    sets = [item for item in tiny(Path("unused"), *extra)[7:] if item != "--set"]
-    return load_recipe(RECIPE, sets)
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +37,13 @@ def run(made, tmp_path) -> Path:
     return copy
 
 
-def one_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, text
-    return error_line(lines[0])
+def tiny(run: Path, *extra: str) -> list[str]:
+    return train_args(run, *SHORT, *extra)
+
+
+def recipe_of(*extra: str):
+    sets = [item for item in tiny(Path("unused"), *extra)[7:] if item != "--set"]
+    return load_recipe(RECIPE, sets)
 
 
 def edited_package(tmp_path: Path) -> Path:
@@ -216,10 +209,11 @@ def test_a_foreign_or_edited_eval_json_is_refused(seeds, tmp_path):
     target = root / "seed2" / "eval.json"
     own = target.read_bytes()
     shutil.copy(root / "seed1" / "eval.json", target)  # another run's file
-    for command in (["figures", root, "--out", tmp_path / "f"],
-                    ["verify", root, "--claims", "quick", "--out", tmp_path / "v"],
-                    ["report", root, "--claims", "quick", "--out", tmp_path / "r"],
-                    tiny(root / "seed2", "train.seed=2")):
+    commands = (["figures", root, "--out", tmp_path / "f"],
+                ["verify", root, "--claims", "quick", "--out", tmp_path / "v"],
+                ["report", root, "--claims", "quick", "--out", tmp_path / "r"],
+                tiny(root / "seed2", "train.seed=2"))
+    for command in commands:
         code, text = run_cli(*command)
         line = one_line(text)
         assert code == 2 and f"{target}: the result of another run (seed 1 (the run's is 2))" \
@@ -227,10 +221,7 @@ def test_a_foreign_or_edited_eval_json_is_refused(seeds, tmp_path):
     data = json.loads(own)
     data["token_accuracy"] = 0.99  # a hand edit
     target.write_text(json.dumps(data))
-    for command in (["figures", root, "--out", tmp_path / "f"],
-                    ["verify", root, "--claims", "quick", "--out", tmp_path / "v"],
-                    ["report", root, "--claims", "quick", "--out", tmp_path / "r"],
-                    tiny(root / "seed2", "train.seed=2")):
+    for command in commands:
         code, text = run_cli(*command)
         line = one_line(text)
         assert code == 2 and f"{target}: not the eval.json this run wrote" in line \
