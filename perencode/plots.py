@@ -45,6 +45,7 @@ from perencode.lock import hold
 from perencode.naming import format_value, ordered, short_key, short_names
 from perencode.recipe import BOOKKEEPING, KIND_SECTIONS, kind_base
 from perencode.results import (
+    ORIGIN,
     Results,
     flatten,
     results_table,
@@ -502,29 +503,69 @@ def settings(df: pd.DataFrame, columns: list[str],
     """Split runs by the recipe fields (other than the figure's axes) that differ: one
     (file suffix, rows) per setting, no suffix when they all agree; and the differing fields
     that did not split because they are tied to the axes (one value in every cell of the
-    axes: the quick demo trains K = 32 for fewer iterations than K = 1,024)."""
+    axes: the quick demo trains K = 32 for fewer iterations than K = 1,024).
+
+    Whether a field is tied is decided within each sweep's runs (their ORIGIN), and a
+    sweep's runs are never split by a tied field: the runs of a folder go to the same files
+    whether `figures` is given the folder or its parent, where another sweep may have taken
+    other values. Sweeps whose tied fields disagree in a cell are drawn apart, each file
+    named by the values its runs took (`__iterations=1500,4000`)."""
     differing = [c for c in columns if c not in axes and c not in BOOKKEEPING
                  and df[c].nunique(dropna=False) > 1]
     keys = [a for a in axes if a in df.columns]
+    origins = df[ORIGIN] if ORIGIN in df.columns else pd.Series("", index=df.index)
     tied = []
     if keys and differing:
-        cells = df.groupby(keys, dropna=False)
+        cells = df.groupby([origins, *(df[k] for k in keys)], dropna=False)
         tied = [c for c in differing if cells[c].nunique(dropna=False).max() <= 1]
         differing = [c for c in differing if c not in tied]
-    if not differing:
-        return [("", df)], tied
-    names = short_names(differing)
-    out: list[tuple[str, pd.DataFrame]] = []
-    for values, part in df.groupby(differing, dropna=False, sort=True):
+    names = short_names([*differing, *tied])
+    split = df.groupby(differing, dropna=False, sort=True) if differing else [((), df)]
+    found: list[tuple[dict[str, str], pd.DataFrame]] = []
+    for values, part in split:
         values = values if isinstance(values, tuple) else (values,)
-        suffix = "__" + "_".join(f"{names[c]}={format_value(v)}"
-                                 for c, v in zip(differing, values))
+        named = {c: format_value(v) for c, v in zip(differing, values)}
+        groups = _agreeing(part, origins[part.index], keys, tied)
+        apart = [c for c in tied if len({_values(g, c) for g in groups}) > 1]
+        found += [({**named, **{c: _values(g, c) for c in apart}}, g) for g in groups]
+    if len(found) == 1:
+        return [("", df)], tied
+    out: list[tuple[str, pd.DataFrame]] = []
+    for named, part in found:
+        suffix = "__" + "_".join(f"{names[c]}={v}" for c, v in named.items())
         taken = {name for name, _ in out}
         # two values spelt alike in a file name ("a b" and "a_b"): never one file for both
         unique = suffix if suffix not in taken else next(
             f"{suffix}_{n}" for n in range(2, len(out) + 3) if f"{suffix}_{n}" not in taken)
         out.append((unique, part))
     return out, tied
+
+
+def _values(df: pd.DataFrame, column: str) -> str:
+    """The values a field takes among runs, as a file name spells them: '1500,4000'."""
+    shown = [_spelt(v) for v in ordered(df[column].dropna())]
+    return ",".join(shown + (["unset"] if df[column].isna().any() else []))
+
+
+def _agreeing(part: pd.DataFrame, origins: pd.Series, keys: list[str],
+              tied: list[str]) -> list[pd.DataFrame]:
+    """The runs of `part` in groups of whole sweeps (`origins`) whose `tied` fields take the
+    same values in every cell of the axes both have: each sweep, in the order of their
+    names, joins the first group it agrees with."""
+    if not tied:
+        return [part]
+    groups: list[tuple[dict, list]] = []  # (cell of the axes -> tied values, row labels)
+    for _, sweep in part.groupby(origins, sort=True):
+        plan = {tuple(map(_spelt, row[:len(keys)])): tuple(map(_spelt, row[len(keys):]))
+                for row in sweep[keys + tied].itertuples(index=False)}
+        for seen, labels in groups:
+            if all(seen.get(cell, values) == values for cell, values in plan.items()):
+                seen.update(plan)
+                labels.extend(sweep.index)
+                break
+        else:
+            groups.append((plan, list(sweep.index)))
+    return [part.loc[sorted(labels, key=part.index.get_loc)] for _, labels in groups]
 
 
 def tied_note(df: pd.DataFrame, tied: list[str], axes: list[str]) -> str:

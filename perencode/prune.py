@@ -67,7 +67,13 @@ def plan_run(run_dir: Path, without_stability: bool = False) -> Pruned:
     status = run.status()
     found = Pruned(run_dir, status["state"])
     if status["state"] == runs.UNFINISHED:
-        found.kept_because = "unfinished: its checkpoints resume it"
+        if run.newest_checkpoint() is not None:
+            found.kept_because = "unfinished: its checkpoints resume it"
+        elif run.metrics():
+            found.kept_because = ("unfinished, stopped before its first checkpoint: it "
+                                  "trains again from iteration 0")
+        else:  # a sweep's claimed cell, or a run stopped before its first step
+            found.kept_because = "not started: it trains from iteration 0"
         return found
     if status["state"] == runs.DIVERGED:
         found.kept_because = "diverged: its last finite checkpoint is kept for inspection"

@@ -10,6 +10,7 @@ the same recipe (`recipe.identity`) are kept once: the finished one (`choose`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,7 +220,9 @@ def collect(paths: list[Path], command: str = "figures",
                "complete": status["state"] == runs.FINISHED and not status.get("missing"),
                "fingerprint": fingerprint, "code": identity.code_digest(entry),
                **({"code_changes_accepted": "; ".join(accepted)} if accepted else {})}
-        tag = runs.sweep_record(run_dir).get("tag")
+        record = runs.sweep_record(run_dir)
+        row[ORIGIN] = origin(run_dir, record)
+        tag = record.get("tag")
         if tag:  # `sweep --tag`: a column only where a run has one
             row["tag"] = str(tag)
         if diverged:
@@ -249,6 +252,20 @@ def collect(paths: list[Path], command: str = "figures",
     joined = {name: pd.concat(parts, ignore_index=True) for name, parts in tables.items()}
     mixed = mark_mixed_code(frame, recipe_columns)
     return Results(frame, joined, recipe_columns, duplicates, notes, mixed)
+
+
+# Results.runs' column naming the sweep a run belongs to (`origin`)
+ORIGIN = "origin"
+
+
+def origin(run_dir: Path, record: dict) -> str:
+    """The folder of the sweep that made a run (OUT/<grid>, above its cell's folders, as
+    its sweep.json names the cell), or the folder holding a run trained by hand: the same
+    for a run whichever folder above it was collected (perencode.plots.settings)."""
+    real = Path(os.path.realpath(run_dir))
+    cell = record.get("cell")
+    depth = len(Path(cell).parts) if isinstance(cell, str) and cell else 1
+    return str(real.parents[min(depth, len(real.parents)) - 1])
 
 
 def mark_mixed_code(frame: pd.DataFrame, recipe_columns: list[str]) -> list[str]:

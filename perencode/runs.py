@@ -590,6 +590,18 @@ class Run:
         steps = self.checkpoints()
         return steps[-1][1] if steps else None
 
+    def saved_iteration(self) -> int | None:
+        """The iteration the run resumes from: its newest checkpoint's (resume.pt's read
+        from the file, later than the last logged step; a step-K.pt's from its name), or
+        None without one."""
+        steps = self.checkpoints()
+        if self.resume_path.exists():
+            try:
+                return int(load_checkpoint(self.resume_path)["iteration"])
+            except UserError:  # unreadable: resuming sets it aside and takes the step-K.pt
+                pass
+        return steps[-1][0] if steps else None
+
     def write_eval(self, result: dict, name: str = "eval.json") -> Path:
         """Write `result` to `name`; eval.json of a run recorded finished also gets its
         hash recorded in status.json again (`check_eval`)."""

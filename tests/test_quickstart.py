@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from conftest import ROOT, run_cli
@@ -77,14 +78,23 @@ DEMO_RESULTS = {
 }
 
 
-def demo_runs(name: str, root: Path) -> Path:
-    """Finished runs shaped exactly like the demo's cells, with DEMO_RESULTS' numbers."""
+def demo_runs(name: str, root: Path, sweep: bool = False,
+              iterations: int | None = None) -> Path:
+    """Finished runs shaped exactly like the demo's cells, with DEMO_RESULTS' numbers; with
+    `sweep`, each with the sweep.json a sweep writes; `iterations`: a copy of the grid
+    training every cell for that many iterations."""
     for cell in load_grid(ROOT / DEMOS[name].grid).cells:
         r = cell.recipe
+        if iterations:
+            r = r.model_copy(update={"train": r.train.model_copy(
+                update={"iterations": iterations})})
         acc, dl = DEMO_RESULTS[name][(r.task.vocab_size, r.encoding.kind)][
             DEMO_SEEDS[name].index(r.train.seed)]
-        fake_run(root, cell.name, recipe=r,
-                 metrics={"token_accuracy": acc, "dl_distance": dl, "n_sequences": 1024})
+        run = fake_run(root, cell.name, recipe=r,
+                       metrics={"token_accuracy": acc, "dl_distance": dl, "n_sequences": 1024})
+        if sweep:
+            (run / "sweep.json").write_text(json.dumps(
+                {**cell.record, "name": f"copy{iterations}"} if iterations else cell.record))
     return root
 
 
@@ -114,6 +124,33 @@ def test_the_cpu_demo_is_one_figure(tmp_path, capsys):
     out = " ".join((captured.out + captured.err).split())
     assert "one figure although train.iterations follows vocab_size (32: 1500; 1024: 4000)" \
         in out
+
+
+def test_a_folder_splits_its_runs_alike_reached_directly_or_from_its_parent(tmp_path, capsys):
+    """runs/x: the CPU demo (iterations tied to K); runs/y: a copy of its grid training
+    every cell for 200 iterations. `figures runs` draws x's runs in one file, as `figures
+    runs/x` does, and y's in another, each named by the iterations its runs took."""
+    demo_runs("cpu", tmp_path / "runs" / "x", sweep=True)
+    demo_runs("cpu", tmp_path / "runs" / "y", sweep=True, iterations=200)
+
+    def drawn(path: Path) -> tuple[list[str], str]:
+        make_figures([path], out=tmp_path / "figs" / path.name)
+        table = pd.read_csv(tmp_path / "figs" / path.name / "results.csv")
+        assert len(table) == 16 * (2 if path.name == "runs" else 1)
+        captured = capsys.readouterr()
+        out = " ".join((captured.out + captured.err).split())
+        files = sorted(p.stem for p in (tmp_path / "figs" / path.name).glob("fig02*.png"))
+        return files, out
+
+    alone, said = drawn(tmp_path / "runs" / "x")
+    assert alone == ["fig02_reverse_vocabulary__nonpaper"]
+    assert "one figure although train.iterations follows vocab_size (32: 1500; 1024: 4000)" \
+        in said
+    both, said = drawn(tmp_path / "runs")
+    assert both == ["fig02_reverse_vocabulary__iterations=1500,4000__nonpaper",
+                    "fig02_reverse_vocabulary__iterations=200__nonpaper"]
+    assert "fig02_reverse_vocabulary__iterations=1500,4000__nonpaper: one figure although " \
+        "train.iterations follows vocab_size (32: 1500; 1024: 4000)" in said
 
 
 def test_quickstart_writes_report_html_beside_verify_md(tmp_path, monkeypatch):

@@ -137,6 +137,10 @@ def test_prune_frees_the_checkpoints_and_keeps_what_the_results_need(trained, tm
     (partial / "env.json").write_text(json.dumps(env))
     dual = tmp_path / "runs" / "dual"
     assert run_cli(*_train_args(dual, recipe=DUAL))[0] == 0
+    fresh = tmp_path / "runs" / "fresh"  # a cell a sweep claimed and never started
+    runs.Run(fresh).claim(runs.read_recipe(trained))
+    early = _copy(partial, tmp_path / "runs" / "early")  # stopped before its first checkpoint
+    shutil.rmtree(early / "checkpoints")
     kept = {p: p.stat().st_size for p in (tmp_path / "runs").rglob("*") if p.is_file()}
 
     code, text = run_cli("prune", tmp_path / "runs", "--dry-run")
@@ -146,6 +150,10 @@ def test_prune_frees_the_checkpoints_and_keeps_what_the_results_need(trained, tm
     assert ("would record status.json first (no record: finished inferred from eval.json of "
             "the final iteration)") in text
     assert f"{partial}: nothing deleted, unfinished: its checkpoints resume it" in text
+    assert f"{fresh}: nothing deleted, not started: it trains from iteration 0" in text
+    assert (f"{early}: nothing deleted, unfinished, stopped before its first checkpoint: it "
+            "trains again from iteration 0") in text
+    assert text.count("resume") == 1, text
     assert f"{dual}: nothing deleted, kept 2 checkpoint(s) stability.csv does not cover" in text
     assert "eval.json: its held-out metrics (figures, verify, report)" in text
     assert {p: p.stat().st_size for p in kept if p.exists()} == kept  # nothing deleted

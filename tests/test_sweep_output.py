@@ -73,12 +73,16 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new
     assert "Traceback" not in output
     lines = [line for line in output.splitlines() if line.startswith("interrupted:")]
     assert len(lines) == 1, output
-    step = runs.Run(first).metrics()[-1]["step"]
+    logged = runs.Run(first).metrics()[-1]["step"]
     assert re.fullmatch(rf"interrupted: 1 run\(s\) stopped with a checkpoint \({CELLS[0]} at "
-                        rf"step \d+\); 1 not started; 0 of 2 finished\. Run the same command "
-                        r"again to resume \(finished runs are skipped\)\.", lines[0]), lines
-    at = re.search(r"at step (\d+)", lines[0])
-    assert at and int(at[1]) == step  # its last logged step
+                        rf"iteration \d+\); 1 not started; 0 of 2 finished\. Run the same "
+                        r"command again to resume \(finished runs are skipped\)\.",
+                        lines[0]), lines
+    at = re.search(r"at iteration (\d+)", lines[0])
+    saved = runs.load_checkpoint(first / "checkpoints/resume.pt")["iteration"]
+    # the checkpoint it resumes from, as the worker says, not its last logged step
+    assert at and int(at[1]) == saved >= logged, (saved, logged)
+    assert f"interrupted at iteration {saved}" in (first / "train.log").read_text()
     # The never-started cell is not listed as a problem ("new: DIR: "), only counted.
     assert not [line for line in output.splitlines() if line.startswith(("new:", "partial:"))]
     assert (first / "checkpoints/resume.pt").exists()
@@ -87,6 +91,28 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new
     states = {r.cell.name: r.state for r in plan(load_grid(grid), out)}
     assert states == {CELLS[0]: RunState.PARTIAL, CELLS[1]: RunState.NEW}
     assert not (out / "g" / CELLS[1]).exists()
+
+
+def test_a_stopped_run_is_named_at_the_iteration_of_its_checkpoint(tmp_path):
+    """A worker stopped at iteration 7 (resume.pt), its last logged row at step 0: the stop
+    line names iteration 7, where it resumes; with no resume.pt, its last step-K.pt."""
+    from perencode.sweep.board import interrupted_line
+    from perencode.sweep.plan import refresh_stopped
+
+    planned = plan(load_grid(_grid(tmp_path)), tmp_path / "runs")
+    first = planned[0]
+    run = runs.Run(first.dir)
+    run.claim(first.cell.recipe)
+    run.log({"step": 0, "loss": 2.0, "accuracy": 0.1, "lr": 0.0, "seconds": 0.1})
+    run.checkpoint_dir.mkdir()
+    run.checkpoint_path(5).write_bytes(b"")
+    refresh_stopped(first)
+    assert first.step == 5
+    run.save({"iteration": 7, "model": {}}, interrupted=True)
+    refresh_stopped(first)
+    first.state = RunState.INTERRUPTED
+    assert first.step == 7
+    assert f"({first.cell.name} at iteration 7); 1 not started" in interrupted_line(planned)
 
 
 def test_cells_are_claimed_as_they_start_so_a_stopped_sweep_leaves_the_others_free(tmp_path):

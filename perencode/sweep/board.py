@@ -121,7 +121,7 @@ def interrupted_line(runs: list[PlannedRun]) -> str:
     stopped = [r for r in runs if r.state == RunState.INTERRUPTED]
     waiting = sum(r.state in (RunState.NEW, RunState.PARTIAL) for r in runs)
     finished = sum(r.state in (RunState.DONE, RunState.REUSE) for r in runs)
-    named = ", ".join(f"{r.cell.name} at step {r.step}" for r in stopped[:3]) + \
+    named = ", ".join(f"{r.cell.name} at iteration {r.step}" for r in stopped[:3]) + \
         (f" and {len(stopped) - 3} more" if len(stopped) > 3 else "")
     what = f"{len(stopped)} run(s) stopped with a checkpoint ({named})" if stopped else \
         "no run was training"

@@ -32,7 +32,7 @@ from perencode.grid import Grid, SlurmConfig
 from perencode.lock import PARENT_ENV, describe, live_holder
 from perencode.sweep.board import Board, interrupted_line
 from perencode.sweep.options import SweepOptions
-from perencode.sweep.plan import PlannedRun, RunState, claim, refresh
+from perencode.sweep.plan import PlannedRun, RunState, claim, refresh, refresh_stopped
 
 
 def _die_with(parent: int):
@@ -164,6 +164,7 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
                 elif code in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP):
                     # Stopped from outside with a checkpoint (train's exit on a stop signal).
                     run.state = RunState.INTERRUPTED
+                    refresh_stopped(run)
                     run.message = f"stopped by a signal; rerun the sweep to resume (log: " \
                                   f"{run.dir / 'train.log'})"
                 else:
@@ -191,11 +192,12 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
         for run in mine:
             code = run.proc.wait()
             run.log.close()
-            refresh(run)
             run.eta_s = None
             if code == 0 and not run.commands:  # it finished as the signal came
+                refresh(run)
                 run.state, run.message = RunState.DONE, ""
             else:
+                refresh_stopped(run)
                 run.state, run.message = RunState.INTERRUPTED, "rerun the sweep to resume"
         for run in active:
             if run.proc is None:  # an earlier sweep's worker held it: this one never began

@@ -128,6 +128,16 @@ def refresh(run: PlannedRun) -> None:
         run.eta_s = (run.iterations - run.step) / rate if rate > 0 else None
 
 
+def refresh_stopped(run: PlannedRun) -> None:
+    """`refresh` a run whose worker stopped on a signal, its step then the iteration of the
+    checkpoint it left (what it resumes from: metrics.jsonl is written only every
+    train.log_every)."""
+    refresh(run)
+    saved = runs.Run(run.dir).saved_iteration()
+    if saved is not None:
+        run.step = saved
+
+
 # --------------------------------------------------------------------------------------
 # SLURM jobs recorded by earlier sweeps (so that a rerun collects them, not resubmits)
 # --------------------------------------------------------------------------------------
