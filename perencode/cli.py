@@ -230,7 +230,7 @@ def train(
     recipe: Path = typer.Argument(..., help="TOML recipe, e.g. recipes/gru_vocab256.toml."),
     overrides: Overrides = None,
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory.",
-                                        show_default=f"{defaults.RUNS}/<recipe>/seed-<seed>"),
+                                        show_default=f"{defaults.RUNS}/<recipe>/seed=<seed>"),
     old_out: OldOut = None,
     device: Device = defaults.DEVICE,
     progress: Progress = True,

@@ -201,7 +201,17 @@ def holds_run(recipe_path: str | Path) -> bool:
 
 
 def default_run_dir(recipe_path: str | Path, seed: int) -> Path:
-    return defaults.RUNS / Path(recipe_path).stem / f"seed-{seed}"
+    """RUNS/<recipe stem>/seed=<seed>, the seed named as a sweep names its axes
+    (perencode.naming). A run an earlier perencode made at RUNS/<stem>/seed-<seed> is that
+    run (resumed or reported) while no seed=<seed> folder exists; a note says so."""
+    folder = defaults.RUNS / Path(recipe_path).stem
+    named, earlier = folder / f"seed={seed}", folder / f"seed-{seed}"
+    if not named.exists() and (earlier / "recipe.toml").is_file():
+        console.print(f"note: {earlier}: the run of this recipe and seed, in the folder an "
+                      f"earlier perencode named (new runs go to {named})", highlight=False,
+                      soft_wrap=True)
+        return earlier
+    return named
 
 
 def read_recipe(run_dir: str | Path, any_kind: bool = False) -> Recipe:

@@ -1,4 +1,5 @@
 import json
+import os
 import re
 from importlib import metadata
 from pathlib import Path
@@ -134,7 +135,7 @@ def test_help_text_is_complete(name):
 
 
 def test_written_defaults_are_shown():
-    assert "[default: (runs/<recipe>/seed-<seed>)]" in _flat(_help("train", columns=200))
+    assert "[default: (runs/<recipe>/seed=<seed>)]" in _flat(_help("train", columns=200))
     assert "[default: (wikitext-103-raw-v1)]" in _flat(_help("lm-prepare", columns=200))
     assert "[default: (2 on the CPU, 6 sharing the GPU)]" in _flat(_help("quickstart",
                                                                           columns=200))
@@ -246,6 +247,28 @@ def test_train_out_is_the_old_spelling_of_run_dir(cli, tmp_path):
     assert "note: --out is now --run-dir" in text and (run / "eval.json").exists()
     code, text = cli(*args, "--out", run, "--run-dir", run)
     assert code == 2 and "--out is the old spelling of --run-dir" in text
+
+
+def test_train_names_its_run_as_a_sweep_names_a_seed_and_finds_an_earlier_name(
+        cli, tmp_path, monkeypatch):
+    """Without --run-dir: runs/<recipe>/seed=111, the sweep's `key=value` spelling; a run an
+    earlier perencode put at runs/<recipe>/seed-111 is still that run (reported, not
+    trained again beside it)."""
+    monkeypatch.chdir(tmp_path)
+    args = ["train", RECIPE, "--device", "cpu", "--no-progress",
+            *tiny_overrides("train.iterations=2", "task.vocab_size=8", "task.length=4")]
+    code, text = cli(*args)
+    assert code == 0, text
+    named = Path("runs") / Path(RECIPE).stem / "seed=111"
+    assert (named / "eval.json").exists() and os.listdir(named.parent) == ["seed=111"]
+    named.rename(named.parent / "seed-111")
+    code, text = cli(*args)
+    assert code == 0, text
+    assert (f"note: runs/{Path(RECIPE).stem}/seed-111: the run of this recipe and seed, in the "
+            f"folder an earlier perencode named (new runs go to runs/{Path(RECIPE).stem}/seed=111)"
+            in _flat(text))
+    assert f"runs/{Path(RECIPE).stem}/seed-111: run is already complete" in _flat(text)
+    assert os.listdir(named.parent) == ["seed-111"]
 
 
 def test_sweep_out_is_the_old_spelling_of_runs(monkeypatch, tmp_path):

@@ -67,3 +67,16 @@ def test_nothing_points_outside_the_repository():
                  for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if any(word in line for word in OUTSIDE)]
     assert not offenders, "\n".join(offenders)
+
+
+def test_no_text_promises_a_dry_run_without_waiting():
+    """`sweep --dry-run` trains nothing but imports torch and plans every cell: 15 s on a
+    busy 2-core machine (Fig. 2's grid, 40 cells), which is what the README says of it."""
+    word = "inst" + "ant"  # built from parts so that this file does not match itself
+    offenders = [f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
+                 for path in cited_files()
+                 for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if "dry" in line.lower() and word in line.lower()]
+    assert not offenders, "\n".join(offenders)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "--dry-run          # runs, disk, device-hours (trains nothing; 15-25 s)" in readme

@@ -152,7 +152,7 @@ def test_analyses_run_after_training_until_their_output_is_complete(swept):
     assert again[0].commands == [] and all(r.commands for r in again[1:])
 
 
-def test_dry_run_is_instant_trains_nothing_and_writes_nothing(tmp_path, monkeypatch):
+def test_dry_run_trains_nothing_and_writes_nothing(tmp_path, monkeypatch):
     """No training step, no bench, no file: the plan, disk and (unmeasured) device-hours."""
     def forbidden(*args, **kwargs):
         raise AssertionError("--dry-run ran a training step")
