@@ -158,7 +158,7 @@ def _save(fig, stem: Path, note: str = "", error_bars: bool = True) -> list[Path
         fig.text(0.005, 0.005, ERROR_BARS, ha="left", va="bottom", fontsize="x-small")
     if note:  # about 13 characters an inch at this size; a setting is not split
         lines, width = [""], int(13 * fig.get_figwidth())
-        for piece in note.split("; "):
+        for piece in _marked(note, width).split("; "):
             joined = f"{lines[-1]}; {piece}" if lines[-1] else piece
             if len(joined) <= width or not lines[-1]:
                 lines[-1] = joined
@@ -173,6 +173,24 @@ def _save(fig, stem: Path, note: str = "", error_bars: bool = True) -> list[Path
         atomic_write_bytes(path, buffer.getvalue())
     plt.close(fig)
     return paths
+
+
+def _marked(note: str, width: int) -> str:
+    """`note` with its paper difference (paper_difference) cut to one line of `width`
+    characters where it is longer: the settings' names without their values ('Not the
+    paper's settings: length, hidden_size and 3 more'). The figure says that it differs and
+    where; the values are said once, under it on the report's page and by `figures`."""
+    if len(note) <= width or not note.startswith(NOT_PAPER):
+        return note
+    pieces = note.removeprefix(NOT_PAPER).split("; ")
+    others = [p for p in pieces if p.startswith(TAGGED)]  # `tags`, after the settings
+    names = [p.split(" ", 1)[0] for p in pieces if p not in others]
+    for shown in range(len(names), 0, -1):
+        line = NOT_PAPER + ", ".join(names[:shown]) + (
+            f" and {len(names) - shown} more" if shown < len(names) else "")
+        if len(line) <= width:
+            break
+    return "; ".join([line, *others])
 
 
 def _archs(df: pd.DataFrame) -> list[str]:
@@ -682,7 +700,11 @@ def paper_difference(part: pd.DataFrame, figure: Figure, columns: list[str]) -> 
     shown = [f"{names[c]} {', '.join(map(_spelt, _in_order(c, ours)))} (paper: "
              f"{', '.join(dict.fromkeys(map(_spelt, _in_order(c, theirs))))})"
              for c, (ours, theirs) in found.items()]
-    return "Not the paper's settings: " + "; ".join(shown)
+    return NOT_PAPER + "; ".join(shown)
+
+
+NOT_PAPER = "Not the paper's settings: "
+TAGGED = "Sweep tag: "
 
 
 def draw_figures(results: Results, out: Path, compare_with_paper: bool = True) -> list[Path]:
@@ -805,7 +827,7 @@ def _in_setting(runs: pd.DataFrame, part: pd.DataFrame, columns: list[str],
 def tags(runs: pd.DataFrame) -> str:
     """'Sweep tag: lr-low, lr-high' for runs made by tagged sweeps (`sweep --tag`), or ''."""
     found = sorted(set(runs["tag"].dropna())) if "tag" in runs.columns else []
-    return f"Sweep tag: {', '.join(found)}" if found else ""
+    return f"{TAGGED}{', '.join(found)}" if found else ""
 
 
 def _draw(figure: Figure, results, out: Path, drawn: set,

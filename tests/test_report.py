@@ -161,6 +161,33 @@ def test_report_through_the_cli(tmp_path, cli):
             "4000).") in fig2
 
 
+def test_the_demo_figure_says_it_is_not_the_papers_in_one_line_and_the_page_how(
+        tmp_path, cli, monkeypatch):
+    """The quick demo's Fig. 2 differs from the paper's in nine settings: the figure says so
+    in one line (its file name ends in __nonpaper), naming as many as fit; the values, each
+    with the paper's, are said once on the page, under the figure."""
+    from perencode import plots
+    titles: dict[str, str] = {}
+    save = plots._save
+
+    def keep(fig, stem, note="", **options):
+        written = save(fig, stem, note, **options)
+        titles[stem.name] = fig._suptitle.get_text() if fig._suptitle else ""
+        return written
+
+    monkeypatch.setattr(plots, "_save", keep)
+    runs = quick_runs(tmp_path / "runs")
+    assert cli("report", runs, "--claims", "quick", "--out", tmp_path / "figures")[0] == 0
+    title = titles["fig02_reverse_vocabulary__nonpaper"]
+    assert title == "Not the paper's settings: vocab_size, length and 7 more"  # 5 inches
+    page = (tmp_path / "figures" / REPORT).read_text()
+    full = ("Not the paper&#x27;s settings: vocab_size 1024 (paper: 32, 64, 128, 256); length "
+            "6 (paper: 64); hidden_size 128 (paper: 512); embed_size 64 (paper: 512); lr 0.01 "
+            "(paper: 0.001); warmup 100 (paper: 1000); schedule cosine (paper: timm); "
+            "iterations 1500, 4000 (paper: 300000); batch_size 64 (paper: 512).")
+    assert page.count(full) == 1 and full in sections(page)["fig02_reverse_vocabulary__nonpaper"]
+
+
 def test_a_wrong_claims_file_is_one_line_before_any_drawing(paper_like, tmp_path, cli):
     code, output = cli("report", paper_like, "--claims", "papr", "--out", tmp_path / "out")
     assert code == 2 and "papr: claims file not found" in output
