@@ -206,7 +206,7 @@ def main(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
     plugin: list[str] = typer.Option(
-        [], "--plugin", metavar="FILE_OR_MODULE", help="Load a plugin's tasks, models or "
+        [], "--plugin", metavar="PLUGIN", help="Load a plugin's tasks, models or "
         "encodings: a Python file or an importable module (docs/extending.md). Repeatable; "
         "also PERENCODE_PLUGINS (a path-separated list). Installed plugins (entry points "
         "perencode.kinds) load by themselves, unless PERENCODE_DISABLE_PLUGIN_AUTOLOAD=1. "

@@ -112,6 +112,15 @@ def test_help_lists_every_command(cli):
     assert "--version" in text and "--install-completion" in text
 
 
+def test_the_top_level_help_is_not_cut_at_80_columns():
+    """`perencode --help` in an 80-column terminal: --plugin's help whole, its longest word
+    (the variable that turns autoloading off) not cut with an ellipsis."""
+    narrow = _help(columns=80)
+    assert "…" not in narrow, narrow
+    assert "unless PERENCODE_DISABLE_PLUGIN_AUTOLOAD=1. A sweep hands them to its workers " \
+        "and jobs." in _flat(narrow)
+
+
 @pytest.mark.parametrize("name", sorted(_commands()))
 def test_help_text_is_complete(name):
     """Every bracketed note of a help string and every written default is shown (rich
