@@ -726,7 +726,9 @@ def prune(
 def verify(
     runs: RunPaths,
     claims: Claims = defaults.CLAIMS,
-    out: Annotated[Path, out_folder("verify.md and verify.json")] = defaults.FIGURES,
+    out: Annotated[Path | None, out_folder(
+        "verify.md and verify.json", show_default=f"{defaults.FIGURES}, or "
+        f"{defaults.FIGURES}/<name> for a claims file <name>.toml not bundled")] = None,
     report_only: bool = typer.Option(False, "--report-only", help="Exit 0 whatever the "
                                      "verdicts (errors still exit 2): runs too small to "
                                      "decide, as in `make rehearsal`."),

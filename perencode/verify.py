@@ -18,6 +18,7 @@ from perencode.io import atomic_write_json, atomic_write_text, remove_stale_temp
 from perencode.lock import hold
 from perencode.results import say_left_out
 from perencode.verdicts import (
+    BUNDLED_CLAIMS,
     FAIL,
     INCONCLUSIVE,
     NOT_RUN,
@@ -26,6 +27,7 @@ from perencode.verdicts import (
     Checked,
     Outcome,
     check_claims,
+    claims_file,
     outside_plan,
     paper_interval,
     reproduced,
@@ -62,13 +64,23 @@ def report_markdown(checked: Checked, run_paths: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def default_out(claims: str | Path) -> Path:
+    """Where verify writes without --out: figures/ for a bundled claims file, figures/<its
+    name>/ for one of one's own, so that its verdicts never replace the paper's verify.md
+    (nor another claims file's)."""
+    path = claims_file(claims)
+    bundled = path.resolve().parent == BUNDLED_CLAIMS.resolve()
+    return defaults.FIGURES if bundled else defaults.FIGURES / path.stem
+
+
 def verify_runs(runs: list[Path], claims: str | Path = defaults.CLAIMS,
-                out: Path = defaults.FIGURES, as_json: bool = False,
+                out: Path | None = None, as_json: bool = False,
                 accept_code_change: bool = False, plan: Path | None = None) -> int:
     """Evaluate every claim; print a summary, the decided claims and the reasons of those
     not run (`as_json`: the whole verify.json document on stdout instead), and write
-    verify.md and verify.json into `out`. Returns 1 if a claim fails (inconclusive and not
-    run do not fail), else 0."""
+    verify.md and verify.json into `out` (None: `default_out`). Returns 1 if a claim fails
+    (inconclusive and not run do not fail), else 0."""
+    out = default_out(claims) if out is None else out
     checked = check_claims(runs, claims, accept_code_change=accept_code_change)
     if plan is not None:
         outside_plan(checked, plan)

@@ -5,6 +5,7 @@ and no text points at a document the repository does not hold."""
 from __future__ import annotations
 
 import re
+import subprocess
 
 import pytest
 from conftest import ROOT
@@ -80,3 +81,18 @@ def test_no_text_promises_a_dry_run_without_waiting():
     assert not offenders, "\n".join(offenders)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "--dry-run          # runs, disk, device-hours (trains nothing; 15-25 s)" in readme
+
+
+def test_an_examples_commands_write_only_where_git_ignores():
+    """Following an example's README from the checkout's root leaves nothing untracked:
+    every folder its commands write into (--out, --runs, and their defaults figures/ and
+    runs/) is ignored by .gitignore."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    folders = {"runs", "figures"}  # the defaults of --runs and --out
+    for readme in sorted((ROOT / "examples").glob("*/README.md")):
+        folders |= set(re.findall(r"--(?:out|runs)\s+([^\s`]+)", readme.read_text("utf-8")))
+    assert "figures/mingru" in folders
+    found = subprocess.run(["git", "check-ignore", "--no-index", *(f"{f}/x" for f in folders)],
+                           cwd=ROOT, capture_output=True, text=True, check=False)
+    assert set(found.stdout.split()) == {f"{f}/x" for f in folders}, found

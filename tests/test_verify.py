@@ -168,6 +168,27 @@ def test_verdicts_on_known_numbers(runs_root, tmp_path):
     assert got["s4d"]["runs"] == [] and len(got["pe-above-95"]["runs"]) == 6
 
 
+def test_own_claims_without_out_leave_the_papers_verdicts_alone(runs_root, tmp_path,
+                                                                monkeypatch):
+    """Without --out the paper's claims go to figures/verify.md and a claims file of one's
+    own to figures/<its name>/: neither replaces the other's verdicts."""
+    from conftest import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    own = write(tmp_path, CLAIMS)
+    assert run_cli("verify", runs_root, "--report-only")[0] == 0
+    paper = (tmp_path / "figures" / "verify.md").read_text()
+    assert paper.startswith("# Claims of ") and "paper.toml" in paper.splitlines()[0]
+    code, text = run_cli("verify", runs_root, "--claims", own)
+    assert code == 0 and "wrote figures/claims/verify.md and figures/claims/verify.json" \
+        in " ".join(text.split()), text
+    assert json.loads((tmp_path / "figures" / "claims" / "verify.json").read_text())[
+        "claims"] == str(own)
+    assert (tmp_path / "figures" / "verify.md").read_text() == paper
+    assert run_cli("verify", runs_root, "--claims", "quick", "--report-only")[0] == 0
+    assert "quick.toml" in (tmp_path / "figures" / "verify.md").read_text().splitlines()[0]
+
+
 def test_a_false_claim_fails_the_run(runs_root, tmp_path):
     false = CLAIMS + f'''
 [[claim]]
