@@ -569,21 +569,28 @@ def _agreeing(part: pd.DataFrame, origins: pd.Series, keys: list[str],
               tied: list[str]) -> list[pd.DataFrame]:
     """The runs of `part` in groups of whole sweeps (`origins`) whose `tied` fields take the
     same values in every cell of the axes both have: each sweep, in the order of their
-    names, joins the first group it agrees with."""
+    names, joins the first group it agrees with that took the same values (a setting like
+    any other), else the first it agrees with (a sweep of a few of another's cells)."""
     if not tied:
         return [part]
     groups: list[tuple[dict, list]] = []  # (cell of the axes -> tied values, row labels)
+
+    def taken(plan: dict) -> set:
+        return set(plan.values())
+
     for _, sweep in part.groupby(origins, sort=True):
         plan = {tuple(map(_spelt, row[:len(keys)])): tuple(map(_spelt, row[len(keys):]))
                 for row in sweep[keys + tied].itertuples(index=False)}
-        for seen, labels in groups:
-            if all(seen.get(cell, values) == values for cell, values in plan.items()):
-                seen.update(plan)
-                labels.extend(sweep.index)
-                break
+        agreeing = [(seen, labels) for seen, labels in groups
+                    if all(seen.get(cell, values) == values for cell, values in plan.items())]
+        alike = [g for g in agreeing if taken(g[0]) == taken(plan)]
+        if agreeing:
+            seen, labels = (alike or agreeing)[0]
+            seen.update(plan)
+            labels.extend(sweep.index)
         else:
             groups.append((plan, list(sweep.index)))
-    return [part.loc[sorted(labels, key=part.index.get_loc)] for _, labels in groups]
+    return [part[part.index.isin(labels)] for _, labels in groups]
 
 
 def tied_note(df: pd.DataFrame, tied: list[str], axes: list[str]) -> str:

@@ -317,3 +317,34 @@ def test_unfinished_runs_in_results_are_named(paper_like, tmp_path, capsys):
     assert f"{paper_like}/unfinished" in err
     table = pd.read_csv(tmp_path / "results.csv")
     assert list(table.loc[~table["complete"], "run"]) == [str(paper_like / "unfinished")]
+
+
+def test_a_sweeps_runs_are_split_alike_with_or_without_other_sweeps():
+    """plots.settings over runs of several sweeps (the ORIGIN column): a field tied to the
+    figure's axis within each sweep never splits a sweep; sweeps that disagree in a cell go
+    to files named by the values each took; a sweep that took one value joins the group of
+    that value, not merely the first it agrees with."""
+    from perencode.plots import settings
+    from perencode.results import ORIGIN
+
+    def runs(origin: str, column: str, by_k: dict) -> list[dict]:
+        return [{ORIGIN: origin, "task.vocab_size": k, "model.arch": "gru", column: v,
+                 "train.seed": seed} for k, v in by_k.items() for seed in (111, 222)]
+
+    columns = ["task.vocab_size", "model.arch", "train.iterations"]
+    axes = ["model.arch", "task.vocab_size"]
+    demo = runs("runs/x/quick", "train.iterations", {32: 1500, 1024: 4000})
+    short = runs("runs/y/quick", "train.iterations", {32: 200, 1024: 200})
+    alone, tied = settings(pd.DataFrame(demo), columns, axes)
+    assert [(s, len(p)) for s, p in alone] == [("", 4)] and tied == ["train.iterations"]
+    both, tied = settings(pd.DataFrame(demo + short), columns, axes)
+    assert [(s, sorted(set(p[ORIGIN]))) for s, p in both] == [
+        ("__iterations=1500,4000", ["runs/x/quick"]), ("__iterations=200", ["runs/y/quick"])]
+    assert tied == ["train.iterations"]
+    # One value each (an lr per sweep): grouped by value, whatever the sweeps' order.
+    lr = ["task.vocab_size", "model.arch", "optim.lr"]
+    frame = pd.DataFrame(runs("1", "optim.lr", {32: 0.02}) + runs("2", "optim.lr", {32: 0.01})
+                         + runs("3", "optim.lr", {64: 0.01}))
+    parts, _ = settings(frame, lr, axes)
+    assert [(s, sorted(set(p[ORIGIN]))) for s, p in parts] == [
+        ("__lr=0.02", ["1"]), ("__lr=0.01", ["2", "3"])]
