@@ -4,6 +4,11 @@ Every `UserError` becomes one red line on stderr and exit code 2. Each
 command imports what it runs inside its function, so `perencode --help`, `--version` and
 shell completion start without loading torch, pandas, matplotlib or submitit (and on any
 platform: the POSIX-only modules are reached only by the commands that use them).
+
+One declaration style: every parameter is `Annotated[type, typer.Option/Argument(...)]` with
+its default after `=`. An option several commands take is declared once below (an alias, or a
+function of the help that differs between them); the sweep's own options are declared beside
+SweepOptions (perencode.sweep.options), which they fill.
 """
 
 from __future__ import annotations

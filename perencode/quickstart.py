@@ -64,7 +64,6 @@ def start(device: str = defaults.DEVICE, runs: Path = defaults.RUNS,
     of its figures and claims (below `runs` and `figures`, named after its grid)."""
     demo = choose_demo(device, torch.cuda.is_available())
     demo = replace(demo, grid=repository_root() / demo.grid)
-    demo = replace(demo, grid=repository_root() / demo.grid)
     if not demo.grid.is_file():
         raise UserError(f"{demo.grid}: not found; run the quick demo from the repository root "
                         "(or /work in the container)")
