@@ -4,6 +4,11 @@ Every `UserError` becomes one red line on stderr and exit code 2. Each
 command imports what it runs inside its function, so `perencode --help`, `--version` and
 shell completion start without loading torch, pandas, matplotlib or submitit (and on any
 platform: the POSIX-only modules are reached only by the commands that use them).
+
+One declaration style: every parameter is `Annotated[type, typer.Option/Argument(...)]` with
+its default after `=`. An option several commands take is declared once below (an alias, or a
+function of the help that differs between them); the sweep's own options are declared beside
+SweepOptions (perencode.sweep.options), which they fill.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from rich.table import Table
 from perencode import __version__, defaults, kinds
 from perencode.console import SAID, console, guard_output, results
 from perencode.errors import UserError, refused_write
+from perencode.sweep import options as sweep_options
 
 
 class _PlainArgument(typer.core.TyperArgument):
@@ -52,9 +58,26 @@ def _unwrapped(text: str | None) -> str | None:
     return "\n\n".join(p if p.startswith("\b") else " ".join(p.split()) for p in paragraphs)
 
 
+def _plain(argument: typer.core.TyperArgument) -> _PlainArgument:
+    """`argument` as a _PlainArgument, through the constructor typer itself calls: typer has
+    no `cls=` for a parameter, as click.argument has. (No argument here declares its own
+    shell completion, which this would have to carry over too.)"""
+    envvar = argument.envvar
+    return _PlainArgument(
+        param_decls=[argument.name or ""], type_descriptor=argument.type_descriptor,
+        required=argument.required, default=argument.default, callback=argument.callback,
+        nargs=argument.nargs, metavar=argument.metavar, expose_value=argument.expose_value,
+        is_eager=argument.is_eager, show_default=argument.show_default,
+        envvar=envvar if envvar is None or isinstance(envvar, str) else list(envvar),
+        show_choices=argument.show_choices, show_envvar=argument.show_envvar,
+        help=argument.help, hidden=argument.hidden, min=argument.min, max=argument.max,
+        rich_help_panel=argument.rich_help_panel)
+
+
 class _PlainHelp:
     """Help without typer 0.29's `<bool>` beside every flag (a flag takes no value), its
-    paragraphs wrapped once (_unwrapped)."""
+    arguments spelt as click spells them (_PlainArgument), its paragraphs wrapped once
+    (_unwrapped)."""
 
     def __init__(self, *args, **kwargs):
         kwargs["help"] = _unwrapped(kwargs.get("help"))
@@ -62,15 +85,15 @@ class _PlainHelp:
             # The whole first paragraph in a list of commands: click would cut it at 45
             # characters ("...") where typer renders without rich (TYPER_USE_RICH=0).
             kwargs["short_help"] = kwargs["help"].split("\n\n")[0].removeprefix("\b")
+        kwargs["params"] = [_plain(param) if isinstance(param, typer.core.TyperArgument)
+                            else param for param in kwargs.get("params") or []]
         super().__init__(*args, **kwargs)
 
     def get_params(self, ctx) -> list:
         params = super().get_params(ctx)  # type: ignore[misc]
-        for param in params:
+        for param in params:  # --help among them, which click adds here
             if isinstance(param, typer.core.TyperOption) and param.is_flag:
                 param.metavar = ""
-            elif isinstance(param, typer.core.TyperArgument):
-                param.__class__ = _PlainArgument
         return params
 
 
@@ -135,30 +158,57 @@ ACCEPT_HELP = ("Use the code loaded now although a kind's code differs from the 
                "made the run (as its identity.json records); the output says so.")
 
 
+# The options several commands share, declared once: an alias where the help is the same
+# everywhere, a function of what differs (the command's own note) where it is not. Their
+# defaults are perencode.defaults, the library's own.
 def out_folder(holding: str = "", **kwargs: Any) -> Any:
     """The --out option of a command that writes `holding` into a folder."""
-    return typer.Option(help="Output folder" + (f": {holding}." if holding else "."), **kwargs)
+    return typer.Option("--out", help="Output folder" + (f": {holding}." if holding else "."),
+                        **kwargs)
 
 
-# The options several commands share, declared once; their defaults are perencode.defaults,
-# the library's own.
+def device_option(help: str = DEVICE_HELP) -> Any:
+    """The --device option; `help` where a command takes other devices or says more."""
+    return typer.Option("--device", help=help)
+
+
+def progress_option(help: str = "Show a progress bar / log lines.") -> Any:
+    """The --progress/--no-progress switch; `help`: what it shows."""
+    return typer.Option("--progress/--no-progress", help=help)
+
+
+def json_flag(help: str) -> Any:
+    """The --json flag: `help` says which record goes to stdout, instead of what."""
+    return typer.Option("--json", help=help)
+
+
+def force_flag(help: str) -> Any:
+    """The --force flag: `help` says which check it skips."""
+    return typer.Option("--force", help=help)
+
+
+def dry_run_flag(help: str) -> Any:
+    """The --dry-run flag: `help` says what is shown instead of done."""
+    return typer.Option("--dry-run", help=help)
+
+
 Overrides = Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
                                                      help=SET_HELP)]
-Device = Annotated[str, typer.Option(help=DEVICE_HELP)]
+Device = Annotated[str, device_option()]
 AcceptCode = Annotated[bool, typer.Option("--accept-code", help=ACCEPT_HELP)]
 AcceptData = Annotated[bool, typer.Option(
     "--accept-data", help="Use the prepared data there now although its content differs "
     "from the data that made the run (as its identity.json records); recorded.")]
-Claims = Annotated[str, typer.Option(help="Claims file: a path, or a bundled one (paper, "
-                                          "quick, quick_gpu).")]
+Claims = Annotated[str, typer.Option("--claims", help="Claims file: a path, or a bundled one "
+                                                    "(paper, quick, quick_gpu).")]
 RunsRoot = Annotated[Path | None, typer.Option(
     "--runs", help="Root of the run directories: a grid's runs go in a folder named after it.",
     show_default=str(defaults.RUNS))]
 OldOut = Annotated[Path | None, typer.Option("--out", hidden=True)]  # the old spelling
 RunPaths = Annotated[list[Path], typer.Argument(help="Run directories or folders holding "
                                                      "them.")]
-Progress = Annotated[bool, typer.Option(help="Show a progress bar / log lines.")]
-LiveTable = Annotated[bool, typer.Option(help="Show the live run table.")]
+Progress = Annotated[bool, progress_option()]
+LiveTable = Annotated[bool, progress_option("Show the live run table.")]
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -201,17 +251,18 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+Version = Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")]
+Plugins = Annotated[list[str] | None, typer.Option(
+    "--plugin", metavar="PLUGIN", help="Load a plugin's tasks, models or encodings: a "
+    "Python file or an importable module (docs/extending.md). Repeatable; also "
+    "PERENCODE_PLUGINS (a path-separated list). Installed plugins (entry points "
+    "perencode.kinds) load by themselves, unless PERENCODE_DISABLE_PLUGIN_AUTOLOAD=1. A sweep "
+    "hands them to its workers and jobs.")]
+
+
 @app.callback()
-def main(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
-    plugin: list[str] = typer.Option(
-        [], "--plugin", metavar="PLUGIN", help="Load a plugin's tasks, models or "
-        "encodings: a Python file or an importable module (docs/extending.md). Repeatable; "
-        "also PERENCODE_PLUGINS (a path-separated list). Installed plugins (entry points "
-        "perencode.kinds) load by themselves, unless PERENCODE_DISABLE_PLUGIN_AUTOLOAD=1. "
-        "A sweep hands them to its workers and jobs."),
-) -> None:
+def main(version: Version = False, plugin: Plugins = None) -> None:
     """Options of `perencode` itself (the commands have their own)."""
     # Without a plugin nothing is imported: commands that need no kinds start without torch.
     installed = kinds.autoload() and metadata.entry_points(group="perencode.kinds")
@@ -219,7 +270,7 @@ def main(
         from perencode.plugins import activate
 
         try:
-            activate(plugin)
+            activate(plugin or [])
         except UserError as exc:
             fail(str(exc))
 
@@ -227,19 +278,21 @@ def main(
 @app.command()
 @user_errors
 def train(
-    recipe: Path = typer.Argument(..., help="TOML recipe, e.g. recipes/gru_vocab256.toml."),
+    recipe: Annotated[Path, typer.Argument(help="TOML recipe, e.g. "
+                                               "recipes/gru_vocab256.toml.")],
     overrides: Overrides = None,
-    run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory.",
-                                        show_default=f"{defaults.RUNS}/<recipe>/seed=<seed>"),
+    run_dir: Annotated[Path | None, typer.Option(
+        "--run-dir", help="Run directory.",
+        show_default=f"{defaults.RUNS}/<recipe>/seed=<seed>")] = None,
     old_out: OldOut = None,
     device: Device = defaults.DEVICE,
     progress: Progress = True,
-    tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write loss, accuracy, "
-                                     "learning rate and throughput as TensorBoard event "
-                                     "files in RUN_DIR/tensorboard (needs "
-                                     "`pip install perencode\\[tensorboard]`)."),
-    force: bool = typer.Option(False, "--force", help="Skip the memory check (a recipe "
-                               "estimated not to fit in the device's memory is refused)."),
+    tensorboard: Annotated[bool, typer.Option(
+        "--tensorboard", help="Also write loss, accuracy, learning rate and throughput as "
+        "TensorBoard event files in RUN_DIR/tensorboard (needs "
+        "`pip install perencode\\[tensorboard]`).")] = False,
+    force: Annotated[bool, force_flag("Skip the memory check (a recipe estimated not to fit "
+                                      "in the device's memory is refused).")] = False,
     accept_code_change: AcceptCode = False,
     accept_data_change: AcceptData = False,
 ) -> None:
@@ -294,16 +347,17 @@ def _print_metrics(result: dict, path: Path, as_json: bool = False) -> None:
 @app.command("eval")
 @user_errors
 def eval_(
-    run_dir: Path = typer.Argument(..., help="A run directory made by `perencode train`."),
-    checkpoint: Path | None = typer.Option(None, help="Score this checkpoint instead of "
-                                              "the newest."),
+    run_dir: Annotated[Path, typer.Argument(help="A run directory made by `perencode "
+                                                "train`.")],
+    checkpoint: Annotated[Path | None, typer.Option(
+        "--checkpoint", help="Score this checkpoint instead of the newest.")] = None,
     device: Device = defaults.DEVICE,
-    per_position: bool = typer.Option(False, "--per-position",
-                                      help="Language models: perplexity by token position."),
+    per_position: Annotated[bool, typer.Option(
+        "--per-position", help="Language models: perplexity by token position.")] = False,
     accept_code_change: AcceptCode = False,
     accept_data_change: AcceptData = False,
-    as_json: bool = typer.Option(False, "--json", help="Print eval.json's object on stdout "
-                                 "instead of the table."),
+    as_json: Annotated[bool, json_flag("Print eval.json's object on stdout instead of the "
+                                       "table.")] = False,
 ) -> None:
     """Score a run on its held-out data and write eval.json (the scores on stdout)."""
     from perencode.evaluate import evaluate_run
@@ -322,19 +376,22 @@ def eval_(
 @app.command()
 @user_errors
 def bench(
-    recipe: Path = typer.Argument(..., help="TOML recipe to time."),
-    iterations: int = typer.Option(defaults.BENCH_ITERATIONS, min=1,
-                                   help="Timed iterations (after warm-up)."),
-    warmup: int = typer.Option(defaults.BENCH_WARMUP, min=0,
-                               help="Untimed warm-up iterations."),
+    recipe: Annotated[Path, typer.Argument(help="TOML recipe to time.")],
+    iterations: Annotated[int, typer.Option(
+        "--iterations", min=1, help="Timed iterations (after warm-up).")
+    ] = defaults.BENCH_ITERATIONS,
+    warmup: Annotated[int, typer.Option("--warmup", min=0,
+                                        help="Untimed warm-up iterations.")
+                      ] = defaults.BENCH_WARMUP,
     overrides: Overrides = None,
     device: Device = defaults.DEVICE,
-    baseline: bool = typer.Option(False, help="Also time a bare PyTorch loop of the same "
-                                  "shapes (GRU/LSTM) and report the ratio."),
-    sampling: bool = typer.Option(False, "--sampling", help="Also time drawing one batch "
-                                  "alone with held-out sets of about 0, 50%, 99% and all "
-                                  "but a batch of the task's sequences (a small task.length "
-                                  "and vocab_size), each as a ratio to the first."),
+    baseline: Annotated[bool, typer.Option(
+        "--baseline/--no-baseline", help="Also time a bare PyTorch loop of the same shapes "
+        "(GRU/LSTM) and report the ratio.")] = False,
+    sampling: Annotated[bool, typer.Option(
+        "--sampling", help="Also time drawing one batch alone with held-out sets of about 0, "
+        "50%, 99% and all but a batch of the task's sequences (a small task.length and "
+        "vocab_size), each as a ratio to the first.")] = False,
 ) -> None:
     """Time the real training step; prints a table and a final JSON line."""
     from perencode.bench import bench as run_bench
@@ -365,10 +422,10 @@ def bench(
 @app.command()
 @user_errors
 def show(
-    recipe: Path = typer.Argument(..., help="TOML recipe, e.g. recipes/gru_vocab256.toml, "
-                                  "or a run directory."),
+    recipe: Annotated[Path, typer.Argument(help="TOML recipe, e.g. recipes/gru_vocab256.toml, "
+                                               "or a run directory.")],
     overrides: Overrides = None,
-    as_json: bool = typer.Option(False, "--json", help="JSON instead of TOML."),
+    as_json: Annotated[bool, json_flag("JSON instead of TOML.")] = False,
 ) -> None:
     """Print the recipe a run would use, overrides applied and every default filled in.
 
@@ -404,8 +461,8 @@ def show(
 
 @app.command("recipe-schema")
 def recipe_schema(
-    as_json: bool = typer.Option(False, "--json", help="The JSON Schema of a recipe (for "
-                                 "editors and validators) instead of the Markdown table."),
+    as_json: Annotated[bool, json_flag("The JSON Schema of a recipe (for editors and "
+                                       "validators) instead of the Markdown table.")] = False,
 ) -> None:
     """Print every recipe field (key, type, default, meaning) as a Markdown table."""
     from perencode.schema import json_schema, schema_rows
@@ -420,8 +477,8 @@ def recipe_schema(
 
 @app.command("claims-schema")
 def claims_schema(
-    as_json: bool = typer.Option(False, "--json", help="The JSON Schema of a claims file (for "
-                                 "editors and validators) instead of the Markdown table."),
+    as_json: Annotated[bool, json_flag("The JSON Schema of a claims file (for editors and "
+                                       "validators) instead of the Markdown table.")] = False,
 ) -> None:
     """Print every field of a claims file's claim tables as a Markdown table
     (docs/claims.md)."""
@@ -441,8 +498,8 @@ def claims_schema(
 @user_errors
 def env(
     device: Device = defaults.DEVICE,
-    as_json: bool = typer.Option(False, "--json", help="One JSON object (what each run "
-                                 "records in env.json)."),
+    as_json: Annotated[bool, json_flag("One JSON object (what each run records in "
+                                       "env.json).")] = False,
 ) -> None:
     """Print the environment: versions, git commit, device, threads (for a bug report).
 
@@ -459,10 +516,11 @@ def env(
 @app.command()
 @user_errors
 def doctor(
-    device: str = typer.Option(defaults.DEVICE, help=DEVICE_HELP + " The device checks run "
-                               "on a CUDA device only."),
-    runs: Path = typer.Option(defaults.RUNS, "--runs", help="Where the speed check caches "
-                              "its timings for `sweep --dry-run` (.estimates.json)."),
+    device: Annotated[str, device_option(DEVICE_HELP + " The device checks run on a CUDA "
+                                         "device only.")] = defaults.DEVICE,
+    runs: Annotated[Path, typer.Option(
+        "--runs", help="Where the speed check caches its timings for `sweep --dry-run` "
+        "(.estimates.json).")] = defaults.RUNS,
 ) -> None:
     """Is this package right and fast on this machine? Checks in about two minutes on a GPU.
 
@@ -495,24 +553,24 @@ def doctor(
 @app.command()
 @user_errors
 def stability(
-    run_dir: Path = typer.Argument(..., help="A run of the dual-frequency task "
-                                   "(task.name = \"dual_frequency\"), GRU, LSTM or S4D."),
-    triplets: int = typer.Option(defaults.STABILITY_TRIPLETS, min=4, help="Triplets "
-                                 "(x,s),(x,s'),(x',s) per checkpoint, drawn from the run's "
-                                 "seed (the same at every checkpoint); a multiple of 4, a "
-                                 "quarter per target x disturbant condition (FREQUENT/RARE)."),
-    metric: str = typer.Option(defaults.STABILITY_METRIC, help="Which metric fills the "
-                               "`stability` column (all four are written as "
-                               "stability_<name>): weighted (the "
-                               "authors' code; Fig. 5, inferred), printed (Eq. 3-4 as "
-                               "printed, not normalised), mean (unweighted mean row cosine) "
-                               "or frobenius (cosine of the flattened Jacobians)."),
+    run_dir: Annotated[Path, typer.Argument(help="A run of the dual-frequency task (task.name "
+                                                "= \"dual_frequency\"), GRU, LSTM or S4D.")],
+    triplets: Annotated[int, typer.Option(
+        "--triplets", min=4, help="Triplets (x,s),(x,s'),(x',s) per checkpoint, drawn from the "
+        "run's seed (the same at every checkpoint); a multiple of 4, a quarter per target x "
+        "disturbant condition (FREQUENT/RARE).")] = defaults.STABILITY_TRIPLETS,
+    metric: Annotated[str, typer.Option(
+        "--metric", help="Which metric fills the `stability` column (all four are written as "
+        "stability_<name>): weighted (the authors' code; Fig. 5, inferred), printed (Eq. 3-4 "
+        "as printed, not normalised), mean (unweighted mean row cosine) or frobenius (cosine "
+        "of the flattened Jacobians).")] = defaults.STABILITY_METRIC,
     device: Device = defaults.DEVICE,
-    every: int = typer.Option(defaults.STABILITY_EVERY, min=1, help="Analyse every N-th "
-                              "checkpoint: the 1st, (N+1)-th, (2N+1)-th, ..."),
-    batch: int = typer.Option(defaults.STABILITY_BATCH, min=1, help="Triplets differentiated "
-                              "at once; peak memory grows linearly with it "
-                              "(docs/stability.md)."),
+    every: Annotated[int, typer.Option(
+        "--every", min=1, help="Analyse every N-th checkpoint: the 1st, (N+1)-th, (2N+1)-th, "
+        "...")] = defaults.STABILITY_EVERY,
+    batch: Annotated[int, typer.Option(
+        "--batch", min=1, help="Triplets differentiated at once; peak memory grows linearly "
+        "with it (docs/stability.md).")] = defaults.STABILITY_BATCH,
     progress: Progress = True,
     accept_code_change: AcceptCode = False,
     accept_data_change: AcceptData = False,
@@ -535,26 +593,27 @@ def stability(
 @app.command("lm-prepare")
 @user_errors
 def lm_prepare(
-    source: str | None = typer.Option(None, help="A folder with wiki.train.raw, "
-                                         "wiki.valid.raw and wiki.test.raw, a `datasets` "
-                                         "dataset saved to disk, or a Hugging "
-                                         "Face dataset name.",
-                                      show_default=defaults.LM_SOURCE),
+    source: Annotated[str | None, typer.Option(
+        "--source", help="A folder with wiki.train.raw, wiki.valid.raw and wiki.test.raw, a "
+        "`datasets` dataset saved to disk, or a Hugging Face dataset name.",
+        show_default=defaults.LM_SOURCE)] = None,
     out: Annotated[Path, out_folder()] = defaults.LM_DATA,
-    vocab_size: int = typer.Option(defaults.LM_VOCAB_SIZE, min=16,
-                                   help="SentencePiece unigram vocabulary."),
-    max_tokens: int = typer.Option(defaults.LM_MAX_TOKENS, min=1,
-                                   help="Input tokens kept per paragraph."),
-    threads: int = typer.Option(defaults.LM_THREADS, min=0, help="SentencePiece's training "
-                                "and encoding threads (0: the cores this process may use; the "
-                                "authors' run used 16)."),
-    force: bool = typer.Option(False, "--force", help="Skip the memory check (SentencePiece "
-                               "needs about 20 times the training text's size)."),
-    sample_sentences: int = typer.Option(defaults.LM_SAMPLE, "--sample", min=0, help="Train the "
-                                         "vocabulary on this many random paragraphs (0: all, "
-                                         "as the authors did; a sample departs from their "
-                                         "vocabulary but needs less memory)."),
-    progress: bool = typer.Option(True, help="Show progress."),
+    vocab_size: Annotated[int, typer.Option("--vocab-size", min=16,
+                                            help="SentencePiece unigram vocabulary.")
+                          ] = defaults.LM_VOCAB_SIZE,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=1,
+                                            help="Input tokens kept per paragraph.")
+                          ] = defaults.LM_MAX_TOKENS,
+    threads: Annotated[int, typer.Option(
+        "--threads", min=0, help="SentencePiece's training and encoding threads (0: the cores "
+        "this process may use; the authors' run used 16).")] = defaults.LM_THREADS,
+    force: Annotated[bool, force_flag("Skip the memory check (SentencePiece needs about 20 "
+                                      "times the training text's size).")] = False,
+    sample_sentences: Annotated[int, typer.Option(
+        "--sample", min=0, help="Train the vocabulary on this many random paragraphs (0: all, "
+        "as the authors did; a sample departs from their vocabulary but needs less memory).")
+    ] = defaults.LM_SAMPLE,
+    progress: Annotated[bool, progress_option("Show progress.")] = True,
 ) -> None:
     """Prepare WikiText-103 for language modelling: clean, train SentencePiece, encode."""
     from perencode.lm.prepare import prepare
@@ -572,65 +631,45 @@ def lm_prepare(
 @app.command()
 @user_errors
 def sweep(
-    grid: Path = typer.Argument(..., help="Grid file, e.g. "
-                                "recipes/paper/fig02_gru_reverse.toml, or a recipe with --axis."),
-    axes: list[str] = typer.Option([], "--axis", metavar="FIELD=V1,V2", help="Sweep FIELD "
-                                   "over these values without a grid file (a recipe becomes a "
-                                   "grid); over a grid file, adds the axis or replaces its "
-                                   "values. Repeatable; tied: a.b+c.d=[1,2],[3,4]."),
-    tag: str | None = typer.Option(None, "--tag", help="Name this sweep: its runs go to "
-                                   "RUNS/<grid>@TAG (a second variant of the same grid) and "
-                                   "record the tag, which figures and report show."),
+    grid: Annotated[Path, typer.Argument(help="Grid file, e.g. recipes/paper/fig02_gru_reverse"
+                                              ".toml, or a recipe with --axis.")],
+    axes: sweep_options.Axes = None,
+    tag: sweep_options.Tag = None,
     runs: RunsRoot = None,
     old_out: OldOut = None,
-    executor: str = typer.Option(defaults.SWEEP_EXECUTOR, help="local (subprocesses) or "
-                                 "slurm (submitit)."),
-    jobs: int = typer.Option(defaults.SWEEP_JOBS, min=1, help="Runs at once (local)."),
-    runs_per_gpu: int = typer.Option(defaults.SWEEP_RUNS_PER_GPU, min=1,
-                                     help="Runs sharing one GPU (local)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (runs, states), "
-                                 "disk and device-hours at once; run nothing."),
-    explain: bool = typer.Option(False, "--explain", help="A dry run that also shows where "
-                                 "each value of the cells comes from: a file (the grid or a "
-                                 "base), a file's \\[grid] axis, --set, or the default."),
-    estimate: bool = typer.Option(False, "--estimate", help="Time 3 iterations of each "
-                                  "shape not yet measured on this device (cached in "
-                                  ".estimates.json under the runs' root), then print the "
-                                  "plan; train nothing."),
-    wait: bool = typer.Option(True, help="--no-wait (SLURM): submit and return; running the "
-                              "same command again collects the jobs, never submits twice."),
-    only: list[str] = typer.Option([], "--only", metavar="KEY=V1,V2", help="Keep the cells "
-                                   "whose axis KEY takes one of these values. Repeatable."),
+    executor: sweep_options.ExecutorName = defaults.SWEEP_EXECUTOR,
+    jobs: sweep_options.Jobs = defaults.SWEEP_JOBS,
+    runs_per_gpu: sweep_options.RunsPerGpu = defaults.SWEEP_RUNS_PER_GPU,
+    dry_run: sweep_options.DryRun = False,
+    explain: sweep_options.Explain = False,
+    estimate: sweep_options.Estimate = False,
+    wait: sweep_options.Wait = True,
+    only: sweep_options.Only = None,
     overrides: Overrides = None,
     device: Device = defaults.DEVICE,
-    partition: str | None = typer.Option(None, help="SLURM partition (overrides the grid's "
-                                         "\\[slurm] table)."),
-    time_min: int | None = typer.Option(None, help="SLURM time limit in minutes."),
-    gpus_per_job: int | None = typer.Option(None, help="SLURM GPUs per job."),
-    cpus_per_job: int | None = typer.Option(None, help="SLURM CPUs per job."),
-    slurm_options: list[str] = typer.Option(
-        [], "--slurm", metavar="KEY=VALUE", help="Any field of the grid's \\[slurm] table "
-        "(value as a TOML literal), e.g. --slurm 'python=\"apptainer exec --nv perencode.sif "
-        "python\"' --slurm 'qos=\"high\"'. Repeatable; docs/slurm.md lists the fields."),
-    tensorboard: bool = typer.Option(False, "--tensorboard", help="Training writes "
-                                     "TensorBoard event files too (`perencode tensorboard "
-                                     "RUNS` shows the grid's runs side by side)."),
+    partition: sweep_options.Partition = None,
+    time_min: sweep_options.TimeMin = None,
+    gpus_per_job: sweep_options.GpusPerJob = None,
+    cpus_per_job: sweep_options.CpusPerJob = None,
+    slurm_options: sweep_options.SlurmFields = None,
+    tensorboard: sweep_options.Tensorboard = False,
     progress: LiveTable = True,
 ) -> None:
     """Run every cell of a grid (skipping finished runs, resuming interrupted ones)."""
     from perencode.grid import slurm_overrides
-    from perencode.sweep import SweepOptions, run_sweep
+    from perencode.sweep.run import run_sweep
 
     guard_output()
     slurm = {k: v for k, v in (("partition", partition), ("time_min", time_min),
                                ("gpus_per_job", gpus_per_job),
                                ("cpus_per_job", cpus_per_job)) if v is not None}
-    slurm.update(slurm_overrides(slurm_options))
+    slurm.update(slurm_overrides(slurm_options or []))
     runs = renamed(runs, old_out, "--runs", "--out") or defaults.RUNS
-    options = SweepOptions(executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
-                           device=device, only=only, overrides=overrides or [], axes=axes, tag=tag,
-                           slurm=slurm, dry_run=dry_run, explain=explain, estimate=estimate,
-                           tensorboard=tensorboard, progress=progress, wait=wait)
+    options = sweep_options.SweepOptions(
+        executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu, device=device,
+        only=only or [], overrides=overrides or [], axes=axes or [], tag=tag, slurm=slurm,
+        dry_run=dry_run, explain=explain, estimate=estimate, tensorboard=tensorboard,
+        progress=progress, wait=wait)
     code = run_sweep(grid, out=runs, options=options)
     raise typer.Exit(code)
 
@@ -638,42 +677,28 @@ def sweep(
 @app.command()
 @user_errors
 def quickstart(
-    device: str = typer.Option(defaults.DEVICE, help="auto: the GPU demo at the paper's "
-                               "shapes where a CUDA device is present, else the CPU demo; cpu "
-                               "or cuda to choose."),
+    device: Annotated[str, device_option(
+        "auto: the GPU demo at the paper's shapes where a CUDA device is present, else the CPU "
+        "demo; cpu or cuda to choose.")] = defaults.DEVICE,
     runs: RunsRoot = None,
     out: Annotated[Path | None, out_folder("the figures and the claims report",
                                            show_default=str(defaults.FIGURES))] = None,
-    old_figures: Path | None = typer.Option(None, "--figures", hidden=True),
-    jobs: int | None = typer.Option(None, min=1, help="Runs at once.",
-                                    show_default="2 on the CPU, 6 sharing the GPU"),
+    old_figures: Annotated[Path | None, typer.Option("--figures", hidden=True)] = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="Runs at once.",
+                                             show_default="2 on the CPU, 6 sharing the GPU")
+                    ] = None,
     progress: LiveTable = True,
 ) -> None:
     """The paper's headline effect in about 15 minutes: sweep, figures, claims."""
-    import time
-
-    from perencode.quickstart import finish, start
-    from perencode.report import make_report
-    from perencode.sweep import SweepOptions, run_sweep
-    from perencode.verify import verify_runs
+    from perencode.quickstart import quickstart as run_quickstart
 
     if old_figures is not None:  # the old spelling `[--out RUNS] --figures FIGURES`
         if runs is not None:
             raise UserError("--figures is the old spelling of --out; use --runs and --out")
         runs, out = out, renamed(None, old_figures, "--out (and the old --out is --runs)",
                                  "--figures")
-    runs = runs or defaults.RUNS
-    demo, runs_dir, figures_dir = start(device, runs, out or defaults.FIGURES)
-    began = time.monotonic()
-    code = run_sweep(demo.grid, out=runs, options=SweepOptions(
-        jobs=jobs or demo.jobs, runs_per_gpu=demo.runs_per_gpu, device=demo.device,
-        progress=progress))
-    swept = code == 0
-    if swept:  # verify.md, then the page a reviewer opens: each figure beside its claims
-        code = verify_runs([runs_dir], claims=demo.claims, out=figures_dir)
-        make_report([runs_dir], claims=demo.claims, out=figures_dir)
-    finish(demo, figures_dir, time.monotonic() - began, drawn=swept)
-    raise typer.Exit(code)
+    raise typer.Exit(run_quickstart(device, runs or defaults.RUNS, out or defaults.FIGURES,
+                                    jobs, progress))
 
 
 @app.command()
@@ -695,12 +720,12 @@ def figures(
 @user_errors
 def prune(
     runs: RunPaths,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be deleted and "
-                                 "kept; delete nothing."),
-    without_stability: bool = typer.Option(False, "--without-stability", help="Also delete "
-                                           "the checkpoints of dual-frequency runs that "
-                                           "stability.csv does not cover yet (their gradient "
-                                           "stability can then not be computed)."),
+    dry_run: Annotated[bool, dry_run_flag("Say what would be deleted and kept; delete "
+                                          "nothing.")] = False,
+    without_stability: Annotated[bool, typer.Option(
+        "--without-stability", help="Also delete the checkpoints of dual-frequency runs that "
+        "stability.csv does not cover yet (their gradient stability can then not be "
+        "computed).")] = False,
 ) -> None:
     """Free the space of finished runs: delete their checkpoints, keep what others read.
 
@@ -729,15 +754,15 @@ def verify(
     out: Annotated[Path | None, out_folder(
         "verify.md and verify.json", show_default=f"{defaults.FIGURES}, or "
         f"{defaults.FIGURES}/<name> for a claims file <name>.toml not bundled")] = None,
-    report_only: bool = typer.Option(False, "--report-only", help="Exit 0 whatever the "
-                                     "verdicts (errors still exit 2): runs too small to "
-                                     "decide, as in `make rehearsal`."),
-    as_json: bool = typer.Option(False, "--json", help="Print verify.json (every field of "
-                                 "every claim) on stdout instead of the tables."),
+    report_only: Annotated[bool, typer.Option(
+        "--report-only", help="Exit 0 whatever the verdicts (errors still exit 2): runs too "
+        "small to decide, as in `make rehearsal`.")] = False,
+    as_json: Annotated[bool, json_flag("Print verify.json (every field of every claim) on "
+                                       "stdout instead of the tables.")] = False,
     accept_code_change: AcceptCode = False,
-    plan: Path | None = typer.Option(None, "--plan", help="A plan.json of `perencode plan "
-                                     "--budget --write`: the claims it left out are shown as "
-                                     "not run (outside the plan)."),
+    plan: Annotated[Path | None, typer.Option(
+        "--plan", help="A plan.json of `perencode plan --budget --write`: the claims it left "
+        "out are shown as not run (outside the plan).")] = None,
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
     from perencode.verify import verify_runs
@@ -750,38 +775,40 @@ def verify(
 @app.command("plan")
 @user_errors
 def plan_(
-    grids: list[Path] = typer.Argument(..., help="Grid files, or folders of them: "
-                                       "recipes/paper is the whole paper."),
+    grids: Annotated[list[Path], typer.Argument(help="Grid files, or folders of them: "
+                                                     "recipes/paper is the whole paper.")],
     claims: Claims = defaults.CLAIMS,
-    gpu: str | None = typer.Option(None, "--gpu", help="The GPU the jobs will get: a100 "
-                                   "(80 GB), a100-40gb, h100, l40s, v100, rtx4090 (default: "
-                                   "the GPU present; never this machine's CPU)."),
-    budget: float | None = typer.Option(None, "--budget", metavar="HOURS", help="GPU-hours "
-                                        "to spend: the claims, headline first, whose cells "
-                                        "fit, and those left out."),
-    seeds: int | None = typer.Option(None, "--seeds", help="--budget: seeds a cell "
-                                     "(default: the grid's, the paper's five)."),
-    effect: float | None = typer.Option(None, "--effect", metavar="SD", help="--budget: the "
-                                        "effect each claim is to be decided at, in standard "
-                                        "deviations of the seeds: each claim gets the seeds a "
-                                        "one-sided Welch t at 95% needs for 80% power."),
-    write: Path | None = typer.Option(None, "--write", metavar="DIR", help="--budget: write "
-                                      "the plan's grid files (for `perencode sweep`) and "
-                                      "plan.json (for `verify --plan`) into DIR."),
-    executor: str = typer.Option("local", help="local or slurm: the wall time, or the SLURM "
-                                 "jobs, time limits and requeues."),
-    gpus: int = typer.Option(1, min=1, help="GPUs the local executor has."),
-    runs_per_gpu: int = typer.Option(defaults.SWEEP_RUNS_PER_GPU, min=1,
-                                     help="Runs sharing one GPU (local)."),
-    slurm_options: list[str] = typer.Option(
-        [], "--slurm", metavar="KEY=VALUE", help="Any field of the grids' \\[slurm] tables, "
-        "e.g. --slurm time_min=720. Repeatable."),
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", help="The GPU the jobs will get: a100 (80 GB), a100-40gb, h100, l40s, v100, "
+        "rtx4090 (default: the GPU present; never this machine's CPU).")] = None,
+    budget: Annotated[float | None, typer.Option(
+        "--budget", metavar="HOURS", help="GPU-hours to spend: the claims, headline first, "
+        "whose cells fit, and those left out.")] = None,
+    seeds: Annotated[int | None, typer.Option(
+        "--seeds", help="--budget: seeds a cell (default: the grid's, the paper's five).")
+    ] = None,
+    effect: Annotated[float | None, typer.Option(
+        "--effect", metavar="SD", help="--budget: the effect each claim is to be decided at, "
+        "in standard deviations of the seeds: each claim gets the seeds a one-sided Welch t at "
+        "95% needs for 80% power.")] = None,
+    write: Annotated[Path | None, typer.Option(
+        "--write", metavar="DIR", help="--budget: write the plan's grid files (for `perencode "
+        "sweep`) and plan.json (for `verify --plan`) into DIR.")] = None,
+    executor: Annotated[str, typer.Option(
+        "--executor", help="local or slurm: the wall time, or the SLURM jobs, time limits and "
+        "requeues.")] = "local",
+    gpus: Annotated[int, typer.Option("--gpus", min=1,
+                                      help="GPUs the local executor has.")] = 1,
+    runs_per_gpu: sweep_options.RunsPerGpu = defaults.SWEEP_RUNS_PER_GPU,
+    slurm_options: Annotated[list[str] | None, typer.Option(
+        "--slurm", metavar="KEY=VALUE", help="Any field of the grids' \\[slurm] tables, e.g. "
+        "--slurm time_min=720. Repeatable.")] = None,
     runs: RunsRoot = None,
-    observed: list[Path] = typer.Option([], "--observed", metavar="RUNS", help="--budget: "
-                                        "finished runs whose effect sizes and spreads set the "
-                                        "seeds each claim needs (others: --effect or --seeds). "
-                                        "Repeatable."),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    observed: Annotated[list[Path] | None, typer.Option(
+        "--observed", metavar="RUNS", help="--budget: finished runs whose effect sizes and "
+        "spreads set the seeds each claim needs (others: --effect or --seeds). Repeatable.")
+    ] = None,
+    as_json: Annotated[bool, json_flag("Print the plan as JSON.")] = False,
 ) -> None:
     """What grids cost in GPU-hours on a GPU, and which claims a budget decides."""
     from perencode.grid import slurm_overrides
@@ -789,42 +816,42 @@ def plan_(
 
     plan(grids, gpu, claims=claims, budget=budget, seeds=seeds, effect=effect,
          executor=executor, gpus=gpus, runs_per_gpu=runs_per_gpu,
-         slurm=slurm_overrides(slurm_options), runs_root=runs or defaults.RUNS, write=write,
-         as_json=as_json, observed=observed)
+         slurm=slurm_overrides(slurm_options or []), runs_root=runs or defaults.RUNS,
+         write=write, as_json=as_json, observed=observed or [])
 
 
 @app.command()
 @user_errors
 def crosscheck(
-    authors_repo: Path = typer.Argument(..., help="A clone of the authors' repository "
-                                        "(github.com/tkc-morita/position-encoded_rnn; this "
-                                        "check was written against commit 3e98213). It is "
-                                        "your own download: its modules are imported from "
-                                        "there while the command runs, and nothing of it is "
-                                        "copied."),
+    authors_repo: Annotated[Path, typer.Argument(
+        help="A clone of the authors' repository (github.com/tkc-morita/position-encoded_rnn; "
+        "this check was written against commit 3e98213). It is your own download: its "
+        "modules are imported from there while the command runs, and nothing of it is "
+        "copied.")],
     out: Annotated[Path, out_folder("crosscheck.md and crosscheck.json")] = Path(
         "crosscheck"),
-    train: bool = typer.Option(False, "--train", help="Also train both implementations "
-                               "(SEEDS seeds each) and compare their held-out accuracies by "
-                               "an equivalence test (TOST): equivalent, different, or "
-                               "undecided with the seeds needed; the time is measured on the "
-                               "first seed."),
-    margin: float | None = typer.Option(None, help="--train's equivalence margin: the largest "
-                                        "difference of mean held-out token accuracies taken "
-                                        "as equivalent (default: the shape's, printed)."),
-    train_shape: str = typer.Option(defaults.CROSSCHECK_SHAPE, help="cpu (small, minutes on "
-                                    "a laptop) or paper (E = H = 512, L = 64, batch 512, "
-                                    "K = 256; for a GPU)."),
-    seeds: int = typer.Option(defaults.CROSSCHECK_SEEDS, min=2,
-                              help="Seeds per implementation for --train."),
-    iterations: int | None = typer.Option(None, min=1, help="Training iterations for "
-                                          "--train (default: the shape's, 1,000 on cpu, "
-                                          "2,000 for paper)."),
-    device: str = typer.Option(defaults.DEVICE, help=DEVICE_HELP.rstrip(".")
-                               + " (--train only)."),
-    progress: bool = typer.Option(True, help="Show progress lines."),
-    as_json: bool = typer.Option(False, "--json", help="Also print crosscheck.json (every "
-                                 "check, its numbers and verdict) on stdout."),
+    train: Annotated[bool, typer.Option(
+        "--train", help="Also train both implementations (SEEDS seeds each) and compare their "
+        "held-out accuracies by an equivalence test (TOST): equivalent, different, or "
+        "undecided with the seeds needed; the time is measured on the first seed.")] = False,
+    margin: Annotated[float | None, typer.Option(
+        "--margin", help="--train's equivalence margin: the largest difference of mean "
+        "held-out token accuracies taken as equivalent (default: the shape's, printed).")
+    ] = None,
+    train_shape: Annotated[str, typer.Option(
+        "--train-shape", help="cpu (small, minutes on a laptop) or paper (E = H = 512, L = 64, "
+        "batch 512, K = 256; for a GPU).")] = defaults.CROSSCHECK_SHAPE,
+    seeds: Annotated[int, typer.Option("--seeds", min=2,
+                                       help="Seeds per implementation for --train.")
+                     ] = defaults.CROSSCHECK_SEEDS,
+    iterations: Annotated[int | None, typer.Option(
+        "--iterations", min=1, help="Training iterations for --train (default: the shape's, "
+        "1,000 on cpu, 2,000 for paper).")] = None,
+    device: Annotated[str, device_option(DEVICE_HELP.rstrip(".") + " (--train only).")
+                      ] = defaults.DEVICE,
+    progress: Annotated[bool, progress_option("Show progress lines.")] = True,
+    as_json: Annotated[bool, json_flag("Also print crosscheck.json (every check, its numbers "
+                                       "and verdict) on stdout.")] = False,
 ) -> None:
     """Check perencode against the authors' own code on identical inputs and weights.
 
@@ -851,9 +878,9 @@ def report(
     claims: Claims = defaults.CLAIMS,
     out: Annotated[Path, out_folder("the figures and report.html")] = defaults.FIGURES,
     accept_code_change: AcceptCode = False,
-    title: str | None = typer.Option(None, "--title", help="The page's heading, for a "
-                                     "study of one's own.",
-                                     show_default="the paper's reproduction report"),
+    title: Annotated[str | None, typer.Option(
+        "--title", help="The page's heading, for a study of one's own.",
+        show_default="the paper's reproduction report")] = None,
 ) -> None:
     """Draw the figures and write report.html, one offline page.
 
@@ -875,8 +902,9 @@ app.add_typer(rehearsal_app, name="rehearsal")
 @rehearsal_app.command("corpus")
 @user_errors
 def rehearsal_corpus(
-    folder: Path = typer.Argument(..., help="Where wiki.{train,valid,test}.raw go."),
-    seed: int = typer.Option(0, help="Seed of the made-up words and paragraphs."),
+    folder: Annotated[Path, typer.Argument(help="Where wiki.{train,valid,test}.raw go.")],
+    seed: Annotated[int, typer.Option("--seed",
+                                      help="Seed of the made-up words and paragraphs.")] = 0,
 ) -> None:
     """Write a small WikiText-103-shaped raw corpus (for `lm-prepare --source`)."""
 
@@ -890,7 +918,8 @@ def rehearsal_corpus(
 @rehearsal_app.command("check")
 @user_errors
 def rehearsal_check(
-    figures_dir: Path = typer.Argument(..., help="The folder `figures` and `verify` wrote."),
+    figures_dir: Annotated[Path, typer.Argument(help="The folder `figures` and `verify` "
+                                                     "wrote.")],
     claims: Claims = defaults.CLAIMS,
 ) -> None:
     """Check that every claim was decided or reported and every figure was drawn."""
@@ -905,11 +934,12 @@ def rehearsal_check(
 @app.command("tensorboard")
 @user_errors
 def tensorboard_(
-    runs: list[Path] = typer.Argument(..., help="Run directories or folders holding them "
-                                      "(a sweep's root shows all its runs)."),
-    port: int = typer.Option(defaults.TENSORBOARD_PORT, help="Port TensorBoard serves on."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the tensorboard command, "
-                                 "start nothing."),
+    runs: Annotated[list[Path], typer.Argument(help="Run directories or folders holding them "
+                                                    "(a sweep's root shows all its runs).")],
+    port: Annotated[int, typer.Option("--port", help="Port TensorBoard serves on.")
+                    ] = defaults.TENSORBOARD_PORT,
+    dry_run: Annotated[bool, dry_run_flag("Print the tensorboard command, start nothing.")
+                       ] = False,
 ) -> None:
     """Start TensorBoard on runs side by side, whether or not trained with --tensorboard.
 

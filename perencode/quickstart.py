@@ -1,12 +1,15 @@
 """`perencode quickstart` (`make quickstart`): the paper's headline effect in about 15
 minutes. On the CPU, a small GRU at a CPU-sized vocabulary; where a CUDA device is present,
 Fig. 2's GRU at the paper's own shapes on one GPU. Each demo is a grid in recipes/quick/
-and a claims file bundled in perencode/claims/; the command (perencode.cli) sweeps the
-grid, checks the claims (verify.md), draws the figures beside them in report.html and
-prints the wall time: `start` and `finish` here, the sweep, verify and report between."""
+and a claims file bundled in perencode/claims/; `quickstart` sweeps the grid, checks the
+claims (verify.md), draws the figures beside them in report.html and prints the wall time.
+
+A pipeline of three commands (sweep, verify, report), so it stands above them as the CLI
+does: no command imports it (tests/test_layout.py)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -16,6 +19,10 @@ from perencode import defaults
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.grid import repository_root
+from perencode.report import make_report
+from perencode.sweep.options import SweepOptions
+from perencode.sweep.run import run_sweep
+from perencode.verify import verify_runs
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,6 @@ def start(device: str = defaults.DEVICE, runs: Path = defaults.RUNS,
     of its figures and claims (below `runs` and `figures`, named after its grid)."""
     demo = choose_demo(device, torch.cuda.is_available())
     demo = replace(demo, grid=repository_root() / demo.grid)
-    demo = replace(demo, grid=repository_root() / demo.grid)
     if not demo.grid.is_file():
         raise UserError(f"{demo.grid}: not found; run the quick demo from the repository root "
                         "(or /work in the container)")
@@ -78,3 +84,21 @@ def finish(demo: Demo, figures_dir: Path, seconds: float, drawn: bool) -> None:
                   f"(and .pdf)\ntable:  {figures_dir / 'results.csv'}\nclaims: "
                   f"{figures_dir / 'verify.md'}\nreport: {figures_dir / 'report.html'}",
                   highlight=False)
+
+
+def quickstart(device: str = defaults.DEVICE, runs: Path = defaults.RUNS,
+               out: Path = defaults.FIGURES, jobs: int | None = None,
+               progress: bool = True) -> int:
+    """The demo `device` chooses, swept into `runs`, its claims checked and its figures drawn
+    into `out`; the exit code of the sweep, else of verify (1: a claim failed)."""
+    demo, runs_dir, figures_dir = start(device, runs, out)
+    began = time.monotonic()
+    code = run_sweep(demo.grid, out=runs, options=SweepOptions(
+        jobs=jobs or demo.jobs, runs_per_gpu=demo.runs_per_gpu, device=demo.device,
+        progress=progress))
+    swept = code == 0
+    if swept:  # verify.md, then the page a reviewer opens: each figure beside its claims
+        code = verify_runs([runs_dir], claims=demo.claims, out=figures_dir)
+        make_report([runs_dir], claims=demo.claims, out=figures_dir)
+    finish(demo, figures_dir, time.monotonic() - began, drawn=swept)
+    return code

@@ -11,7 +11,7 @@ import typer.main
 from conftest import ROOT, run_cli, tiny_overrides
 from typer.testing import CliRunner
 
-from perencode import kinds, quickstart, sweep
+from perencode import kinds, quickstart
 from perencode.cli import app
 from perencode.recipe import (
     SECTIONS,
@@ -287,7 +287,7 @@ def test_sweep_out_is_the_old_spelling_of_runs(monkeypatch, tmp_path):
         called.append(out)
         return 0
 
-    monkeypatch.setattr(sweep, "run_sweep", run_sweep)
+    monkeypatch.setattr("perencode.sweep.run.run_sweep", run_sweep)
     grid = ROOT / "recipes/quick/quickstart.toml"
     assert run_cli("sweep", grid)[0] == 0
     code, text = run_cli("sweep", grid, "--out", tmp_path / "old")
@@ -312,7 +312,8 @@ def test_quickstart_folders(monkeypatch, args, runs, out, note):
     monkeypatch.setattr(quickstart, "start", fake)
     monkeypatch.setattr(quickstart, "finish", lambda *args, **kwargs: None)
     # A sweep with a failed run: its exit code, and nothing checked or drawn
-    monkeypatch.setattr(sweep, "run_sweep", lambda grid, out, **kw: called.update(swept=out) or 1)
+    monkeypatch.setattr(quickstart, "run_sweep",
+                        lambda grid, out, **kw: called.update(swept=out) or 1)
     code, text = run_cli("quickstart", *args)
     assert code == 1, text
     assert called == {"runs": Path(runs), "out": Path(out), "swept": Path(runs)}

@@ -216,7 +216,7 @@ CLI_DEFAULTS = [
     ("bench", "perencode.bench:sampling", "iterations warmup"),
     ("crosscheck", "perencode.crosscheck:run_crosscheck", "train_shape seeds device"),
     ("tensorboard", "perencode.tracking:tensorboard_command", "port"),
-    ("sweep", "perencode.sweep:SweepOptions", "executor jobs runs_per_gpu device"),
+    ("sweep", "perencode.sweep.options:SweepOptions", "executor jobs runs_per_gpu device"),
     ("eval", "perencode.evaluate:evaluate_run", "device"),
     ("quickstart", "perencode.quickstart:start", "device"),
     ("doctor", "perencode.doctor:doctor", "runs=runs_root"),

@@ -22,7 +22,9 @@ DEFERRED = {"matplotlib", "seaborn", "sentencepiece", "datasets", "tensorboard",
 # registries' module, for the plugin autoload switch, and the commands' defaults import only
 # the standard library).
 CLI_START = {"perencode", "perencode.cli", "perencode.console", "perencode.defaults",
-             "perencode.errors", "perencode.kinds"}
+             "perencode.errors", "perencode.kinds",
+             # the sweep's options, declared beside SweepOptions (its package imports nothing)
+             "perencode.sweep", "perencode.sweep.options"}
 HEAVY = ("torch", "numpy", "pandas", "matplotlib", "seaborn", "submitit", "sentencepiece",
          "tensorboard")
 
@@ -285,7 +287,10 @@ def test_shared_code_asks_no_kind_by_name():
 # what two of them share lives in the library below them (results, plots, verdicts, cost,
 # grid, ...). The CLI, which imports them all, and __main__ stand above them.
 COMMANDS = ("train", "evaluate", "stability", "bench", "doctor", "crosscheck", "figures", "plan",
-            "verify", "report", "rehearsal", "quickstart", "sweep", "prune", "lm.prepare")
+            "verify", "report", "rehearsal", "sweep", "prune", "lm.prepare")
+# Pipelines of commands (the quick demo: sweep, verify, report): they stand above the commands
+# beside the CLI, and only the CLI imports them.
+PIPELINES = ("quickstart",)
 def command_of(module: str) -> str | None:
     """The command `module` belongs to (perencode.crosscheck.models: crosscheck), or None."""
     for command in COMMANDS:
@@ -321,3 +326,14 @@ def test_every_command_is_a_module_of_the_package():
 
 def test_no_command_imports_another():
     assert sorted(stacked_commands()) == []
+
+
+def test_a_pipeline_is_imported_by_the_cli_alone():
+    """The quick demo runs three commands; the commands stay side by side below it."""
+    importers = {name for name, tree in modules().items() for node in ast.walk(tree)
+                 for target in imported(node) if target.split(".")[:2] in
+                 (["perencode", p] for p in PIPELINES)}
+    assert importers == {"perencode.cli"}
+    pipeline = modules()["perencode.quickstart"]
+    assert {command_of(t) for node in ast.walk(pipeline) for t in imported(node)} >= \
+        {"sweep", "verify", "report"}  # what makes it a pipeline, not a command

@@ -156,14 +156,14 @@ def test_a_folder_splits_its_runs_alike_reached_directly_or_from_its_parent(tmp_
 def test_quickstart_writes_report_html_beside_verify_md(tmp_path, monkeypatch):
     """The sweep stands in (finished runs with the demo's numbers); the rest is the command's
     own: verify.md, the figures, and report.html whose top says the settings are a demo's."""
-    from perencode import sweep as sweep_module
+    from perencode import quickstart
 
     def sweep(grid, out, **options):
         demo_runs("cpu", Path(out) / Path(grid).stem)
         return 0
 
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sweep_module, "run_sweep", sweep)
+    monkeypatch.setattr(quickstart, "run_sweep", sweep)
     code, text = run_cli("quickstart", "--device", "cpu", "--runs", tmp_path / "runs",
                          "--out", tmp_path / "figs", "--no-progress")
     figs = tmp_path / "figs" / "quickstart"

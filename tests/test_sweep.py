@@ -22,7 +22,9 @@ import perencode.sweep.cost as cost_module
 from perencode import cost, runs
 from perencode.cli import app
 from perencode.grid import load_grid
-from perencode.sweep import SweepOptions, TrainJob, run_sweep
+from perencode.sweep.options import SweepOptions
+from perencode.sweep.run import run_sweep
+from perencode.sweep.slurm import TrainJob
 
 TINY = tiny_toml(optim={"lr": 1e-2, "warmup": 2}, train={"checkpoint_every": 10})
 AXES = """
@@ -133,7 +135,7 @@ def test_identical_recipes_are_linked_not_retrained(swept):
 
 @pytest.mark.slow
 def test_analyses_run_after_training_until_their_output_is_complete(swept):
-    from perencode.sweep import plan
+    from perencode.sweep.plan import plan
 
     grid, out, _, _ = swept
     after = grid.with_name("after.toml")

@@ -289,7 +289,7 @@ class _Recording:
 def test_an_executor_plugs_in_by_the_interface_alone(tmp_path, monkeypatch, finish, code):
     """The sweep asks its executor for everything that differs between executors: a third
     one, registered by name, runs the grid, names the board and closes a stopped sweep."""
-    from perencode import sweep
+    from perencode.sweep import run as sweep
 
     monkeypatch.setattr(_Recording, "finish", finish)
     monkeypatch.setattr(_Recording, "handed", [])

@@ -1,12 +1,14 @@
-"""What a sweep is asked to do (`SweepOptions`, the options of `perencode sweep`) and the
-interface its executors implement (`Executor`, as Hydra's `Launcher`): local subprocesses
-(local.py) and SLURM jobs (slurm.py)."""
+"""What a sweep is asked to do (`SweepOptions`, the options of `perencode sweep`, each declared
+here once with its flag and help) and the interface its executors implement (`Executor`, as
+Hydra's `Launcher`): local subprocesses (local.py) and SLURM jobs (slurm.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Annotated, Protocol
+
+import typer
 
 from perencode import defaults
 
@@ -15,26 +17,70 @@ if TYPE_CHECKING:
     from perencode.sweep.board import Board
     from perencode.sweep.plan import PlannedRun
 
+# The options of `perencode sweep`: perencode.cli's sweep command takes these aliases, and
+# SweepOptions' fields are declared with them, so a field, its flag and its help are one
+# record. The options the sweep shares with other commands (--set, --device, --progress,
+# --runs) are perencode.cli's.
+ExecutorName = Annotated[str, typer.Option(
+    "--executor", help="local (subprocesses) or slurm (submitit).")]
+Jobs = Annotated[int, typer.Option("--jobs", min=1, help="Runs at once (local).")]
+RunsPerGpu = Annotated[int, typer.Option("--runs-per-gpu", min=1,
+                                         help="Runs sharing one GPU (local).")]
+Only = Annotated[list[str] | None, typer.Option(
+    "--only", metavar="KEY=V1,V2", help="Keep the cells whose axis KEY takes one of these "
+    "values. Repeatable.")]
+Axes = Annotated[list[str] | None, typer.Option(
+    "--axis", metavar="FIELD=V1,V2", help="Sweep FIELD over these values without a grid file "
+    "(a recipe becomes a grid); over a grid file, adds the axis or replaces its values. "
+    "Repeatable; tied: a.b+c.d=[1,2],[3,4].")]
+Tag = Annotated[str | None, typer.Option(
+    "--tag", help="Name this sweep: its runs go to RUNS/<grid>@TAG (a second variant of the "
+    "same grid) and record the tag, which figures and report show.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan (runs, states), disk "
+                                      "and device-hours at once; run nothing.")]
+Explain = Annotated[bool, typer.Option(
+    "--explain", help="A dry run that also shows where each value of the cells comes from: a "
+    "file (the grid or a base), a file's \\[grid] axis, --set, or the default.")]
+Estimate = Annotated[bool, typer.Option(
+    "--estimate", help="Time 3 iterations of each shape not yet measured on this device "
+    "(cached in .estimates.json under the runs' root), then print the plan; train nothing.")]
+Tensorboard = Annotated[bool, typer.Option(
+    "--tensorboard", help="Training writes TensorBoard event files too (`perencode tensorboard "
+    "RUNS` shows the grid's runs side by side).")]
+Wait = Annotated[bool, typer.Option(
+    "--wait/--no-wait", help="--no-wait (SLURM): submit and return; running the same command "
+    "again collects the jobs, never submits twice.")]
+# The options that fill `slurm`, over the grid's [slurm] table.
+Partition = Annotated[str | None, typer.Option(
+    "--partition", help="SLURM partition (overrides the grid's \\[slurm] table).")]
+TimeMin = Annotated[int | None, typer.Option("--time-min", help="SLURM time limit in minutes.")]
+GpusPerJob = Annotated[int | None, typer.Option("--gpus-per-job", help="SLURM GPUs per job.")]
+CpusPerJob = Annotated[int | None, typer.Option("--cpus-per-job", help="SLURM CPUs per job.")]
+SlurmFields = Annotated[list[str] | None, typer.Option(
+    "--slurm", metavar="KEY=VALUE", help="Any field of the grid's \\[slurm] table (value as a "
+    "TOML literal), e.g. --slurm 'python=\"apptainer exec --nv perencode.sif python\"' --slurm "
+    "'qos=\"high\"'. Repeatable; docs/slurm.md lists the fields.")]
+
 
 @dataclass
 class SweepOptions:
     """How `run_sweep` runs a grid; each field is the `perencode sweep` option of its name."""
 
-    executor: str = defaults.SWEEP_EXECUTOR  # a key of perencode.sweep.EXECUTORS
-    jobs: int = defaults.SWEEP_JOBS          # runs at once (local)
-    runs_per_gpu: int = defaults.SWEEP_RUNS_PER_GPU  # runs sharing one GPU (local)
+    executor: ExecutorName = defaults.SWEEP_EXECUTOR  # a key of perencode.sweep.run.EXECUTORS
+    jobs: Jobs = defaults.SWEEP_JOBS
+    runs_per_gpu: RunsPerGpu = defaults.SWEEP_RUNS_PER_GPU
     device: str = defaults.DEVICE
-    only: list[str] = field(default_factory=list)       # KEY=V1,V2: the cells kept
+    only: list[str] = field(default_factory=list)       # Only: KEY=V1,V2, the cells kept
     overrides: list[str] = field(default_factory=list)  # --set section.key=value
-    axes: list[str] = field(default_factory=list)       # FIELD=V1,V2 over the file
-    tag: str | None = None                   # the runs go to OUT/<stem>@<tag>
-    slurm: dict = field(default_factory=dict)  # fields over the grid's [slurm] table
-    dry_run: bool = False                    # print the plan; run nothing
-    explain: bool = False                    # a dry run that shows where each value came from
-    estimate: bool = False                   # time the shapes not yet measured; train nothing
-    tensorboard: bool = False                # training writes TensorBoard event files too
+    axes: list[str] = field(default_factory=list)       # Axes: FIELD=V1,V2 over the file
+    tag: Tag = None
+    slurm: dict = field(default_factory=dict)  # Partition ... SlurmFields, over [slurm]
+    dry_run: DryRun = False
+    explain: Explain = False
+    estimate: Estimate = False
+    tensorboard: Tensorboard = False
     progress: bool = True                    # the live run table
-    wait: bool = True                        # False: submit and return (SLURM)
+    wait: Wait = True
 
 
 class Executor(Protocol):
