@@ -399,6 +399,7 @@ def test_stability_metric_against_the_code_and_the_printed_eq_3_4_by_hand():
 
 @needs_authors
 @needs_timm
+@pytest.mark.compat
 @pytest.mark.slow
 def test_crosscheck_command_agrees_and_trains(tmp_path):
     code, out = run_cli("crosscheck", AUTHORS, "--out", tmp_path, "--train", "--seeds", "2",

@@ -74,6 +74,7 @@ PLANTED = {
 
 @needs_authors
 @needs_timm
+@pytest.mark.compat
 @pytest.mark.slow  # 1-2 s each; the fast set keeps the loop's and the defaults' agreement
 @pytest.mark.parametrize("fault", PLANTED)
 def test_planted_loop_fault_disagrees(authors, monkeypatch, fault):
@@ -86,6 +87,7 @@ def test_planted_loop_fault_disagrees(authors, monkeypatch, fault):
 
 @needs_authors
 @needs_timm
+@pytest.mark.compat
 @pytest.mark.slow  # 1-2 s each; the fast set keeps the loop's and the defaults' agreement
 def test_padded_outputs_counted_as_class_0_disagree(authors, monkeypatch):
     def loss_fn(model, batch, count_hits=False, chunk_logits=0):
@@ -182,6 +184,7 @@ def test_a_changed_task_default_disagrees(authors, monkeypatch):
 
 
 @needs_authors
+@pytest.mark.compat
 @pytest.mark.slow  # 1-2 s each; the fast set keeps the loop's and the defaults' agreement
 def test_a_drifted_recipe_value_disagrees(authors, tmp_path):
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")

@@ -95,6 +95,7 @@ def resume_recipe():
                                log_every=1, keep_checkpoints="all")
 
 
+@pytest.mark.compat
 @pytest.mark.slow  # `perencode train` / `bench` children
 def test_resume_across_devices_through_the_run_directory(tmp_path):
     recipe = resume_recipe()

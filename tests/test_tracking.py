@@ -93,6 +93,7 @@ def test_killed_after_its_checkpoint_and_resumed_every_step_once(cli, tmp_path, 
     assert_each_step_once(run_dir, list(range(5, 41, 5)))
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_sigkill_and_resume_every_step_once(tmp_path):
     run_dir = tmp_path / "run"

@@ -153,6 +153,7 @@ def test_run_dir_contents_and_eval(cli, tmp_path):
     assert code == 2 and "holds a run of a different recipe (optim.lr" in text
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_resume_after_sigkill_is_bit_identical(tmp_path):
     full = tmp_path / "full"
@@ -178,6 +179,7 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
         json.loads((cut / "eval.json").read_text())["token_accuracy"]
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_resumes_identically(tmp_path):
     full = tmp_path / "full"
