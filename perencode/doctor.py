@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from perencode import defaults, kinds, preflight, runs
+from perencode import checkpoints, defaults, kinds, preflight, runs
 from perencode.console import console
 from perencode.cost import Estimates, device_label
 from perencode.device import device_model, host_syncs, kernel_support
@@ -286,7 +286,7 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
     middle = recipe.train.checkpoint_every
     run = runs.Run(Path(folder) / f"{first.type}-to-{second.type}")
     train_child(recipe, run.dir, first)
-    uninterrupted = runs.load_checkpoint(run.checkpoint_path(iterations))["model"]
+    uninterrupted = checkpoints.load(run.checkpoint_path(iterations))["model"]
     for step, path in run.checkpoints():
         if step > middle:
             path.unlink()
@@ -302,12 +302,12 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
     kept = run.checkpoint_path(middle).stat().st_ino
     train_child(recipe, run.dir, second)
     starts = runs.read_json(run.dir / "env.json")["starts"]
-    final = runs.load_checkpoint(run.checkpoint_path(iterations))
+    final = checkpoints.load(run.checkpoint_path(iterations))
     rows = run.metrics()
     resumed = run.checkpoint_path(middle).stat().st_ino == kept
     result = {"resumed_from": middle if resumed else 0, "starts": [s["device"] for s in starts],
               "final_iteration": final["iteration"],
-              "metrics_steps": [r["step"] for r in rows],
+              "metrics_steps": [r.step for r in rows],
               "finite": all(bool(torch.isfinite(t).all()) for t in final["model"].values()),
               "identical": None}
     if first.type == second.type:  # across device types the kernels round apart

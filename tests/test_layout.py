@@ -321,3 +321,13 @@ def test_every_command_is_a_module_of_the_package():
 
 def test_no_command_imports_another():
     assert sorted(stacked_commands()) == []
+
+
+def test_the_training_step_does_not_sit_on_the_run_directory():
+    """The session (the training step) knows the checkpoint format (perencode.checkpoints,
+    its one owner) and the records (perencode.records), never the run directory: runs
+    imports them, not the other way round."""
+    assert "perencode.runs" not in reached_from("perencode.session")
+    for low in ("perencode.checkpoints", "perencode.records"):
+        assert not reached_from(low) & {"perencode.runs", "perencode.session"}, low
+    assert {"perencode.checkpoints", "perencode.records"} <= reached_from("perencode.runs")

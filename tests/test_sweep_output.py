@@ -73,7 +73,7 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new
     assert "Traceback" not in output
     lines = [line for line in output.splitlines() if line.startswith("interrupted:")]
     assert len(lines) == 1, output
-    step = runs.Run(first).metrics()[-1]["step"]
+    step = runs.Run(first).metrics()[-1].step
     assert re.fullmatch(rf"interrupted: 1 run\(s\) stopped with a checkpoint \({CELLS[0]} at "
                         rf"step \d+\); 1 not started; 0 of 2 finished\. Run the same command "
                         r"again to resume \(finished runs are skipped\)\.", lines[0]), lines
