@@ -543,7 +543,7 @@ def memory_check(recipe: Recipe, device: torch.device, label: str) -> list[Findi
 # held-out check of its batch (`nonzero` in perencode.tasks.base.Exclusion.members) and,
 # read from torch's CUDA code, the embedding's backward pass (which counts its segments on
 # the host). A checkpoint restored with Adam's `step` counters on the GPU added one per
-# parameter tensor, read back at every step (session.cpu_step_counters).
+# parameter tensor, read back at every step (checkpoints.cpu_step_counters).
 EXPECTED_SYNCS = 2
 NO_SYNCS_ON_CPU = "not run: no CUDA device (on the CPU the host runs the kernels itself)"
 

@@ -4,7 +4,8 @@
     RUN_DIR/plugins.json           the plugins its kinds come from (perencode.plugins), if any
     RUN_DIR/identity.json          the recipe, code and data that made it (perencode.identity)
     RUN_DIR/env.json               the environment report (`perencode env`), seed, start/end times
-    RUN_DIR/metrics.jsonl          one row per log step: step, loss, accuracy, lr, seconds
+    RUN_DIR/metrics.jsonl          one row per log step: step, loss, accuracy, lr, gradient norm,
+                                   seconds (perencode.records.MetricsRow)
     RUN_DIR/checkpoints/step-K.pt  every train.checkpoint_every iterations and the last one;
                                    the newest train.keep_checkpoints of them are kept
     RUN_DIR/checkpoints/resume.pt  written when a run is interrupted (SIGINT/SIGTERM)
