@@ -39,8 +39,7 @@ METRICS_VERSION = 2   # 1: no version and no grad_norm (the step's gradient norm
 IDENTITY_VERSION = 2  # 1: no `modules` (the perencode modules of the run's path)
 IDENTITY_FORMAT = "perencode-identity"
 
-FINISHED, DIVERGED, UNFINISHED = "finished", "diverged", "unfinished"
-STATES = (FINISHED, DIVERGED, UNFINISHED)
+FINISHED, DIVERGED, UNFINISHED = "finished", "diverged", "unfinished"  # StatusRecord.state
 
 
 def _version(data: dict, current: int, path: str | Path, what: str) -> int:
