@@ -447,7 +447,8 @@ def show(
             from perencode import identity
 
             print(json.dumps({**story, "recipe": r.model_dump(mode="json"),
-                              "identity": identity.read(recipe)}, indent=2))
+                              "identity": (entry.as_dict() if (entry := identity.read(recipe))
+                                           else None)}, indent=2))
             return
         print("".join(f"# {line}\n" for line in story_lines(story))
               + r.to_toml_every_field().rstrip("\n"))

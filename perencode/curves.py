@@ -21,7 +21,7 @@ from perencode import runs as run_dirs
 from perencode.naming import format_value, short_names
 from perencode.plots import _colour, _label, _order, _subplots
 from perencode.recipe import BOOKKEEPING
-from perencode.tracking import HELD_OUT
+from perencode.records import HELD_OUT
 
 # The metrics.jsonl columns drawn, in order, with their axis labels; held-out scores
 # (train.eval_every) follow, as many as were logged.
@@ -33,7 +33,7 @@ FACETS_PER_ROW = 4
 def read_curves(paths: list[str]) -> pd.DataFrame:
     """One row per logged step of each run: run, step and the logged metrics (empty if no run
     has logged a step)."""
-    frames = [pd.DataFrame(rows).assign(run=path)
+    frames = [pd.DataFrame([row.as_dict() for row in rows]).assign(run=path)
               for path in paths if (rows := run_dirs.Run(Path(path)).metrics())]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

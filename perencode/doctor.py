@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from perencode import defaults, kinds, preflight, runs
+from perencode import checkpoints, defaults, kinds, preflight, runs
 from perencode.console import console
 from perencode.cost import Estimates, device_label
 from perencode.device import device_model, host_syncs, kernel_support
@@ -286,7 +286,7 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
     middle = recipe.train.checkpoint_every
     run = runs.Run(Path(folder) / f"{first.type}-to-{second.type}")
     train_child(recipe, run.dir, first)
-    uninterrupted = runs.load_checkpoint(run.checkpoint_path(iterations))["model"]
+    uninterrupted = checkpoints.load(run.checkpoint_path(iterations))["model"]
     for step, path in run.checkpoints():
         if step > middle:
             path.unlink()
@@ -302,12 +302,12 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
     kept = run.checkpoint_path(middle).stat().st_ino
     train_child(recipe, run.dir, second)
     starts = runs.read_json(run.dir / "env.json")["starts"]
-    final = runs.load_checkpoint(run.checkpoint_path(iterations))
+    final = checkpoints.load(run.checkpoint_path(iterations))
     rows = run.metrics()
     resumed = run.checkpoint_path(middle).stat().st_ino == kept
     result = {"resumed_from": middle if resumed else 0, "starts": [s["device"] for s in starts],
               "final_iteration": final["iteration"],
-              "metrics_steps": [r["step"] for r in rows],
+              "metrics_steps": [r.step for r in rows],
               "finite": all(bool(torch.isfinite(t).all()) for t in final["model"].values()),
               "identical": None}
     if first.type == second.type:  # across device types the kernels round apart
@@ -543,7 +543,7 @@ def memory_check(recipe: Recipe, device: torch.device, label: str) -> list[Findi
 # held-out check of its batch (`nonzero` in perencode.tasks.base.Exclusion.members) and,
 # read from torch's CUDA code, the embedding's backward pass (which counts its segments on
 # the host). A checkpoint restored with Adam's `step` counters on the GPU added one per
-# parameter tensor, read back at every step (session.cpu_step_counters).
+# parameter tensor, read back at every step (checkpoints.cpu_step_counters).
 EXPECTED_SYNCS = 2
 NO_SYNCS_ON_CPU = "not run: no CUDA device (on the CPU the host runs the kernels itself)"
 

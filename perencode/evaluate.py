@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perencode import defaults, identity, runs
+from perencode import checkpoints, defaults, runs
 from perencode.console import console
 from perencode.device import resolve_device
 from perencode.errors import UserError
-from perencode.io import remove_stale_temps
-from perencode.lock import hold
+from perencode.records import EvalRecord
 from perencode.session import NotFinite, Session
 
 
@@ -24,7 +23,7 @@ def _say_what_is_scored(run: runs.Run) -> None:
     resumed = None
     if run.resume_path.exists():
         try:
-            resumed = runs.load_checkpoint(run.resume_path)["iteration"]
+            resumed = checkpoints.load(run.resume_path)["iteration"]
         except UserError:
             resumed = None  # unreadable: `train` sets it aside; nothing to offer here
     at = max(newest, resumed or 0)
@@ -48,16 +47,16 @@ def _refuse_without_model(run: runs.Run) -> None:
     """A diverged run's final model is not a result, and a finished run whose checkpoints
     were deleted has no model to score: one line each, eval.json left as it is."""
     status = run.status()
-    if status["state"] == runs.DIVERGED:
-        kept = status.get("checkpoint")
-        raise UserError(f"{run.dir}: diverged at iteration {status.get('iteration')} "
-                        f"({status.get('reason', 'not finite')}): its final model is not a "
+    if status.state == runs.DIVERGED:
+        kept = status.checkpoint
+        raise UserError(f"{run.dir}: diverged at iteration {status.iteration} "
+                        f"({status.reason or 'not finite'}): its final model is not a "
                         "result and is not scored"
                         + (f"; score the last finite checkpoint with --checkpoint "
                            f"{run.dir / kept}" if kept else ""))
-    if status["state"] == runs.FINISHED and not run.checkpoints():
+    if status.state == runs.FINISHED and not run.checkpoints():
         raise UserError(f"{run.dir}: the run is finished but its model was deleted (no "
-                        f"checkpoints left{'; pruned' if status.get('pruned') else ''}); "
+                        f"checkpoints left{'; pruned' if status.pruned else ''}); "
                         f"its eval.json is kept as it is")
 
 
@@ -70,27 +69,24 @@ def evaluate_run(run_dir: str | Path, device: str = defaults.DEVICE,
     Its recipe.toml, data and code must be those it was made with (perencode.identity);
     code accepted with `accept_code_change` (data, `accept_data_change`) is named in the
     result (code_changes_accepted)."""
-    run = runs.Run(run_dir)
     dev = resolve_device(device)
-    recipe = run.recipe  # not a run: say so before creating the lock file in it
-    with hold(run.dir, "eval"):
-        remove_stale_temps(run.dir)
-        accepted = identity.check(run.dir, recipe, "eval", accept_code_change=accept_code_change,
-                                  accept_data_change=accept_data_change)
+    with runs.Run.open(run_dir, "eval", accept_code_change=accept_code_change,
+                       accept_data_change=accept_data_change) as run:
+        recipe = run.recipe
         if checkpoint is None:
             _refuse_without_model(run)
             _say_what_is_scored(run)
-        session = Session.of_run(run, dev, checkpoint)
+        session = Session.of_checkpoint(recipe, dev, *run.load(checkpoint, map_location=dev))
         try:
-            result = session.evaluate(**options)
+            scores = session.evaluate(**options)
         except NotFinite as exc:  # nothing written: a finite eval.json stays as it is
             raise NotFinite(exc.iteration, f"{exc.what} ({run.dir}, "
                             f"{session_source(run, checkpoint)}); its files are left as "
                             "they are") from None
-        result["iteration"] = iteration = session.iteration
-        if accepted:
-            result["code_changes_accepted"] = accepted
+        iteration = session.iteration
+        record = EvalRecord(**scores, iteration=iteration,
+                            code_changes_accepted=run.accepted or None)
         final = iteration == recipe.train.iterations
         name = "eval.json" if final else f"eval-step-{iteration}.json"
-        path = run.write_eval(result, name)
-    return result, path
+        path = run.write_eval(record, name)
+    return record.result(), path

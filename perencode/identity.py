@@ -57,10 +57,9 @@ from perencode.environment import git_commit, now
 from perencode.errors import UserError
 from perencode.io import atomic_write_json
 from perencode.recipe import Recipe, differences, migrate_stored, validate
+from perencode.records import IdentityRecord, read_identity
 
-RECORD = "identity.json"
-FORMAT = "perencode-identity"
-VERSION = 2  # 2: `modules`, the perencode code of the run's path; data by content
+RECORD = "identity.json"  # perencode.records.IdentityRecord
 UNVERIFIED = "unverified"
 ACCEPT = "--accept-code"
 MISSING = (f"no {RECORD} (made before perencode recorded a run's recipe, code and data): "
@@ -245,12 +244,12 @@ def _describe(record: dict) -> str:
     return f"plugin {record.get('module')}" + (f" ({where})" if where else "")
 
 
-def _modules_change(then: dict, now: dict[str, str], entry: dict) -> str | None:
+def _modules_change(then: dict, now: dict[str, str], entry: IdentityRecord) -> str | None:
     """One phrase naming the perencode modules of the run's path whose code differs."""
     changed = sorted(m for m in set(then) | set(now) if then.get(m) != now.get(m))
     if not changed:
         return None
-    made = next((c for c in entry.get("code", {}).values()
+    made = next((c for c in entry.code.values()
                  if isinstance(c, dict) and c.get("origin") == "perencode"), {})
     versions = ""
     if made.get("version") != __version__ or made.get("commit") != _commit():
@@ -262,13 +261,13 @@ def _modules_change(then: dict, now: dict[str, str], entry: dict) -> str | None:
             f"since the run was made{versions}")
 
 
-def code_changes(entry: dict, recipe: Recipe) -> list[str]:
+def code_changes(entry: IdentityRecord, recipe: Recipe) -> list[str]:
     """How the code loaded now differs from what identity.json `entry` recorded, one
     phrase per kind and one naming the perencode modules of the run's path that changed
     (`modules_record`; a record made before it lists none, and only its kinds' modules are
     compared); a kind no registration holds now is not compared (nothing of it runs)."""
-    recorded = entry.get("code", {})
-    then_modules = entry.get("modules")
+    recorded = entry.code
+    then_modules = entry.modules
     changes = []
     for section, field in kinds.FIELDS.items():
         then = recorded.get(section)
@@ -296,16 +295,16 @@ def code_changes(entry: dict, recipe: Recipe) -> list[str]:
     return changes
 
 
-def code_digest(entry: dict | None) -> str:
+def code_digest(entry: IdentityRecord | None) -> str:
     """12 hex digits naming the code a run's numbers came from: the code it was made with
     and the code changes accepted since (`accepted`); "unverified" without a record."""
     if entry is None:
         return UNVERIFIED
-    whole = {"code": {k: v.get("source_sha256") for k, v in entry.get("code", {}).items()
+    whole = {"code": {k: v.get("source_sha256") for k, v in entry.code.items()
                       if isinstance(v, dict)},
-             "modules": entry.get("modules"),
-             "accepted": [a.get("changes") for a in entry.get("accepted", [])
-                          if isinstance(a, dict) and a.get("kind", "code") == "code"]}
+             "modules": entry.modules,
+             "accepted": [a.get("changes") for a in entry.accepted
+                          if a.get("kind", "code") == "code"]}
     return hashlib.sha256(json.dumps(whole, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -386,39 +385,33 @@ def fingerprint(recipe_identity: dict, code: dict, data: dict | None,
 # The record
 # --------------------------------------------------------------------------------------
 
-def record(run_dir: str | Path, recipe: Recipe) -> dict:
+def record(run_dir: str | Path, recipe: Recipe) -> IdentityRecord:
     """Write RUN_DIR/identity.json for a run being created; the record."""
     code = {section: code_record(section, getattr(getattr(recipe, section), tag))
             for section, tag in kinds.TAGS.items()}
     data = data_record(recipe)
     modules = modules_record(recipe)
-    entry = {"format": FORMAT, "version": VERSION, "created": now(),
-             "fingerprint": fingerprint(recipe.identity(), code, data, modules),
-             "recipe": recipe.identity(), "code": code, "modules": modules,
-             **({"data": data} if data else {}), "accepted": []}
-    atomic_write_json(Path(run_dir) / RECORD, entry)
+    entry = IdentityRecord(created=now(),
+                           fingerprint=fingerprint(recipe.identity(), code, data, modules),
+                           recipe=recipe.identity(), code=code, modules=modules,
+                           data=data or None)
+    atomic_write_json(Path(run_dir) / RECORD, entry.as_dict())
     return entry
 
 
-def read(run_dir: str | Path) -> dict | None:
-    """RUN_DIR/identity.json, or None where the run has none (made before it existed)."""
+def read(run_dir: str | Path) -> IdentityRecord | None:
+    """RUN_DIR/identity.json (as the current record: perencode.records.migrate_identity), or
+    None where the run has none (made before it existed)."""
     path = Path(run_dir) / RECORD
     if not path.is_file():
         return None
-    try:
-        entry = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: not readable JSON ({exc}); the run's identity is lost: "
-                        "restore the file from a copy of the run") from None
-    if not isinstance(entry, dict) or entry.get("format") != FORMAT:
-        raise UserError(f"{path}: not a perencode run identity")
-    return entry
+    return read_identity(path)
 
 
 def short(run_dir: str | Path) -> str:
     """The run's fingerprint, or "unverified" for a run without the record."""
     entry = read(run_dir)
-    return entry["fingerprint"] if entry else UNVERIFIED
+    return entry.fingerprint if entry else UNVERIFIED
 
 
 def check(run_dir: str | Path, recipe: Recipe, command: str, *, data: bool = True,
@@ -437,12 +430,12 @@ def check(run_dir: str | Path, recipe: Recipe, command: str, *, data: bool = Tru
             console.print(f"[yellow]note:[/] {run_dir}: {MISSING}", highlight=False,
                           soft_wrap=True)
         return []
-    problem = _recipe_change(entry.get("recipe", {}), recipe, run_dir)
+    problem = _recipe_change(entry.recipe, recipe, run_dir)
     if problem is not None:
         raise UserError(problem)
     accepted: list[tuple[str, list[str]]] = []
-    if data and isinstance(entry.get("data"), dict):
-        change, acceptable = _data_change(entry["data"], recipe)
+    if data and entry.data is not None:
+        change, acceptable = _data_change(entry.data, recipe)
         if change is not None and not (acceptable and accept_data_change):
             raise UserError(f"{run_dir}: {change}" + (
                 f"; `perencode {command} {ACCEPT_DATA}` uses the data there now and records "
@@ -457,9 +450,9 @@ def check(run_dir: str | Path, recipe: Recipe, command: str, *, data: bool = Tru
         accepted.append(("code", changes))
     if accepted and write:
         for kind, what in accepted:
-            entry.setdefault("accepted", []).append(
+            entry.accepted.append(
                 {"time": now(), "command": command, "kind": kind, "changes": what})
-        atomic_write_json(run_dir / RECORD, entry)
+        atomic_write_json(run_dir / RECORD, entry.as_dict())
     return [change for _, what in accepted for change in what]
 
 
@@ -468,19 +461,19 @@ def describe(run_dir: str | Path) -> list[str]:
     entry = read(run_dir)
     if entry is None:
         return [f"fingerprint: {UNVERIFIED} ({MISSING})"]
-    lines = [f"fingerprint: {entry['fingerprint']} (recipe, code and data, {RECORD})"]
+    lines = [f"fingerprint: {entry.fingerprint} (recipe, code and data, {RECORD})"]
     for section, field in kinds.FIELDS.items():
-        found = entry.get("code", {}).get(section)
+        found = entry.code.get(section)
         if isinstance(found, dict):
             extra = (f", perencode {found.get('version')} commit "
                      f"{str(found.get('commit'))[:10]}" if found.get("origin") == "perencode"
                      else "")
             lines.append(f"{field} = {found.get('name')!r}: {_describe(found)}, source "
                          f"{str(found.get('source_sha256'))[:12]}{extra}")
-    if isinstance(entry.get("data"), dict):
-        what, digest = _data_hash(entry["data"])
-        lines.append(f"data: {entry['data'].get('path')} ({what} {str(digest)[:12]})")
-    for accepted in entry.get("accepted", []):
+    if entry.data is not None:
+        what, digest = _data_hash(entry.data)
+        lines.append(f"data: {entry.data.get('path')} ({what} {str(digest)[:12]})")
+    for accepted in entry.accepted:
         lines.append(f"accepted by {accepted.get('command')} at {accepted.get('time')}: "
                      f"{'; '.join(accepted.get('changes', []))}")
     return lines

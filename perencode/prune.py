@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perencode import kinds, runs
-from perencode.io import atomic_write_json
 from perencode.lock import hold
 
 # What a pruned run keeps, and what for.
@@ -65,8 +64,8 @@ def plan_run(run_dir: Path, without_stability: bool = False) -> Pruned:
     """What pruning `run_dir` deletes, and why it keeps what it keeps."""
     run = runs.Run(run_dir)
     status = run.status()
-    found = Pruned(run_dir, status["state"])
-    if status["state"] == runs.UNFINISHED:
+    found = Pruned(run_dir, status.state)
+    if status.state == runs.UNFINISHED:
         if run.newest_checkpoint() is not None:
             found.kept_because = "unfinished: its checkpoints resume it"
         elif run.metrics():
@@ -75,11 +74,11 @@ def plan_run(run_dir: Path, without_stability: bool = False) -> Pruned:
         else:  # a sweep's claimed cell, or a run stopped before its first step
             found.kept_because = "not started: it trains from iteration 0"
         return found
-    if status["state"] == runs.DIVERGED:
+    if status.state == runs.DIVERGED:
         found.kept_because = "diverged: its last finite checkpoint is kept for inspection"
         return found
-    if status.get("missing"):
-        found.kept_because = (f"finished, but its {status['missing']} is missing: its "
+    if status.missing:
+        found.kept_because = (f"finished, but its {status.missing} is missing: its "
                               f"checkpoints score it again (`perencode eval {run_dir}`)")
         return found
     steps = run.checkpoints()
@@ -96,7 +95,7 @@ def plan_run(run_dir: Path, without_stability: bool = False) -> Pruned:
     if run.resume_path.exists():
         doomed.append(run.resume_path)
     found.deleted = doomed
-    found.inferred = status.get("inferred", "")
+    found.inferred = status.inferred or ""
     found.size = sum(path.stat().st_size for path in doomed)
     return found
 
@@ -127,13 +126,13 @@ def prune(paths: list[Path], dry_run: bool = False,
         run = runs.Run(run_dir)
         with hold(run_dir, "prune"):
             status = run.status()
-            if "inferred" in status:  # an earlier perencode's run: the record comes first
-                run.record_status(runs.FINISHED, iteration=status["iteration"],
-                                  inferred=status["inferred"])
+            if status.inferred:  # an earlier perencode's run: the record comes first
+                run.record_status(runs.FINISHED, iteration=status.iteration,
+                                  inferred=status.inferred)
             for path in found.deleted:
                 path.unlink(missing_ok=True)
-            record = runs.read_json(run.status_path)
-            record["pruned"] = {"time": runs.now(), "bytes": found.size,
-                                "deleted": [str(p.relative_to(run_dir)) for p in found.deleted]}
-            atomic_write_json(run.status_path, record)
+            pruned = {"time": runs.now(), "bytes": found.size,
+                      "deleted": [str(p.relative_to(run_dir)) for p in found.deleted]}
+            run.write_status(run.status().model_copy(update={"pruned": pruned,
+                                                             "missing": None}))
     return done

@@ -123,7 +123,7 @@ class EncodingConfig(KindConfig):
 
 # The largest float32: torch's optimizers turn their coefficients into float32 numbers.
 FLOAT32_MAX = 3.4028234663852886e38
-# Seeds are 32-bit, so that the offset streams (runs.TRAINING_SEED_OFFSET, ...) of every
+# Seeds are 32-bit, so that the offset streams (checkpoints.TRAINING_SEED_OFFSET, ...) of every
 # seed stay within what torch.manual_seed takes, as NumPy-style seeds do.
 MAX_SEED = 2**32 - 1
 

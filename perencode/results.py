@@ -17,13 +17,13 @@ from typing import Any
 
 import pandas as pd
 
-from perencode import identity, kinds, plugins, runs
+from perencode import identity, kinds, plugins, records, runs
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.naming import format_value, short_names
 from perencode.recipe import BOOKKEEPING, SECTIONS, field_names, run_key
 
-IDENTITY = tuple(runs.EVAL_IDENTITY.values())
+IDENTITY = tuple(records.EVAL_IDENTITY.values())
 
 @dataclass
 class Results:
@@ -60,22 +60,23 @@ def flatten(recipe) -> dict:
     return out
 
 
-def _training_summary(rows: list[dict]) -> dict:
+def _training_summary(rows: list[records.MetricsRow]) -> dict:
     """Last logged loss/accuracy and the training wall time summed over (re)starts
     (`seconds` restarts from 0 when a run resumes)."""
     if not rows:
         return {}
     seconds, previous = 0.0, 0.0
     for row in rows:
-        if row["seconds"] < previous:
+        if row.seconds < previous:
             seconds += previous
-        previous = row["seconds"]
+        previous = row.seconds
     last = rows[-1]
-    return {"train_step": last["step"], "train_loss": last["loss"],
-            "train_accuracy": last.get("accuracy"), "train_seconds": seconds + previous}
+    return {"train_step": last.step, "train_loss": last.loss,
+            "train_accuracy": last.accuracy, "train_seconds": seconds + previous}
 
 
-def _read_eval(run_dir: Path, recipe, status: dict) -> tuple[dict, dict[str, list[dict]]]:
+def _read_eval(run_dir: Path, recipe, status: records.StatusRecord
+               ) -> tuple[dict, dict[str, list[dict]]]:
     """eval.json split into scalars and its lists of rows (by_band, by_length, ...); one
     line naming the file when it is damaged (an object with a whole-number iteration and
     numbers for its metrics, as `perencode eval` writes it), or not the run's own
@@ -85,21 +86,17 @@ def _read_eval(run_dir: Path, recipe, status: dict) -> tuple[dict, dict[str, lis
         return {}, {}
     again = runs.Run(run_dir).restore_hint()  # `eval` only where a checkpoint is left
     try:
-        data = runs.read_json(path)
+        record = records.read_eval(path)
     except UserError as exc:
         raise UserError(f"{exc}; {again}") from None
-    iteration = data.get("iteration")
-    if not isinstance(iteration, int) or isinstance(iteration, bool):
+    if record.iteration is None:
         raise UserError(f"{path}: no whole-number 'iteration' (damaged); {again}")
-    # eval.json's identity fields repeat recipe fields: the recipe's are kept.
-    scalars = {k: v for k, v in data.items() if isinstance(v, (int, float, str, bool))
-               and k not in runs.EVAL_IDENTITY}
-    for key, value in scalars.items():
-        if isinstance(value, str):
-            raise UserError(f"{path}: '{key}' is {value!r}, not a number (damaged); "
-                            f"{again}")
     runs.check_eval(run_dir, recipe, status)  # a whole file, but the run's own?
-    nested = {k: v for k, v in data.items()
+    # eval.json's identity fields repeat recipe fields: the recipe's are kept.
+    scores = record.scores()
+    scalars = {k: v for k, v in scores.items() if isinstance(v, (int, float, bool))}
+    scalars["iteration"] = record.iteration
+    nested = {k: v for k, v in scores.items()
               if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)}
     return scalars, nested
 
@@ -122,26 +119,28 @@ def _read_stability(run_dir: Path) -> pd.DataFrame | None:
 _RANK = {runs.FINISHED: 3, runs.DIVERGED: 2, runs.UNFINISHED: 0}
 
 
-def _rank(status: dict) -> int:
-    return 1 if status.get("missing") else _RANK[status["state"]]
+def _rank(status: records.StatusRecord) -> int:
+    return 1 if status.missing else _RANK[status.state]
 
 
-def _describe(run_dir: Path, status: dict) -> str:
-    state = status["state"]
-    if status.get("missing"):
-        return f"finished, but its {status['missing']} is missing"
+def _describe(run_dir: Path, status: records.StatusRecord) -> str:
+    state = status.state
+    if status.missing:
+        return f"finished, but its {status.missing} is missing"
     if state == runs.UNFINISHED:
         steps = runs.Run(run_dir).metrics()
-        return f"unfinished (iteration {steps[-1].get('step', 0) if steps else 0})"
-    return f"{state} (iteration {status.get('iteration')})" if state == runs.DIVERGED else state
+        return f"unfinished (iteration {steps[-1].step if steps else 0})"
+    return f"{state} (iteration {status.iteration})" if state == runs.DIVERGED else state
 
 
-def choose(found: list[tuple[Path, Any, dict]]) -> tuple[dict[str, tuple[Path, Any, dict]],
-                                                           list[str]]:
+Found = tuple[Path, Any, records.StatusRecord]  # a run directory, its recipe, its status
+
+
+def choose(found: list[Found]) -> tuple[dict[str, Found], list[str]]:
     """run_key -> the (run directory, recipe, status) used of each recipe's runs, and one
     line per run directory left out, naming the one used and why. Two finished runs of
     one recipe with different eval.json are both named: the first is used."""
-    kept: dict[str, tuple[Path, Any, dict]] = {}
+    kept: dict[str, Found] = {}
     lines = []
     for run_dir, recipe, status in found:
         key = run_key(recipe)
@@ -152,9 +151,10 @@ def choose(found: list[tuple[Path, Any, dict]]) -> tuple[dict[str, tuple[Path, A
         if _rank(status) > _rank(used_status):
             kept[key] = (run_dir, recipe, status)
             lines.append(f"{used}: ignored, {_describe(used, used_status)}; the same "
-                         f"recipe's {status['state']} run {run_dir} is used")
+                         f"recipe's {status.state} run {run_dir} is used")
         elif _rank(status) == _rank(used_status) == _RANK[runs.FINISHED]:
-            ours, theirs = (runs.read_json(d / "eval.json") for d in (used, run_dir))
+            ours, theirs = (records.read_eval(d / "eval.json").as_dict()
+                            for d in (used, run_dir))
             if ours == theirs:
                 lines.append(f"{run_dir}: ignored, the same recipe and results as {used}")
             else:
@@ -165,7 +165,7 @@ def choose(found: list[tuple[Path, Any, dict]]) -> tuple[dict[str, tuple[Path, A
                              f"{used} is used, move the other away to use it")
         else:
             lines.append(f"{run_dir}: ignored, {_describe(run_dir, status)}; the same "
-                         f"recipe's {used_status['state']} run {used} is used")
+                         f"recipe's {used_status.state} run {used} is used")
     return kept, lines
 
 
@@ -201,23 +201,23 @@ def collect(paths: list[Path], command: str = "figures",
         identity.check(run_dir, recipe, command, data=False, code=False, write=False,
                        note_missing=False)
         entry = identity.read(run_dir)
-        accepted = [change for a in (entry or {}).get("accepted", []) if isinstance(a, dict)
+        accepted = [change for a in (entry.accepted if entry else [])
                     for change in a.get("changes", [])]
         fingerprint = identity.short(run_dir)
         if fingerprint == identity.UNVERIFIED:
             unverified.append(str(run_dir))
         run = str(run_dir)
-        diverged = status["state"] == runs.DIVERGED
+        diverged = status.state == runs.DIVERGED
         scalars, nested = _read_eval(run_dir, recipe, status) if not diverged else ({}, {})
         metrics = runs.Run(run_dir).metrics()
         summary = _training_summary(metrics) if not diverged else {
-            "train_step": status.get("iteration")}
-        if status.get("missing"):
-            notes.append(f"{run_dir}: finished, but its {status['missing']} is missing: "
+            "train_step": status.iteration}
+        if status.missing:
+            notes.append(f"{run_dir}: finished, but its {status.missing} is missing: "
                          f"listed without metrics (complete = False); "
                          f"{runs.Run(run_dir).restore_hint()}")
-        row = {"run": run, **flatten(recipe), **scalars, **summary, "status": status["state"],
-               "complete": status["state"] == runs.FINISHED and not status.get("missing"),
+        row = {"run": run, **flatten(recipe), **scalars, **summary, "status": status.state,
+               "complete": status.state == runs.FINISHED and not status.missing,
                "fingerprint": fingerprint, "code": identity.code_digest(entry),
                **({"code_changes_accepted": "; ".join(accepted)} if accepted else {})}
         record = runs.sweep_record(run_dir)
@@ -236,7 +236,7 @@ def collect(paths: list[Path], command: str = "figures",
         # registration knows (its plugin absent) has none.
         task = kinds.registry("task").get(recipe.task.name)
         if task is not None and task.results is not None:
-            task.results(row, metrics, own)
+            task.results(row, [m.as_dict() for m in metrics], own)
         rows.append(row)
         for name, table in own.items():
             tables.setdefault(name, []).append(pd.DataFrame(table).assign(run=run))

@@ -4,7 +4,8 @@
     RUN_DIR/plugins.json           the plugins its kinds come from (perencode.plugins), if any
     RUN_DIR/identity.json          the recipe, code and data that made it (perencode.identity)
     RUN_DIR/env.json               the environment report (`perencode env`), seed, start/end times
-    RUN_DIR/metrics.jsonl          one row per log step: step, loss, accuracy, lr, seconds
+    RUN_DIR/metrics.jsonl          one row per log step: step, loss, accuracy, lr, gradient norm,
+                                   seconds (perencode.records.MetricsRow)
     RUN_DIR/checkpoints/step-K.pt  every train.checkpoint_every iterations and the last one;
                                    the newest train.keep_checkpoints of them are kept
     RUN_DIR/checkpoints/resume.pt  written when a run is interrupted (SIGINT/SIGTERM)
@@ -26,27 +27,27 @@ run (another recipe or seed: `foreign_reason`) step-K.pt.foreign (never deleted)
 resumes from the newest readable checkpoint of its own; with none left it starts over.
 
 `Run` owns all of it: train, evaluate and stability read and write a run directory through
-it, and it alone knows the checkpoint format (version 1): a dict with format, version,
-iteration, recipe, and the training session's model, optimizer and rng (the batch
-generator's and the CPU RNG's state; perencode.session.Session.state). Those of earlier
-perencode versions also hold "scheduler" ({"step": iteration}, the iteration again: the
-learning rate is a function of it); it is ignored.
+it (`Run.open`). What a checkpoint holds is perencode.checkpoints' alone; what eval.json,
+status.json, identity.json and a metrics.jsonl row hold, perencode.records'.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
-import math
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from perencode import defaults, environment, identity, plugins
+from perencode.checkpoints import foreign_reason, whole
+from perencode.checkpoints import load as load_checkpoint
 from perencode.console import console, note_once
 from perencode.environment import now
 from perencode.errors import UserError
@@ -56,54 +57,43 @@ from perencode.io import (
     atomic_torch_save,
     atomic_write_json,
     atomic_write_text,
-    safe_torch_load,
+    remove_stale_temps,
 )
-from perencode.lock import LOCK_NAME
+from perencode.lock import LOCK_NAME, hold
 from perencode.recipe import Recipe, differences, migrate_stored, read_toml, validate
+from perencode.records import (
+    DIVERGED,
+    FINISHED,
+    UNFINISHED,
+    EvalRecord,
+    MetricsRow,
+    StatusRecord,
+    eval_identity,
+    infer_status,
+    metrics_row,
+    read_eval,
+    read_json,
+    read_status,
+)
 
 # What a run made by a sweep remembers of it (perencode.grid.Cell.record): the grid, the
 # sweep's name and tag, the cell and its axes.
 SWEEP_RECORD = "sweep.json"
-CHECKPOINT_FORMAT = "perencode-checkpoint"
-CHECKPOINT_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d+)\.pt$")
 
-# A run's random streams are seeded from train.seed, each with its own offset so that no two
-# draw the same numbers: the initial weights and the held-out set take the plain seed
-# (perencode.session.build, perencode.tasks.base), the training batches and the gradient
-# stability triplets these.
-TRAINING_SEED_OFFSET = 1_000_003
-STABILITY_SEED_OFFSET = 2_000_003
-
-# A run's state (status.json): its final evaluation written; training stopped on a loss,
-# gradient norm or weight that is not a number; anything else (training, stopped, killed).
-FINISHED, DIVERGED, UNFINISHED = "finished", "diverged", "unfinished"
-STATES = (FINISHED, DIVERGED, UNFINISHED)
+# A run's state (status.json: records.StatusRecord): its final evaluation written; training
+# stopped on a loss, gradient norm or weight that is not a number; anything else (training,
+# stopped, killed).
 STATUS_NAME = "status.json"
 DIVERGED_EXIT = 3  # the exit status of a `train` that stopped on a number that is not finite
 
-# eval.json opens with the run's identity, eval key -> recipe field (results.py reads the
-# recipe's own copy and leaves these out of the metrics).
-EVAL_IDENTITY = {"task": "task.name", "arch": "model.arch", "encoding": "encoding.kind",
-                 "vocab_size": "task.vocab_size", "seed": "train.seed"}
-
-
-# status.json of a finished run records the SHA-256 of the eval.json it wrote: a reader
-# (figures, verify, report, train) refuses an eval.json edited or copied in since.
-EVAL_HASH = "eval_sha256"
+# status.json of a finished run records the SHA-256 of the eval.json it wrote
+# (StatusRecord.eval_sha256): a reader (figures, verify, report, train) refuses an eval.json
+# edited or copied in since.
 
 
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def eval_identity(recipe: Recipe) -> dict[str, Any]:
-    """The identity fields eval.json opens with (EVAL_IDENTITY)."""
-    out = {}
-    for key, field in EVAL_IDENTITY.items():
-        section, name = field.split(".")
-        out[key] = getattr(getattr(recipe, section), name)
-    return out
 
 
 def find_runs(paths: list[Path], notes: list[str] | None = None) -> list[Path]:
@@ -188,10 +178,6 @@ def enclosing_run(path: Path) -> Path | None:
     return None
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
 def holds_run(recipe_path: str | Path) -> bool:
     """Whether `recipe_path` is the recipe.toml of a run directory (one `train` claimed: it
     wrote identity.json, status.json or metrics.jsonl beside it)."""
@@ -228,20 +214,6 @@ def read_recipe(run_dir: str | Path, any_kind: bool = False) -> Recipe:
     return validate(migrate_stored(data), str(path), any_kind)
 
 
-def foreign_reason(state: dict, recipe: Recipe, path: str | Path) -> str | None:
-    """Why checkpoint `state` (read from `path`) is not a checkpoint of `recipe`'s run, or
-    None when it is: the one test resume, eval and stability apply. Its recipe's identity
-    (every field that defines the run, the seed included) must equal the run's."""
-    try:
-        theirs = validate(migrate_stored(state["recipe"]), str(path), any_kind=True).identity()
-    except UserError:
-        return "its recipe is unreadable"
-    diff = differences(theirs, recipe.identity(), names=("in the checkpoint", "in the run"))
-    if not diff:
-        return None
-    return f"it is another run's checkpoint ({diff[0]}{'; ...' if len(diff) > 1 else ''})"
-
-
 class Run:
     """One run directory (layout above) and its checkpoint format.
 
@@ -255,12 +227,41 @@ class Run:
         path, state = run.load()             # the newest (or a given) checkpoint's state
 
     `recipe` is the claimed recipe, or else the one in recipe.toml (read when first needed).
-    Locking is the caller's (perencode.lock.hold around whatever writes).
+    A command that writes in a run opens it (`Run.open`: the lock, the temporary files of
+    killed writers, the identity check); one that only reads makes a plain `Run(path)`.
     """
 
     def __init__(self, path: str | Path):
         self.dir = Path(path)
         self._recipe: Recipe | None = None
+        self.accepted: list[str] = []  # code or data changes `open` accepted
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, path: str | Path, command: str, *, creating: bool = False,
+             accept_code_change: bool = False, accept_data_change: bool = False
+             ) -> Iterator[Run]:
+        """The run directory `path`, opened for `command` (train, eval, stability) to write
+        in, for the `with` block: its recipe read (unless `creating`, a `train` that may
+        make the run: the directory need not hold one yet), the directory locked
+        (perencode.lock: a second command on it is refused in one line), the temporary
+        files killed writers left removed, and its recipe.toml, data and code checked to
+        be those it was made with (perencode.identity; other code with
+        `accept_code_change`, other data content with `accept_data_change`: recorded, and
+        listed in `accepted`)."""
+        run = cls(path)
+        if not creating:
+            run._recipe = read_recipe(run.dir)  # not a run: said before the lock file is made
+        with hold(run.dir, command):
+            if any((run.dir / name).exists() for name in ("recipe.toml", identity.RECORD)):
+                for folder in (run.dir, run.checkpoint_dir):
+                    remove_stale_temps(folder)
+            if (run.dir / "recipe.toml").is_file():
+                stored = run.recipe if not creating else read_recipe(run.dir, any_kind=True)
+                run.accepted = identity.check(run.dir, stored, command,
+                                              accept_code_change=accept_code_change,
+                                              accept_data_change=accept_data_change)
+            yield run
 
     @property
     def recipe(self) -> Recipe:
@@ -291,66 +292,45 @@ class Run:
     def status_path(self) -> Path:
         return self.dir / STATUS_NAME
 
-    def status(self) -> dict[str, Any]:
-        """The run's completeness and numerical health: {"state": FINISHED, DIVERGED or
-        UNFINISHED, ...} (the layout above). Read from status.json (a run recorded finished
-        whose eval.json was deleted since stays finished, with "missing": `_missing`); a
-        run directory
-        written before perencode kept it has its state inferred (and "inferred" says from
-        what): diverged when metrics.jsonl holds a loss that is not a number, finished when
-        eval.json is of the final iteration (one without an iteration: when the final
-        iteration's checkpoint is there, the rule of those versions), finished without
-        eval.json when env.json's end time and the final metrics row say so."""
+    def status(self) -> StatusRecord:
+        """The run's completeness and numerical health (records.StatusRecord: FINISHED,
+        DIVERGED or UNFINISHED, ...; the layout above). Read from status.json (a run
+        recorded finished whose eval.json was deleted since stays finished, with "missing":
+        `_missing`); a run directory written before perencode kept it has its state
+        inferred from its other files (records.infer_status, the migration of those runs)."""
         if self.status_path.exists():
             try:
-                data = read_json(self.status_path)
+                return self._missing(read_status(self.status_path))
             except UserError as exc:
-                data, why = None, str(exc)
-            else:
-                why = f"{self.status_path}: not a run status"
-            if isinstance(data, dict) and data.get("state") in STATES:
-                return self._missing(data)
-            note_once(f"{why}; the run's state is inferred from its other files")
+                note_once(f"{exc}; the run's state is inferred from its other files")
         if not (self.dir / "recipe.toml").exists():
-            return {"state": UNFINISHED}
+            return StatusRecord(state=UNFINISHED)
         total = read_recipe(self.dir, any_kind=True).train.iterations
-        for row in self.metrics():
-            if not _finite(row.get("loss", 0.0)):
-                return {"state": DIVERGED, "iteration": row.get("step"),
-                        "reason": f"loss is {row.get('loss')}", "inferred": "metrics.jsonl"}
+        rows = self.metrics()
         eval_path = self.dir / "eval.json"
-        if eval_path.exists():
-            try:
-                at = read_json(eval_path).get("iteration")
-            except (UserError, AttributeError):
-                at = None
-            steps = self.checkpoints()
-            if at == total or (at is None and steps and steps[-1][0] == total):
-                return {"state": FINISHED, "iteration": total,
-                        "inferred": "eval.json of the final iteration"}
-        elif self._ended(total):
-            return {"state": FINISHED, "iteration": total, "missing": "eval.json",
-                    "inferred": "env.json's end time and metrics.jsonl's final step"}
-        return {"state": UNFINISHED}
+        try:
+            at = read_eval(eval_path).iteration if eval_path.exists() else None
+        except UserError:
+            at = None
+        steps = self.checkpoints()
+        return infer_status(total, rows, at, eval_path.exists(),
+                            steps[-1][0] if steps else None, self._ended())
 
-    def _missing(self, recorded: dict) -> dict[str, Any]:
+    def _missing(self, recorded: StatusRecord) -> StatusRecord:
         """A recorded state, with "missing": "eval.json" where the run is recorded finished
         and its eval.json was deleted since: it stays finished (never trained again) and
         has no result until the file is restored or written again (`train` and the sweep
         say which)."""
-        if recorded.get("state") == FINISHED and not (self.dir / "eval.json").exists():
-            return {**recorded, "missing": "eval.json"}
+        if recorded.state == FINISHED and not (self.dir / "eval.json").exists():
+            return recorded.model_copy(update={"missing": "eval.json"})
         return recorded
 
-    def _ended(self, total: int) -> bool:
-        """Whether the run's other files say it finished (env.json's end time, written
-        after eval.json, and a metrics.jsonl row of the final iteration)."""
+    def _ended(self) -> bool:
+        """Whether env.json holds an end time (written after eval.json)."""
         try:
-            ended = "end_time" in read_json(self.dir / "env.json")
+            return "end_time" in read_json(self.dir / "env.json")
         except UserError:
             return False
-        rows = self.metrics() if ended else []
-        return bool(rows) and rows[-1]["step"] == total
 
     def restore_hint(self) -> str:
         """How a finished run whose eval.json is missing gets it back."""
@@ -363,14 +343,16 @@ class Run:
 
     def is_complete(self) -> bool:
         """The final evaluation is written (status); checkpoints may have been deleted."""
-        return self.status()["state"] == FINISHED
+        return self.status().state == FINISHED
 
     def record_status(self, state: str, **fields: Any) -> None:
         """status.json: the run's state, with `fields` (iteration, reason, ...) and the time;
         what `perencode prune` recorded is kept."""
-        pruned = self.status().get("pruned") if self.status_path.exists() else None
-        atomic_write_json(self.status_path, {"state": state, **fields, "time": now(),
-                                             **({"pruned": pruned} if pruned else {})})
+        pruned = self.status().pruned if self.status_path.exists() else None
+        self.write_status(StatusRecord(state=state, **fields, time=now(), pruned=pruned))
+
+    def write_status(self, record: StatusRecord) -> None:
+        atomic_write_json(self.status_path, record.as_dict())
 
     def claim(self, recipe: Recipe) -> bool:
         """Make the directory this recipe's run. Returns True if it already held this
@@ -500,9 +482,7 @@ class Run:
         """
         iteration = session_state["iteration"]
         path = self.resume_path if interrupted else self.checkpoint_path(iteration)
-        state = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
-                 "iteration": iteration, "recipe": self.recipe.to_dict(), **session_state}
-        atomic_torch_save(path, state)
+        atomic_torch_save(path, whole(session_state, self.recipe))
         if not interrupted:
             self.resume_path.unlink(missing_ok=True)
             self.prune(self.recipe.checkpoints_kept())
@@ -556,11 +536,11 @@ class Run:
         return (f"no other checkpoint is kept: train the recipe again into a new run "
                 f"directory, `perencode train {self.dir / 'recipe.toml'} --run-dir NEW_DIR`")
 
-    def log(self, row: dict[str, Any]) -> None:
+    def log(self, row: MetricsRow) -> None:
         """One metrics.jsonl row."""
-        append_line(self.dir / "metrics.jsonl", json.dumps(row))
+        append_line(self.dir / "metrics.jsonl", row.line())
 
-    def metrics(self) -> list[dict[str, Any]]:
+    def metrics(self) -> list[MetricsRow]:
         """The metrics.jsonl rows. A damaged line (bytes that are not UTF-8, not JSON, not a
         row with a whole-number step, a loss and seconds: a power loss, a writer killed
         mid-line, a hand edit) is skipped with one note naming the file and its lines; every
@@ -587,9 +567,8 @@ class Run:
     def truncate_metrics(self, last_step: int) -> None:
         """Drop rows written after the checkpoint a run resumes from (they will be redone),
         and any damaged line (`metrics` names it)."""
-        rows = [r for r in self.metrics() if r["step"] <= last_step]
-        atomic_write_text(self.dir / "metrics.jsonl",
-                          "".join(json.dumps(r) + "\n" for r in rows))
+        rows = [r for r in self.metrics() if r.step <= last_step]
+        atomic_write_text(self.dir / "metrics.jsonl", "".join(r.line() + "\n" for r in rows))
 
     def newest_checkpoint(self) -> Path | None:
         """The checkpoint of the highest iteration on disk (resume.pt, when present, is newer
@@ -612,21 +591,21 @@ class Run:
                 pass
         return steps[-1][0] if steps else None
 
-    def write_eval(self, result: dict, name: str = "eval.json") -> Path:
+    def write_eval(self, result: EvalRecord, name: str = "eval.json") -> Path:
         """Write `result` to `name`; eval.json of a run recorded finished also gets its
         hash recorded in status.json again (`check_eval`)."""
         path = self.dir / name
-        atomic_write_json(path, result)
+        atomic_write_json(path, result.as_dict())
         if name == "eval.json" and self.status_path.exists():
             try:
-                record = read_json(self.status_path)
+                record = read_status(self.status_path)
             except UserError:
-                record = {}
-            if record.get("state") == FINISHED:
-                atomic_write_json(self.status_path, {**record, EVAL_HASH: sha256_of(path)})
+                record = None
+            if record is not None and record.state == FINISHED:
+                self.write_status(record.model_copy(update={"eval_sha256": sha256_of(path)}))
         return path
 
-    def finish(self, result: dict) -> Path:
+    def finish(self, result: EvalRecord) -> Path:
         """eval.json of the final model, then the end time in env.json, then status.json
         (finished, with eval.json's hash)."""
         path = self.write_eval(result)
@@ -635,7 +614,7 @@ class Run:
         env["end_time"] = now()
         atomic_write_json(env_path, env)
         self.record_status(FINISHED, iteration=self.recipe.train.iterations,
-                           **{EVAL_HASH: sha256_of(path)})
+                           eval_sha256=sha256_of(path))
         return path
 
     def diverged(self, iteration: int, reason: str) -> Path | None:
@@ -651,29 +630,32 @@ class Run:
         return last
 
 
-def check_eval(run_dir: str | Path, recipe: Recipe, status: dict | None = None) -> None:
+def check_eval(run_dir: str | Path, recipe: Recipe, status: StatusRecord | None = None
+               ) -> EvalRecord | None:
     """Refuse (UserError, one line) a run's eval.json that is not the one the run wrote:
     identity fields (EVAL_IDENTITY) that are not the run recipe's (another run's file), or
     content whose SHA-256 is not the one status.json recorded when the run finished (or
     `eval` last wrote it): edited or copied in since. A run finished before the hash was
-    recorded has its identity fields checked only. No eval.json: nothing to check."""
+    recorded has its identity fields checked only. Returns the record (None: no eval.json,
+    nothing to check)."""
     run = Run(run_dir)
     path = run.dir / "eval.json"
     if not path.is_file():
-        return
-    data = read_json(path)
+        return None
+    record = read_eval(path)
     ours = eval_identity(recipe)
-    differ = [f"{key} {data[key]!r} (the run's is {ours[key]!r})" for key in EVAL_IDENTITY
-              if key in data and data[key] != ours[key]]
+    differ = [f"{key} {value!r} (the run's is {ours[key]!r})"
+              for key, value in record.identity().items() if value != ours[key]]
     again = run.restore_hint().replace("restore it", "restore the run's own")
     if differ:
         raise UserError(f"{path}: the result of another run ({', '.join(differ)}); {again}")
     status = run.status() if status is None else status
-    recorded = status.get(EVAL_HASH)
+    recorded = status.eval_sha256
     if recorded and sha256_of(path) != recorded:
         raise UserError(f"{path}: not the eval.json this run wrote (its SHA-256 differs from "
                         f"the one {STATUS_NAME} recorded: edited, or copied from another "
                         f"run); {again}")
+    return record
 
 
 def integrity(run_dir: str | Path) -> list[str]:
@@ -696,45 +678,6 @@ def integrity(run_dir: str | Path) -> list[str]:
     return found
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """A checkpoint's state, its format and version checked (Run.load also checks that it
-    is the run's)."""
-    state = safe_torch_load(path, CHECKPOINT_FORMAT, map_location)
-    if state.get("version") != CHECKPOINT_VERSION:
-        raise UserError(f"{path}: checkpoint format version {state.get('version')} is not "
-                        f"supported (this perencode reads version {CHECKPOINT_VERSION})")
-    for key in ("iteration", "model", "recipe"):
-        if key not in state:
-            raise CorruptCheckpoint(f"{path}: checkpoint lacks '{key}' (corrupted or foreign)")
-    return state
-
-
-def restore_model(model: torch.nn.Module, state: dict, path: str | Path) -> None:
-    try:
-        model.load_state_dict(state["model"])
-    except (RuntimeError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise UserError(f"{path}: checkpoint does not fit this run's model ({first[:160]})") \
-            from None
-
-
-def restore_generator(generator: torch.Generator, saved: torch.Tensor, iteration: int,
-                      path: str | Path) -> None:
-    """The batch stream as the checkpoint left it; or, for a checkpoint written on another
-    device type (the CPU's generator is a Mersenne Twister, CUDA's a Philox counter: their
-    states do not fit each other), a new stream from the run's seed and the iteration,
-    reproducible but not the batches an uninterrupted run would have drawn (one line says
-    so)."""
-    saved = saved.cpu()
-    if saved.numel() == generator.get_state().numel():
-        generator.set_state(saved)
-        return
-    generator.manual_seed(generator.initial_seed() + iteration)
-    console.print(f"[yellow]note:[/] {path}: written on another device type; the training "
-                  f"batches after iteration {iteration} come from a new stream seeded from "
-                  "the run's seed and that iteration", highlight=False, soft_wrap=True)
-
-
 def sweep_record(run_dir: str | Path) -> dict[str, Any]:
     """RUN_DIR/sweep.json, or {} (a run trained by hand; an unreadable file names nothing)."""
     try:
@@ -742,46 +685,3 @@ def sweep_record(run_dir: str | Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}
-
-
-def metrics_row(line: bytes | str) -> dict[str, Any] | str:
-    """A metrics.jsonl line's row, or what is wrong with it."""
-    try:
-        row = json.loads(line.decode("utf-8") if isinstance(line, bytes) else line)
-    except UnicodeDecodeError:
-        return "not UTF-8 text"
-    except ValueError:
-        return "not JSON"
-    if not isinstance(row, dict):
-        return "not a row"
-    for key in ("step", "loss", "seconds"):
-        value = row.get(key)
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return f"no number '{key}'" if key in row else f"no '{key}'"
-    if not isinstance(row["step"], int):
-        return "a step that is not a whole number"
-    return row
-
-
-def read_json(path: str | Path) -> dict[str, Any]:
-    """A JSON object from a file; UserError naming the file when it is missing, not UTF-8,
-    not JSON, or JSON of another shape (a list, a string, null)."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
-                        f"offset {exc.start}); damaged") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: not a JSON object (holds {_shape(data)}); damaged or "
-                        "not written by perencode")
-    return data
-
-
-def _shape(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")

@@ -19,9 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from perencode import runs
-from perencode.console import console
-from perencode.device import CPU_MODEL, device_model
+from perencode import checkpoints, records
 from perencode.errors import UserError
 from perencode.models import SequenceModel, build_model
 from perencode.recipe import OptimConfig, Recipe
@@ -121,8 +119,9 @@ def train_step(model: SequenceModel, optimizer: torch.optim.Optimizer, batch: Ba
 
 
 def training_generator(recipe: Recipe, device: torch.device) -> torch.Generator:
-    """The training batches' stream (seeded apart from the others: runs.TRAINING_SEED_OFFSET)."""
-    seed = recipe.train.seed + runs.TRAINING_SEED_OFFSET
+    """The training batches' stream (seeded apart from the others:
+    checkpoints.TRAINING_SEED_OFFSET)."""
+    seed = recipe.train.seed + checkpoints.TRAINING_SEED_OFFSET
     return torch.Generator(device=device).manual_seed(seed)
 
 
@@ -191,14 +190,13 @@ class Session:
         self.iteration = 0
 
     @classmethod
-    def of_run(cls, run: runs.Run, device: torch.device,
-               checkpoint: str | Path | None = None) -> Session:
-        """The session of a run's newest (or the given) checkpoint: its model's weights
-        and iteration (to score or analyse it; the optimizer and the streams are not
-        restored)."""
-        path, state = run.load(checkpoint, map_location=device)
-        session = cls(run.recipe, device)
-        runs.restore_model(session.model, state, path)
+    def of_checkpoint(cls, recipe: Recipe, device: torch.device, path: str | Path,
+                      state: dict) -> Session:
+        """The session of a run's checkpoint `state` (read from `path`: perencode.runs.Run.
+        load): its model's weights and iteration (to score or analyse it; the optimizer and
+        the streams are not restored)."""
+        session = cls(recipe, device)
+        checkpoints.restore_model(session.model, state, path)
         session.iteration = state["iteration"]
         return session
 
@@ -244,49 +242,16 @@ class Session:
         for key, value in metrics.items():
             if isinstance(value, float) and not math.isfinite(value):
                 raise NotFinite(self.iteration, f"{key} is {value}")
-        return {**runs.eval_identity(self.recipe), **metrics}
+        return {**records.eval_identity(self.recipe), **metrics}
 
     def state(self) -> dict:
-        """What a checkpoint holds of the session (perencode.runs adds the format, version
-        and recipe): iteration, model, optimizer and the random streams."""
-        return {"iteration": self.iteration, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                # Batches come from the generator alone (no dropout): its state and the CPU
-                # RNG are all a resumed run needs to continue bit-identically.
-                "rng": {"generator": self.generator.get_state(), "torch": torch.get_rng_state()},
-                # CUDA's generator spreads a large draw over the GPU's multiprocessors: the
-                # same state draws other numbers on another GPU model (`load` says so).
-                "device_model": device_model(self.device)}
+        """What a checkpoint holds of the session (perencode.checkpoints.session_state):
+        iteration, model, optimizer and the random streams."""
+        return checkpoints.session_state(self.iteration, self.model, self.optimizer,
+                                         self.generator, self.device)
 
     def load(self, path: str | Path, state: dict) -> None:
         """Continue from the checkpoint `state` read from `path` (perencode.runs.Run.resume's
-        pair), wherever its tensors were mapped to: the model's weights and Adam's moments
-        go to the model's device, Adam's `step` counters to the CPU (`cpu_step_counters`)."""
-        runs.restore_model(self.model, state, path)
-        self.optimizer.load_state_dict(cpu_step_counters(state["optimizer"]))
-        runs.restore_generator(self.generator, state["rng"]["generator"], state["iteration"],
-                               path)
-        torch.set_rng_state(state["rng"]["torch"].cpu())
-        self.iteration = state["iteration"]
-        saved, here = state.get("device_model"), device_model(self.device)
-        # From the CPU the stream starts anew: runs.restore_generator has said so.
-        if self.device.type == "cuda" and saved not in (None, here, CPU_MODEL):
-            console.print(f"[yellow]note:[/] {path}: written on {saved}, resumed on {here}: "
-                          "CUDA draws a batch's random numbers by the GPU's multiprocessor "
-                          f"count, so the batches after iteration {self.iteration} differ "
-                          "from an uninterrupted run's there", highlight=False, soft_wrap=True)
-
-
-def cpu_step_counters(saved: dict) -> dict:
-    """An optimizer state dict with its `step` counters on the CPU, as a fresh Adam keeps
-    them, whatever device the checkpoint was mapped to. torch's load_state_dict leaves a
-    non-capturable, non-fused optimizer's `step` where it finds it (and moves a capturable
-    or fused one's to its parameter itself): a CUDA `step` is then read back by the host
-    for every parameter at every step, a host-device sync each."""
-    state = {}
-    for key, value in saved["state"].items():
-        step = value.get("step")
-        if isinstance(step, Tensor) and step.device.type != "cpu":
-            value = {**value, "step": step.to("cpu")}
-        state[key] = value
-    return {**saved, "state": state}
+        pair), wherever its tensors were mapped to (perencode.checkpoints.restore)."""
+        self.iteration = checkpoints.restore(state, path, self.model, self.optimizer,
+                                             self.generator, self.device)

@@ -14,12 +14,11 @@ from typing import Any
 
 import torch
 
-from perencode import defaults, identity, kinds, runs
+from perencode import defaults, kinds, runs
 from perencode.console import console, results
 from perencode.device import resolve_device
 from perencode.errors import UserError
-from perencode.io import atomic_write_text, remove_stale_temps
-from perencode.lock import hold
+from perencode.io import atomic_write_text
 from perencode.progress import Reporter
 from perencode.session import Session
 from perencode.stability_metric import METRICS, Triplets, analyse_triplets, make_triplets
@@ -86,24 +85,22 @@ def analyse_run(run_dir: str | Path, triplets: int = defaults.STABILITY_TRIPLETS
         raise UserError(f"--metric '{metric}': expected one of {', '.join(METRICS)}")
     if batch < 1 or every < 1:
         raise UserError(f"--batch {batch} / --every {every}: both must be at least 1")
-    run = runs.Run(run_dir)
-    recipe = run.recipe
+    run_dir = Path(run_dir)
+    recipe = runs.read_recipe(run_dir)
     task = recipe.task
     analysable = kinds.having("task", "stability")
     if task.name not in analysable:
-        raise UserError(f"{run.dir}: gradient stability needs a run of task.name = "
+        raise UserError(f"{run_dir}: gradient stability needs a run of task.name = "
                         f"{' or '.join(map(repr, analysable))} "
                         f"(docs/paper-facts.md#gradient-stability), this one is '{task.name}'")
     prefix = kinds.get("model", recipe.model.arch).stability_prefix
     if prefix and task.length <= prefix + 1:
-        raise UserError(f"{run.dir}: the S4D analysis puts the target at t = {prefix + 1}; "
+        raise UserError(f"{run_dir}: the S4D analysis puts the target at t = {prefix + 1}; "
                         f"task.length = {task.length} is too short")
     chosen = make_triplets(task.vocab_size, task.length, triplets, recipe.train.seed, prefix)
     dev = resolve_device(device)
-    with hold(run.dir, "stability"):
-        remove_stale_temps(run.dir)
-        identity.check(run.dir, recipe, "stability", accept_code_change=accept_code_change,
-                       accept_data_change=accept_data_change)
+    with runs.Run.open(run_dir, "stability", accept_code_change=accept_code_change,
+                       accept_data_change=accept_data_change) as run:
         return _analyse(run, chosen, dev, triplets, metric, every, batch, progress)
 
 
@@ -134,7 +131,7 @@ def _analyse(run: runs.Run, chosen: Triplets, dev: torch.device, triplets: int, 
                   "encoding": recipe.encoding.kind, "seed": recipe.train.seed}
     with reporter:
         for iteration, ckpt in todo:
-            model = Session.of_run(run, dev, ckpt).model
+            model = Session.of_checkpoint(recipe, dev, *run.load(ckpt, map_location=dev)).model
             model.eval()
             new = analyse_triplets(model, chosen, task.vocab_size, batch, dev,
                                    on_batch=functools.partial(reporter.advance, 1, step=iteration))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from perencode import kinds, runs
+from perencode import checkpoints, kinds
 from perencode.errors import UserError
 from perencode.tasks.dual_frequency import TYPES, half_tokens
 
@@ -164,7 +164,7 @@ def make_triplets(vocab_size: int, length: int, count: int, seed: int,
                         "per target x disturbant condition)")
     if not 0 <= prefix_length < length:
         raise UserError(f"prefix of {prefix_length} tokens does not fit an input of {length}")
-    gen = torch.Generator().manual_seed(seed + runs.STABILITY_SEED_OFFSET)
+    gen = torch.Generator().manual_seed(seed + checkpoints.STABILITY_SEED_OFFSET)
     condition = torch.arange(count) // (count // 4)  # 0..3 in blocks
     target_rare, disturbants_rare = condition >= 2, condition % 2 == 1
 

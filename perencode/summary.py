@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from perencode import identity, kinds, plugins, runs
+from perencode import identity, kinds, plugins, records, runs
 from perencode.errors import UserError
 from perencode.recipe import Recipe
 
@@ -22,15 +22,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.2f} h"
 
 
-def training_time(rows: list[dict]) -> tuple[float, int]:
+def training_time(rows: list[records.MetricsRow]) -> tuple[float, int]:
     """The training wall time summed over the run's (re)starts, and how many starts
     (metrics.jsonl's `seconds` restarts from 0 when a run resumes)."""
     total, previous, starts = 0.0, None, 0
     for row in rows:
-        if previous is None or row["seconds"] < previous:
+        if previous is None or row.seconds < previous:
             total += previous or 0.0
             starts += 1
-        previous = row["seconds"]
+        previous = row.seconds
     return total + (previous or 0.0), starts
 
 
@@ -64,26 +64,27 @@ def summarise(run_dir: str | Path) -> tuple[Recipe, dict[str, Any]]:
     run = runs.Run(run_dir)
     status = run.status()
     rows = run.metrics()
-    story: dict[str, Any] = {"run": str(run_dir), "state": status["state"],
+    story: dict[str, Any] = {"run": str(run_dir), "state": status.state,
                              "iterations": recipe.train.iterations}
-    if status.get("reason"):
-        story["reason"] = status["reason"]
+    if status.reason:
+        story["reason"] = status.reason
     if rows:
         last = rows[-1]
         seconds, starts = training_time(rows)
-        story["training"] = {"step": last["step"], "loss": last["loss"],
-                             "accuracy": last.get("accuracy"), "seconds": round(seconds, 3),
+        story["training"] = {"step": last.step, "loss": last.loss,
+                             "accuracy": last.accuracy, "seconds": round(seconds, 3),
                              "starts": starts}
-    story["iteration"] = status.get("iteration", rows[-1]["step"] if rows else 0)
+    story["iteration"] = status.iteration if status.iteration is not None else (
+        rows[-1].step if rows else 0)
     path = run_dir / "eval.json"
     if path.is_file():
         try:
-            scored = runs.read_json(path)
+            scored = records.read_eval(path).result()
         except UserError:
             scored = {}
         story["results"] = {k: v for k, v in scored.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)
-                            and k not in runs.EVAL_IDENTITY}
+                            and k not in records.EVAL_IDENTITY}
     env_path = run_dir / "env.json"
     try:
         env = runs.read_json(env_path) if env_path.is_file() else {}

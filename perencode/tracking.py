@@ -29,6 +29,7 @@ from perencode import defaults, runs
 from perencode.console import console
 from perencode.errors import UserError
 from perencode.io import atomic_write_bytes, remove_stale_temps
+from perencode.records import HELD_OUT, MetricsRow
 
 FOLDER = "tensorboard"
 FROM_METRICS = "tensorboard-from-metrics"
@@ -36,9 +37,6 @@ CONVERTED = "events.out.tfevents.0.metrics"
 EXTRA = "pip install 'perencode[tensorboard]'"
 # The temporary file of an event file being rewritten (truncate_events): .truncating.XXXXXXXX.tmp
 TRUNCATING = "truncating"
-
-# metrics.jsonl keys of the periodic held-out scores (train.eval_every), drawn as held_out/
-HELD_OUT = "held_out_"
 
 
 def summary_writer_class() -> type:
@@ -115,20 +113,20 @@ class TensorBoardLog:
             self._writer.flush()
         return self
 
-    def log(self, row: dict[str, Any]) -> None:
+    def log(self, row: MetricsRow) -> None:
         """One metrics.jsonl row (step, loss, accuracy, lr, and the held-out scores on the
         steps that have them), plus the sequences per second since the previous log step
         (or the start of this process)."""
         if self._writer is None:
             return
-        step, now = row["step"], time.perf_counter()
+        step, now = row.step, time.perf_counter()
         last_step, last_time = self._last
         self._last = (step, now)
         for key in ("loss", "accuracy", "lr"):
-            self._writer.add_scalar(f"train/{key}", row[key], step)
-        for key, value in row.items():  # train.eval_every: held_out_token_accuracy, ...
-            if key.startswith(HELD_OUT):
-                self._writer.add_scalar(f"held_out/{key.removeprefix(HELD_OUT)}", value, step)
+            self._writer.add_scalar(f"train/{key}", getattr(row, key), step)
+        # train.eval_every: held_out_token_accuracy, ...
+        for key, value in row.held_out().items():
+            self._writer.add_scalar(f"held_out/{key.removeprefix(HELD_OUT)}", value, step)
         if now > last_time and step > last_step:
             rate = (step - last_step) * self._batch_size / (now - last_time)
             self._writer.add_scalar("train/sequences_per_second", rate, step)
@@ -161,13 +159,13 @@ def events_from_metrics(run_dir: Path) -> Path | None:
     writer = RecordWriter(data)
     writer.write(Event(wall_time=0.0, file_version="brain.Event:2").SerializeToString())
     for row in rows:
-        values = [(f"train/{key}", row[key]) for key in ("loss", "accuracy", "lr")
-                  if isinstance(row.get(key), (int, float))]
+        values = [(f"train/{key}", getattr(row, key)) for key in ("loss", "accuracy", "lr")
+                  if getattr(row, key) is not None]
         values += [(f"held_out/{key.removeprefix(HELD_OUT)}", value)
-                   for key, value in row.items() if key.startswith(HELD_OUT)]
+                   for key, value in row.held_out().items()]
         summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value))
                                  for tag, value in values])
-        writer.write(Event(wall_time=float(row["seconds"]), step=row["step"],
+        writer.write(Event(wall_time=float(row.seconds), step=row.step,
                            summary=summary).SerializeToString())
     folder.mkdir(exist_ok=True)
     atomic_write_bytes(target, data.getvalue(), temp_name=TRUNCATING)

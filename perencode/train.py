@@ -17,13 +17,14 @@ from perencode import defaults, identity, preflight, runs
 from perencode.console import console
 from perencode.device import kernel_support, resolve_device, runs_sharing, set_parent_death_signal
 from perencode.errors import UserError
-from perencode.io import WriteError, remove_stale_temps
-from perencode.lock import PARENT_ENV, hold
+from perencode.io import WriteError
+from perencode.lock import PARENT_ENV
 from perencode.progress import Reporter
 from perencode.recipe import Recipe
+from perencode.records import EVAL_IDENTITY, HELD_OUT, EvalRecord, MetricsRow, StatusRecord
 from perencode.session import CHUNK_LOGITS, NotFinite, Session
 from perencode.tasks import Batch, held_out_warning
-from perencode.tracking import HELD_OUT, TensorBoardLog
+from perencode.tracking import TensorBoardLog
 
 
 def scored_outputs(batch: Batch) -> int:
@@ -36,7 +37,7 @@ def held_out_row(scores: dict) -> dict:
     """The numbers of an eval.json dict as metrics.jsonl columns: held_out_token_accuracy,
     held_out_dl_distance, ... (its identity fields and counts left out)."""
     return {HELD_OUT + key: value for key, value in scores.items()
-            if isinstance(value, float) and key not in runs.EVAL_IDENTITY}
+            if isinstance(value, float) and key not in EVAL_IDENTITY}
 
 
 # SIGUSR2 is SLURM's warning before a time limit (submitit's `--signal=USR2@...`): it
@@ -166,37 +167,35 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = defa
     filesystem refuses (full disk, quota, read-only) ends it with a UserError naming the
     file and the newest complete checkpoint (by iteration).
     """
-    run = runs.Run(run_dir)
-    board = TensorBoardLog(run.dir, enabled=tensorboard)
+    run_dir = Path(run_dir)
+    board = TensorBoardLog(run_dir, enabled=tensorboard)
     device = resolve_device(device) if isinstance(device, str) else device
     unsupported = kernel_support(device)
     if unsupported:
         console.print(f"[yellow]warning:[/] {unsupported}", highlight=False, soft_wrap=True)
-    if not force and not run.is_complete():
+    if not force and not runs.Run(run_dir).is_complete():
         preflight.check_memory(recipe, device, CHUNK_LOGITS, runs_sharing())
-    new_dir = not run.dir.exists()
+    new_dir = not run_dir.exists()
     claimed = False
     try:
-        with hold(run.dir, "train"):
+        with runs.Run.open(run_dir, "train", creating=True,
+                           accept_code_change=accept_code_change,
+                           accept_data_change=accept_data_change) as run:
             try:
-                if (run.dir / "recipe.toml").is_file():
-                    identity.check(run.dir, runs.read_recipe(run.dir, any_kind=True), "train",
-                                   accept_code_change=accept_code_change,
-                                   accept_data_change=accept_data_change)
                 existed = run.check_claim(recipe)
-                status = run.status() if existed else {"state": runs.UNFINISHED}
-                if status["state"] == runs.FINISHED:
-                    if status.get("missing"):  # never trained again: its model is its result
+                status = run.status() if existed else StatusRecord(state=runs.UNFINISHED)
+                if status.state == runs.FINISHED:
+                    if status.missing:  # never trained again: its model is its result
                         raise UserError(f"{run.dir}: finished at iteration "
-                                        f"{status.get('iteration')}, but its "
-                                        f"{status['missing']} is missing; not trained again: "
+                                        f"{status.iteration}, but its "
+                                        f"{status.missing} is missing; not trained again: "
                                         f"{run.restore_hint()}")
                     runs.check_eval(run.dir, recipe, status)
-                    return runs.read_json(run.dir / "eval.json")
-                if status["state"] == runs.DIVERGED:
-                    kept = status.get("checkpoint")
-                    raise Diverged(run.dir, int(status.get("iteration") or 0),
-                                   status.get("reason", "not finite"),
+                    return runs.read_eval(run.dir / "eval.json").result()
+                if status.state == runs.DIVERGED:
+                    kept = status.checkpoint
+                    raise Diverged(run.dir, int(status.iteration or 0),
+                                   status.reason or "not finite",
                                    run.dir / kept if kept else None)
                 session = Session(recipe, device)
                 note = held_out_warning(session.task, recipe.train.batch_size)
@@ -204,15 +203,13 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = defa
                     console.print(f"[yellow]warning:[/] {note}", highlight=False)
                 run.claim(recipe)
                 claimed = True
-                for folder in (run.dir, run.checkpoint_dir):
-                    remove_stale_temps(folder)
                 return _train(run, session, progress, existed, board)
             except WriteError as exc:
                 raise WriteError(f"{exc}; {_kept(run)}") from None
     finally:
         if new_dir and not claimed:  # refused before its claim: leave no empty folder
             try:
-                run.dir.rmdir()
+                run_dir.rmdir()
             except OSError:
                 pass
 
@@ -318,14 +315,19 @@ def _train(run: runs.Run, session: Session, progress: bool, existed: bool,
                 assert hits is not None  # counted on the steps that log
                 _check_health(run, pending)  # before the row: metrics.jsonl holds numbers only
                 acc = int(hits) / max(scored_outputs(step.batch), 1)
-                row = {"step": k, "loss": float(loss.detach()), "accuracy": acc,
-                       "lr": step.lr, "seconds": round(time.perf_counter() - t0, 3)}
+                held_out = {}
                 if tc.eval_every is not None and k % tc.eval_every == 0:
                     scores = _evaluate(run, session)
-                    row.update(held_out_row(scores))
+                    held_out = held_out_row(scores)
+                # The gradient norm before clipping, already checked finite (None without
+                # clipping: the step does not compute it then).
+                norm = None if step.norm is None else float(step.norm)
+                row = MetricsRow(step=k, loss=float(loss.detach()), accuracy=acc, lr=step.lr,
+                                 grad_norm=norm, seconds=round(time.perf_counter() - t0, 3),
+                                 **held_out)
                 run.log(row)
                 board.log(row)
-                shown = {"loss": row["loss"], "acc": row["accuracy"]}
+                shown = {"loss": row.loss, "acc": acc}
             reporter.advance(1, **shown)
             now = time.perf_counter()
             if not warned and (k - start == TIMED_STEPS or now - timed >= TIMED_SECONDS):
@@ -346,6 +348,6 @@ def _train(run: runs.Run, session: Session, progress: bool, existed: bool,
     last_scored = tc.eval_every is not None and tc.iterations % tc.eval_every == 0
     with _naming_plugins(run, session):
         result = scores if last_scored and scores is not None else _evaluate(run, session)
-    result["iteration"] = tc.iterations
-    run.finish(result)
-    return result
+    record = EvalRecord(**result, iteration=tc.iterations)
+    run.finish(record)
+    return record.result()

@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 
 from perencode.recipe import Recipe, validate
-from perencode.runs import Run, eval_identity
+from perencode.records import EvalRecord, MetricsRow, eval_identity
+from perencode.runs import Run
 
 SEEDS = (111, 222, 333)
 
@@ -32,12 +33,12 @@ def fake_run(root: Path, name: str, *, task: str = "reverse", arch: str = "gru",
     run.claim(recipe)
     run.checkpoint_dir.mkdir()
     for i, loss in enumerate(curve or [2.0, 1.0]):
-        run.log({"step": 100 * (i + 1), "loss": loss, "accuracy": 0.5, "lr": 1e-3,
-                 "seconds": 10.0 * (i + 1)})
+        run.log(MetricsRow(step=100 * (i + 1), loss=loss, accuracy=0.5, lr=1e-3,
+                           seconds=10.0 * (i + 1)))
     if finished:
         run.checkpoint_path(recipe.train.iterations).write_bytes(b"")
-        run.write_eval({**eval_identity(recipe), **(metrics or {}),
-                        "iteration": recipe.train.iterations})
+        run.write_eval(EvalRecord(**{**eval_identity(recipe), **(metrics or {})},
+                                  iteration=recipe.train.iterations))
     if stability is not None:
         stability.to_csv(run.dir / "stability.csv", index=False)
     return run.dir

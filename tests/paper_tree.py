@@ -23,7 +23,8 @@ import pandas as pd
 
 from perencode.grid import load_grid
 from perencode.recipe import Recipe
-from perencode.runs import Run, eval_identity
+from perencode.records import EvalRecord, eval_identity
+from perencode.runs import Run
 from perencode.stability import COLUMNS
 from perencode.sweep.plan import RunState, plan, prepare
 from perencode.tasks.dual_frequency import TYPES, DualFrequencyConfig
@@ -205,7 +206,7 @@ def finish(run_dir: Path, recipe: Recipe, vocabularies: dict) -> None:
         metrics = {"accuracy": acc, "token_accuracy": acc, "n_sequences": 1024}
     else:
         metrics = sequence_eval(recipe, accuracy(recipe, vocabularies))
-    run.write_eval({**eval_identity(recipe), **metrics, "iteration": tc.iterations})
+    run.write_eval(EvalRecord(**{**eval_identity(recipe), **metrics}, iteration=tc.iterations))
 
 
 def paper_tree(out: Path) -> dict[str, int]:

@@ -34,6 +34,7 @@ import perencode.io
 from perencode import runs
 from perencode.errors import UserError
 from perencode.io import WriteError, append_line
+from perencode.records import MetricsRow
 
 SETS = ("train.iterations=30", "train.checkpoint_every=10", "task.vocab_size=8", "task.length=6",
         "optim.warmup=2", "train.keep_checkpoints=\"all\"")
@@ -121,7 +122,7 @@ def test_a_line_cut_by_a_killed_writer_does_not_swallow_the_next_row(tmp_path):
     path.write_text('{"step": 5, "loss": 1.0, "seconds": 0.1}\n{"step": 10, "lo')
     append_line(path, '{"step": 15, "loss": 0.5, "seconds": 0.3}')
     rows = runs.Run(tmp_path).metrics()
-    assert [r["step"] for r in rows] == [5, 15]
+    assert [r.step for r in rows] == [5, 15]
 
 
 # -- 35.5: a damaged line is skipped, the rows after it kept, resume included ---------------
@@ -407,4 +408,4 @@ def test_a_sweeps_progress_reads_past_damaged_rows(tmp_path):
     (tmp_path / "metrics.jsonl").write_bytes(
         b"".join(json.dumps(r).encode() + b"\n" for r in rows)
         + b'[1]\n{"step": 15, "loss": 1.0}\n\xff\xfe\n')
-    assert last_rows(tmp_path) == rows
+    assert last_rows(tmp_path) == [MetricsRow(**r) for r in rows]

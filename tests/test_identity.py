@@ -16,7 +16,7 @@ from test_lm import MAX_TOKENS, VOCAB, prepare_cli
 from test_plugins import error_line, perencode
 from test_stability import TINY_DUAL
 
-from perencode import identity, kinds
+from perencode import identity, kinds, records
 from perencode.errors import UserError
 from perencode.recipe import validate
 from perencode.rehearsal import write_corpus as make_corpus
@@ -362,4 +362,4 @@ def test_a_claim_cut_short_before_its_recipe_is_claimed_again(tmp_path):
     (run / "identity.json").write_text("{}")  # a kill between the two writes of a claim
     code, text = run_cli(*train_args(run))
     assert code == 0, text
-    assert json.loads((run / "identity.json").read_text())["format"] == identity.FORMAT
+    assert json.loads((run / "identity.json").read_text())["format"] == records.IDENTITY_FORMAT

@@ -79,7 +79,9 @@ def test_an_edit_to_shared_code_is_named_and_changes_the_fingerprint(run, tmp_pa
     entry = json.loads((run / "identity.json").read_text())
     assert entry["version"] == 2 and entry["modules"] == identity.modules_record(recipe_of())
     monkeypatch.setattr(identity, "PACKAGE", edited_package(tmp_path) / "perencode")
-    changes = identity.code_changes(entry, recipe_of())
+    record = identity.read(run)
+    assert record is not None
+    changes = identity.code_changes(record, recipe_of())
     assert len(changes) == 1 and changes[0].startswith(
         "the code of perencode module perencode.models.base changed since the run was made")
     edited = identity.modules_record(recipe_of())
@@ -204,7 +206,7 @@ def seeds(tmp_path_factory) -> Path:
 def test_a_foreign_or_edited_eval_json_is_refused(seeds, tmp_path):
     root = tmp_path / "runs"
     shutil.copytree(seeds, root)
-    assert json.loads((root / "seed1" / "status.json").read_text())[runs.EVAL_HASH]
+    assert json.loads((root / "seed1" / "status.json").read_text())["eval_sha256"]
     assert run_cli("figures", root, "--out", tmp_path / "ok")[0] == 0
     target = root / "seed2" / "eval.json"
     own = target.read_bytes()

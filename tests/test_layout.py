@@ -337,3 +337,13 @@ def test_a_pipeline_is_imported_by_the_cli_alone():
     pipeline = modules()["perencode.quickstart"]
     assert {command_of(t) for node in ast.walk(pipeline) for t in imported(node)} >= \
         {"sweep", "verify", "report"}  # what makes it a pipeline, not a command
+
+
+def test_the_training_step_does_not_sit_on_the_run_directory():
+    """The session (the training step) knows the checkpoint format (perencode.checkpoints,
+    its one owner) and the records (perencode.records), never the run directory: runs
+    imports them, not the other way round."""
+    assert "perencode.runs" not in reached_from("perencode.session")
+    for low in ("perencode.checkpoints", "perencode.records"):
+        assert not reached_from(low) & {"perencode.runs", "perencode.session"}, low
+    assert {"perencode.checkpoints", "perencode.records"} <= reached_from("perencode.runs")

@@ -26,6 +26,7 @@ from conftest import (
 
 import perencode.session as session_module
 from perencode import runs
+from perencode.records import StatusRecord
 
 DUAL = ROOT / "recipes" / "gru_dualfreq_vocab64.toml"
 GRID = tiny_toml(task={"vocab_size": 8}, train={"checkpoint_every": 5}, grid={"train.seed": [1]})
@@ -116,8 +117,8 @@ def test_a_run_of_an_earlier_perencode_is_recognised_without_status_json(trained
     run = _copy(trained, tmp_path / "old" / "run")
     (run / "status.json").unlink()
     shutil.rmtree(run / "checkpoints")  # eval.json of the final iteration is what is left
-    assert runs.Run(run).status() == {"state": "finished", "iteration": 10,
-                                      "inferred": "eval.json of the final iteration"}
+    assert runs.Run(run).status() == StatusRecord(
+        state="finished", iteration=10, inferred="eval.json of the final iteration")
     code, text = run_cli("figures", tmp_path / "old", "--out", tmp_path / "figs")
     assert code == 0 and "unfinished" not in text, text
     assert pd.read_csv(tmp_path / "figs" / "results.csv")["complete"].tolist() == [True]
@@ -231,7 +232,7 @@ def test_diverged_runs_are_shown_as_such_never_as_numbers(trained, tmp_path):
     rows = (old / "metrics.jsonl").read_text().splitlines()
     (old / "metrics.jsonl").write_text(rows[0] + "\n" + rows[1].replace(
         json.dumps(json.loads(rows[1])["loss"]), "NaN") + "\n")
-    assert runs.Run(old).status()["state"] == "diverged"
+    assert runs.Run(old).status().state == "diverged"
 
     code, text = run_cli("figures", tmp_path / "runs", "--out", tmp_path / "figs")
     assert code == 0 and f"1 diverged run(s) listed in results.csv (status = diverged, no " \
@@ -319,7 +320,7 @@ def test_a_sweep_reports_a_diverged_cell_and_does_not_train_it_again(tmp_path):
     [cell] = runs.find_runs([tmp_path / "sw"])
     assert code == 1 and f"diverged: {cell}: a loss or weight was not finite" in flat(text), \
         text
-    assert runs.Run(cell).status()["state"] == "diverged"
+    assert runs.Run(cell).status().state == "diverged"
     code, text = _perencode(*sweep, "--dry-run")
     assert code == 0 and "diverged at iteration 2 (loss is nan); not trained again" in \
         flat(text), text

@@ -9,10 +9,11 @@ import tomli_w
 import torch
 from conftest import tiny_recipe
 
-from perencode import runs
+from perencode import checkpoints, records, runs
 from perencode.errors import UserError
 from perencode.io import CorruptCheckpoint
 from perencode.recipe import validate
+from perencode.records import EvalRecord, MetricsRow
 from perencode.runs import Run
 from perencode.session import Session, training_generator
 
@@ -70,7 +71,7 @@ def test_save_then_resume_restores_everything_and_cuts_later_metrics(tmp_path):
     run.claim(_recipe(keep="all"))
     session = _session()
     for step in (5, 10, 15):
-        run.log({"step": step, "loss": 1.0 / step, "seconds": 0.1 * step})
+        run.log(MetricsRow(step=step, loss=1.0 / step, seconds=0.1 * step))
     assert run.save(_at(session, 10)) == run.dir / "checkpoints" / "step-10.pt"
     cpu_next = torch.rand(3)
     expected_next = session.batch().sequences
@@ -86,13 +87,13 @@ def test_save_then_resume_restores_everything_and_cuts_later_metrics(tmp_path):
                        session.optimizer.state_dict()["state"][0]["exp_avg"])
     assert torch.equal(torch.rand(3), cpu_next)
     assert torch.equal(fresh.batch().sequences, expected_next)
-    assert [r["step"] for r in run.metrics()] == [5, 10]  # step 15 is redone
+    assert [r.step for r in run.metrics()] == [5, 10]  # step 15 is redone
 
 
 def test_resume_without_a_checkpoint_starts_over(tmp_path):
     run = Run(tmp_path / "run")
     run.claim(_recipe())
-    run.log({"step": 5, "loss": 1.0, "seconds": 0.5})
+    run.log(MetricsRow(step=5, loss=1.0, seconds=0.5))
     assert run.resume() is None
     assert run.metrics() == []
 
@@ -187,29 +188,30 @@ def test_log_start_finish_and_completeness(tmp_path):
     run.claim(recipe)
     run.start(torch.device("cpu"))
     run.start(torch.device("cpu"))
-    run.log({"step": 5, "loss": 2.5, "seconds": 0.5})
+    run.log(MetricsRow(step=5, loss=2.5, seconds=0.5))
     with open(run.dir / "metrics.jsonl", "a") as f:
         f.write('{"step": 10, "lo')  # a line cut by a kill, and what follows it
         f.write('\n{"step": 15, "loss": 1.0, "seconds": 1.5}\n')
-    assert run.metrics() == [{"step": 5, "loss": 2.5, "seconds": 0.5},
-                             {"step": 15, "loss": 1.0, "seconds": 1.5}]
+    assert [r.as_dict() for r in run.metrics()] == [
+        {"step": 5, "loss": 2.5, "seconds": 0.5, "version": 2},
+        {"step": 15, "loss": 1.0, "seconds": 1.5, "version": 2}]  # the second of version 1
     run.save(_at(_session(), 30))
     assert not run.is_complete()
-    result = {**runs.eval_identity(recipe), "token_accuracy": 0.5}
+    result = EvalRecord(**records.eval_identity(recipe), token_accuracy=0.5)
     assert run.finish(result) == run.dir / "eval.json"
     assert run.is_complete() and Run(run.dir).is_complete()
     assert json.loads((run.dir / "eval.json").read_text()) == {
         "task": "reverse", "arch": "gru", "encoding": "none", "vocab_size": 8, "seed": 111,
-        "token_accuracy": 0.5}
+        "token_accuracy": 0.5, "version": 2}
     env = json.loads((run.dir / "env.json").read_text())
     assert env["seed"] == 111 and len(env["starts"]) == 2
     assert env["start_time"] == env["starts"][0]["time"] <= env["end_time"]
 
 
 def test_each_stream_is_seeded_with_its_own_offset():
-    assert len({0, runs.TRAINING_SEED_OFFSET, runs.STABILITY_SEED_OFFSET}) == 3
+    assert len({0, checkpoints.TRAINING_SEED_OFFSET, checkpoints.STABILITY_SEED_OFFSET}) == 3
     generator = training_generator(_recipe(seed=5), CPU)
-    assert generator.initial_seed() == 5 + runs.TRAINING_SEED_OFFSET
+    assert generator.initial_seed() == 5 + checkpoints.TRAINING_SEED_OFFSET
 
 
 def test_a_run_written_with_every_kinds_options_is_the_same_run(tmp_path):

@@ -65,7 +65,8 @@ def test_a_session_loaded_from_its_state_goes_on_bit_identically(tmp_path):
 def test_a_run_scored_from_its_checkpoint_is_what_train_wrote(tmp_path):
     recipe = tiny_recipe()
     written = train(recipe, tmp_path / "run", device="cpu", progress=False)
-    session = Session.of_run(runs.Run(tmp_path / "run"), CPU)
+    run = runs.Run(tmp_path / "run")
+    session = Session.of_checkpoint(run.recipe, CPU, *run.load())
     assert session.iteration == recipe.train.iterations
     assert {**session.evaluate(), "iteration": session.iteration} == written
 
@@ -138,7 +139,7 @@ def test_a_checkpoint_records_its_device_model_and_a_resume_on_another_gpu_says_
     """CUDA's generator spreads a draw over the multiprocessors: the same state draws other
     batches on another GPU model. A checkpoint names its model; a resume on another one says
     so in one line (simulated: the checkpoint's record edited, this 'GPU' patched in)."""
-    import perencode.session as session_module
+    import perencode.checkpoints as checkpoints_module
 
     recipe = tiny_recipe()
     first = Session(recipe, CPU)
@@ -147,7 +148,7 @@ def test_a_checkpoint_records_its_device_model_and_a_resume_on_another_gpu_says_
     assert state["device_model"] == "cpu"
     resumed = Session(recipe, CPU)
     resumed.device = torch.device("cuda")  # the session's own tensors stay on the CPU
-    monkeypatch.setattr(session_module, "device_model",
+    monkeypatch.setattr(checkpoints_module, "device_model",
                         lambda device: "NVIDIA H100 80GB HBM3 (132 multiprocessors)")
     resumed.load("step-1.pt", {**state, "device_model": "NVIDIA H100 80GB HBM3 (132 "
                                                         "multiprocessors)"})
@@ -158,7 +159,7 @@ def test_a_checkpoint_records_its_device_model_and_a_resume_on_another_gpu_says_
     assert out.count("note:") == 1, out
     assert "step-1.pt: written on NVIDIA A100-SXM4-80GB (108 multiprocessors), resumed on " \
            "NVIDIA H100 80GB HBM3 (132 multiprocessors)" in out and "iteration 1" in out
-    resumed.load("step-1.pt", state)  # from the CPU: runs.restore_generator's note only
+    resumed.load("step-1.pt", state)  # from the CPU: checkpoints.restore_generator's note only
     assert "written on" not in capsys.readouterr().err
 
 

@@ -152,7 +152,7 @@ def iterations_for(seconds: float, tmp_path: Path) -> int:
     subprocess.run([PYTHON, "-m", "perencode", "train", str(recipe), "--run-dir", str(run),
                     "--device", "cpu", "--no-progress"], env=subprocess_env(), check=True,
                    capture_output=True, timeout=300)
-    rate = 2000 / runs.Run(run).metrics()[-1]["seconds"]
+    rate = 2000 / runs.Run(run).metrics()[-1].seconds
     return max(20, int(rate * seconds / 1000) + 1) * 1000
 
 
@@ -184,7 +184,7 @@ def test_time_limit_signals_checkpoints_requeues_and_resumes(tmp_path):
     submitit_logs = "".join(p.read_text() for p in (out / "long" / ".submitit").glob("*_log.*"))
     assert "this job is timed-out" in submitit_logs and "Requeued job" in submitit_logs
     assert_identical(run_dir, ref)
-    steps = [row["step"] for row in runs.Run(run_dir).metrics()]
+    steps = [row.step for row in runs.Run(run_dir).metrics()]
     assert steps == list(range(500, n + 1, 500))  # every logged step once
 
 

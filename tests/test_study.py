@@ -396,7 +396,8 @@ def test_held_out_scoring_leaves_training_bit_identical(tmp_path):
 
     plain = tiny_training(tmp_path / "plain")
     scored = tiny_training(tmp_path / "scored", "train.eval_every=10", tensorboard=True)
-    rows = {name: runs_module.Run(tmp_path / name).metrics() for name in ("plain", "scored")}
+    rows = {name: [r.as_dict() for r in runs_module.Run(tmp_path / name).metrics()]
+            for name in ("plain", "scored")}
     assert [(r["step"], r["loss"], r["accuracy"]) for r in rows["plain"]] == \
         [(r["step"], r["loss"], r["accuracy"]) for r in rows["scored"]]
     assert {k: v for k, v in plain.items() if k != "seconds"} == \

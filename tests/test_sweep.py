@@ -289,7 +289,7 @@ def test_checkpoint_stops_training_and_the_requeued_job_resumes(tmp_path):
     delayed.function(*delayed.args)
     assert runs.Run(run_dir).is_complete()
     assert "interrupted at iteration" in (run_dir / "train.log").read_text()
-    steps = [row["step"] for row in runs.Run(run_dir).metrics()]
+    steps = [row.step for row in runs.Run(run_dir).metrics()]
     assert steps == list(range(5, 401, 5))  # resumed: every logged step once
 
 
@@ -319,7 +319,7 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
     assert first.wait(timeout=300) == 0, first.stdout.read().decode()
     for encoding in ("none", "sinusoidal"):
         cell = out / "tiny" / f"vocab_size=8/encoding={encoding}/seed=111"
-        steps = [r["step"] for r in runs.Run(cell).metrics()]
+        steps = [r.step for r in runs.Run(cell).metrics()]
         assert steps == sorted(set(steps)) and steps[-1] == 300
     assert not lock.exists()  # released on exit
 

@@ -73,7 +73,7 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new
     assert "Traceback" not in output
     lines = [line for line in output.splitlines() if line.startswith("interrupted:")]
     assert len(lines) == 1, output
-    logged = runs.Run(first).metrics()[-1]["step"]
+    logged = runs.Run(first).metrics()[-1].step
     assert re.fullmatch(rf"interrupted: 1 run\(s\) stopped with a checkpoint \({CELLS[0]} at "
                         rf"iteration \d+\); 1 not started; 0 of 2 finished\. Run the same "
                         r"command again to resume \(finished runs are skipped\)\.",
@@ -96,6 +96,7 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new
 def test_a_stopped_run_is_named_at_the_iteration_of_its_checkpoint(tmp_path):
     """A worker stopped at iteration 7 (resume.pt), its last logged row at step 0: the stop
     line names iteration 7, where it resumes; with no resume.pt, its last step-K.pt."""
+    from perencode.records import MetricsRow
     from perencode.sweep.board import interrupted_line
     from perencode.sweep.plan import refresh_stopped
 
@@ -103,7 +104,7 @@ def test_a_stopped_run_is_named_at_the_iteration_of_its_checkpoint(tmp_path):
     first = planned[0]
     run = runs.Run(first.dir)
     run.claim(first.cell.recipe)
-    run.log({"step": 0, "loss": 2.0, "accuracy": 0.1, "lr": 0.0, "seconds": 0.1})
+    run.log(MetricsRow(step=0, loss=2.0, accuracy=0.1, lr=0.0, seconds=0.1))
     run.checkpoint_dir.mkdir()
     run.checkpoint_path(5).write_bytes(b"")
     refresh_stopped(first)

@@ -55,11 +55,12 @@ def assert_each_step_once(run_dir: Path, steps: list[int]) -> None:
     for tag in TAGS:
         assert [e.step for e in board.Scalars(tag)] == steps, tag
     # The curves are those of metrics.jsonl, row for row.
-    rows = {r["step"]: r for r in runs.Run(run_dir).metrics()}
+    rows = {r.step: r for r in runs.Run(run_dir).metrics()}
     for tag, step, value in events:
         key = tag.split("/")[1]
         if key != "sequences_per_second":
-            assert value == pytest.approx(rows[step][key], rel=1e-6, abs=1e-12), (tag, step)
+            expected = rows[step].as_dict()[key]
+            assert value == pytest.approx(expected, rel=1e-6, abs=1e-12), (tag, step)
         else:
             assert value > 0
 
@@ -74,7 +75,7 @@ def test_killed_after_its_checkpoint_and_resumed_every_step_once(cli, tmp_path, 
 
     def log_then_die(self, row):
         log(self, row)
-        if row["step"] == 35:  # past the checkpoint at 20: steps 25..35 are redone
+        if row.step == 35:  # past the checkpoint at 20: steps 25..35 are redone
             raise Killed
 
     monkeypatch.setattr(tracking.TensorBoardLog, "log", log_then_die)
@@ -103,7 +104,7 @@ def test_sigkill_and_resume_every_step_once(tmp_path):
     t0 = time.time()
     # Row 510 is written after step 505's events were flushed: the kill leaves events past
     # the checkpoint at 500.
-    while not any(r["step"] >= 510 for r in runs.Run(run_dir).metrics()):
+    while not any(r.step >= 510 for r in runs.Run(run_dir).metrics()):
         assert proc.poll() is None and time.time() - t0 < 120
         time.sleep(0.02)
     proc.kill()
@@ -143,7 +144,7 @@ def test_runs_trained_without_the_flag_are_shown_from_their_metrics(cli, tmp_pat
     for tag, key in (("train/loss", "loss"), ("train/accuracy", "accuracy"),
                      ("train/lr", "lr")):
         got = [(e.step, e.value) for e in board.Scalars(tag)]
-        assert got == [(r["step"], pytest.approx(r[key], rel=1e-6)) for r in rows], tag
+        assert got == [(r.step, pytest.approx(r.as_dict()[key], rel=1e-6)) for r in rows], tag
     written = plain / tracking.FROM_METRICS / tracking.CONVERTED
     before = written.stat().st_mtime_ns
     assert cli("tensorboard", tmp_path / "sweep", "--dry-run")[0] == 0

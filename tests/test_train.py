@@ -129,8 +129,8 @@ def test_run_dir_contents_and_eval(cli, tmp_path):
         assert key in env
     assert env["seed"] == 111 and env["device"] == "cpu"
     rows = runs.Run(out).metrics()
-    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
-    assert all({"step", "loss", "accuracy", "lr"} <= r.keys() for r in rows)
+    assert [r.step for r in rows] == [5, 10, 15, 20, 25, 30]
+    assert all({"step", "loss", "accuracy", "lr"} <= r.as_dict().keys() for r in rows)
     result = json.loads((out / "eval.json").read_text())
     assert result["n_sequences"] == 32 and result["n_tokens"] == 32 * 6
     assert_scores_consistent(result)
@@ -173,8 +173,8 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
     assert f"pid {proc.pid}" in done.stderr and "taking over" in done.stderr  # stale lock
     assert not (cut / ".perencode.lock").exists()
     _assert_same_weights(_final_model(full), _final_model(cut))
-    assert [r["loss"] for r in runs.Run(full).metrics()] == \
-        [r["loss"] for r in runs.Run(cut).metrics()]
+    assert [r.loss for r in runs.Run(full).metrics()] == \
+        [r.loss for r in runs.Run(cut).metrics()]
     assert json.loads((full / "eval.json").read_text())["token_accuracy"] == \
         json.loads((cut / "eval.json").read_text())["token_accuracy"]
 
@@ -261,9 +261,9 @@ def test_loss_decreases_on_a_small_problem(cli, tmp_path):
                          "model.hidden_size=32", "train.batch_size=32", "task.held_out=8"))
     assert code == 0, text
     rows = runs.Run(out).metrics()
-    assert rows[-1]["loss"] < rows[0]["loss"] - 0.3
+    assert rows[-1].loss < rows[0].loss - 0.3
     assert json.loads((out / "eval.json").read_text())["token_accuracy"] > 0.5
-    assert math.isfinite(rows[-1]["loss"])
+    assert math.isfinite(rows[-1].loss)
 
 
 def _tiny_model_and_batch(mask: bool):
@@ -336,7 +336,7 @@ def test_a_corrupted_env_json_is_set_aside_and_the_run_goes_on(cli, tmp_path):
 # -- one writer per run, refused writes, unreadable checkpoints, stale temporary files ----
 
 def _steps(run_dir: Path) -> list[int]:
-    return [r["step"] for r in runs.Run(run_dir).metrics()]
+    return [r.step for r in runs.Run(run_dir).metrics()]
 
 
 @pytest.mark.slow

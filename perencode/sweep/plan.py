@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from perencode import runs
+from perencode import records, runs
 from perencode.errors import UserError
 from perencode.grid import Cell, Grid
 from perencode.io import atomic_write_json, tail_lines
@@ -103,7 +103,7 @@ def stability_done(run_dir: Path) -> bool:
     return {k for k, _ in runs.Run(run_dir).checkpoints()} <= done
 
 
-def last_rows(run_dir: Path, n: int = 2) -> list[dict]:
+def last_rows(run_dir: Path, n: int = 2) -> list[records.MetricsRow]:
     """The last `n` rows of metrics.jsonl, reading only the file's tail."""
     path = run_dir / "metrics.jsonl"
     try:
@@ -112,8 +112,8 @@ def last_rows(run_dir: Path, n: int = 2) -> list[dict]:
         return []
     # The first line of the tail is usually cut; a damaged one is skipped (Run.metrics
     # names it).
-    rows = [runs.metrics_row(line) for line in lines]
-    return [row for row in rows if isinstance(row, dict)][-n:]
+    rows = [records.metrics_row(line) for line in lines]
+    return [row for row in rows if isinstance(row, records.MetricsRow)][-n:]
 
 
 def refresh(run: PlannedRun) -> None:
@@ -122,9 +122,9 @@ def refresh(run: PlannedRun) -> None:
     if not rows:
         return
     last = rows[-1]
-    run.step, run.accuracy = int(last.get("step", 0)), last.get("accuracy")
-    if len(rows) == 2 and last["seconds"] > rows[0]["seconds"]:
-        rate = (last["step"] - rows[0]["step"]) / (last["seconds"] - rows[0]["seconds"])
+    run.step, run.accuracy = last.step, last.accuracy
+    if len(rows) == 2 and last.seconds > rows[0].seconds:
+        rate = (last.step - rows[0].step) / (last.seconds - rows[0].seconds)
         run.eta_s = (run.iterations - run.step) / rate if rate > 0 else None
 
 
@@ -220,16 +220,17 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[PlannedRun]:
                 continue
             run.state = RunState.PARTIAL
         status = runs.Run(run.twin or run_dir).status() \
-            if run.state in (RunState.PARTIAL, RunState.REUSE) else {"state": runs.UNFINISHED}
-        if status["state"] == runs.FINISHED and run.state == RunState.PARTIAL:
+            if run.state in (RunState.PARTIAL, RunState.REUSE) \
+            else records.StatusRecord(state=runs.UNFINISHED)
+        if status.state == runs.FINISHED and run.state == RunState.PARTIAL:
             run.state = RunState.DONE
-        if status["state"] == runs.FINISHED and status.get("missing"):  # never retrained
+        if status.state == runs.FINISHED and status.missing:  # never retrained
             run.message = ("; ".join(filter(None, [run.message, f"finished, but its "
-                           f"{status['missing']} is missing: not trained again; "
+                           f"{status.missing} is missing: not trained again; "
                            f"{runs.Run(run.twin or run_dir).restore_hint()}"])))
-        elif status["state"] == runs.DIVERGED:
-            said = (f"diverged at iteration {status.get('iteration')} "
-                    f"({status.get('reason')}); not trained again")
+        elif status.state == runs.DIVERGED:
+            said = (f"diverged at iteration {status.iteration} "
+                    f"({status.reason}); not trained again")
             if run.state == RunState.PARTIAL:
                 run.state, run.message = RunState.DIVERGED, said
             else:
@@ -238,7 +239,7 @@ def plan(grid: Grid, out: Path, tensorboard: bool = False) -> list[PlannedRun]:
         if run.state == RunState.PARTIAL and not started(run_dir):
             run.state = RunState.NEW  # claimed by a sweep that stopped before training it
         refresh(run)
-        trained = status["state"] == runs.FINISHED
+        trained = status.state == runs.FINISHED
         if not trained:
             run.commands.append(["train", str(run_dir / "recipe.toml"), "--run-dir", str(run_dir),
                                  *(["--tensorboard"] if tensorboard else [])])

@@ -134,7 +134,7 @@ def wait(pairs: list[tuple[PlannedRun, Any]], board: Board, options: SlurmConfig
                     run.state = RunState.DONE
                 else:
                     last = str(job.exception()).strip().splitlines()[-1][:200]
-                    diverged = runs.Run(run.dir).status()["state"] == runs.DIVERGED
+                    diverged = runs.Run(run.dir).status().state == runs.DIVERGED
                     run.state = RunState.DIVERGED if diverged else RunState.FAILED
                     run.message = f"{last}; log: {run.dir / 'train.log'}, job log: " \
                                   f"{job.paths.stderr}"
