@@ -41,7 +41,7 @@ COPY --from=wheel /wheels /tmp/wheels
 RUN python -m venv --system-site-packages /opt/venv \
     && /opt/venv/bin/python -c "from importlib.metadata import version; v = version('torch'); assert v.startswith('2.1.1'), v" \
     && /opt/venv/bin/python -m pip install --no-cache-dir --constraint /opt/perencode/constraints.txt /tmp/wheels/perencode-*.whl datasets \
-    && /opt/venv/bin/python -c "import torch, numpy, datasets, perencode.verify; assert torch.__version__.startswith('2.1.1'); assert numpy.__version__.startswith('1.'); perencode.verify.claims_file('paper')" \
+    && /opt/venv/bin/python -c "import torch, numpy, datasets, perencode.commands.verify; assert torch.__version__.startswith('2.1.1'); assert numpy.__version__.startswith('1.'); perencode.commands.verify.claims_file('paper')" \
     && rm -rf /tmp/wheels \
     && useradd --create-home --uid 1000 --shell /bin/bash perencode \
     && mkdir -p /work/runs /work/data \

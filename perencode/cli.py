@@ -8,7 +8,7 @@ platform: the POSIX-only modules are reached only by the commands that use them)
 One declaration style: every parameter is `Annotated[type, typer.Option/Argument(...)]` with
 its default after `=`. An option several commands take is declared once below (an alias, or a
 function of the help that differs between them); the sweep's own options are declared beside
-SweepOptions (perencode.sweep.options), which they fill.
+SweepOptions (perencode.commands.sweep.options), which they fill.
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from perencode import __version__, defaults, kinds
-from perencode.console import SAID, console, guard_output, results
-from perencode.errors import UserError, refused_write
-from perencode.sweep import options as sweep_options
+from perencode import __version__
+from perencode.commands.sweep import options as sweep_options
+from perencode.common import defaults
+from perencode.common.console import SAID, console, guard_output, results
+from perencode.common.errors import UserError, refused_write
+from perencode.config import registry
 
 
 class _PlainArgument(typer.core.TyperArgument):
@@ -160,7 +162,7 @@ ACCEPT_HELP = ("Use the code loaded now although a kind's code differs from the 
 
 # The options several commands share, declared once: an alias where the help is the same
 # everywhere, a function of what differs (the command's own note) where it is not. Their
-# defaults are perencode.defaults, the library's own.
+# defaults are perencode.common.defaults, the library's own.
 def out_folder(holding: str = "", **kwargs: Any) -> Any:
     """The --out option of a command that writes `holding` into a folder."""
     return typer.Option("--out", help="Output folder" + (f": {holding}." if holding else "."),
@@ -221,7 +223,7 @@ def user_errors(fn):
     no locks) wherever it happens, into one line naming the path and exit 2; no traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        SAID.clear()  # a note is said once per command (perencode.console.note_once)
+        SAID.clear()  # a note is said once per command (perencode.common.console.note_once)
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
@@ -265,9 +267,9 @@ Plugins = Annotated[list[str] | None, typer.Option(
 def main(version: Version = False, plugin: Plugins = None) -> None:
     """Options of `perencode` itself (the commands have their own)."""
     # Without a plugin nothing is imported: commands that need no kinds start without torch.
-    installed = kinds.autoload() and metadata.entry_points(group="perencode.kinds")
+    installed = registry.autoload() and metadata.entry_points(group="perencode.kinds")
     if plugin or environ.get("PERENCODE_PLUGINS") or installed:
-        from perencode.plugins import activate
+        from perencode.config.plugins import activate
 
         try:
             activate(plugin or [])
@@ -297,10 +299,10 @@ def train(
     accept_data_change: AcceptData = False,
 ) -> None:
     """Train a recipe (or resume its interrupted run, or report it complete)."""
-    from perencode import runs
-    from perencode.recipe import load_recipe
-    from perencode.train import STOP_SIGNALS, Diverged, Interrupted
-    from perencode.train import train as run_training
+    from perencode.commands.train import STOP_SIGNALS, Diverged, Interrupted
+    from perencode.commands.train import train as run_training
+    from perencode.config.recipe import load_recipe
+    from perencode.store import runs
 
     guard_output()
     r = load_recipe(recipe, overrides)
@@ -360,9 +362,9 @@ def eval_(
                                        "table.")] = False,
 ) -> None:
     """Score a run on its held-out data and write eval.json (the scores on stdout)."""
-    from perencode.evaluate import evaluate_run
-    from perencode.runs import DIVERGED_EXIT
-    from perencode.session import NotFinite
+    from perencode.commands.evaluate import evaluate_run
+    from perencode.store.runs import DIVERGED_EXIT
+    from perencode.training.session import NotFinite
 
     options = {"per_position": True} if per_position else {}
     try:
@@ -394,10 +396,10 @@ def bench(
         "vocab_size), each as a ratio to the first.")] = False,
 ) -> None:
     """Time the real training step; prints a table and a final JSON line."""
-    from perencode.bench import bench as run_bench
-    from perencode.bench import sampling as run_sampling
-    from perencode.device import resolve_device
-    from perencode.recipe import load_recipe
+    from perencode.commands.bench import bench as run_bench
+    from perencode.commands.bench import sampling as run_sampling
+    from perencode.common.device import resolve_device
+    from perencode.config.recipe import load_recipe
 
     r = load_recipe(recipe, overrides)
     result: dict = run_bench(r, resolve_device(device), iterations, warmup, baseline)
@@ -434,17 +436,17 @@ def show(
     its code and data came from (RUN_DIR/identity.json), and a warning where its files no
     longer match that record; a plugin's run is read without its plugin.
     """
-    from perencode.recipe import load_recipe
+    from perencode.config.recipe import load_recipe
 
     if recipe.is_dir() and not overrides:
-        from perencode.summary import story_lines, summarise
+        from perencode.store.summary import story_lines, summarise
 
         r, story = summarise(recipe)
         for line in story["mismatches"]:
             console.print(f"[yellow]warning:[/] {recipe}: {escape(line)}", highlight=False,
                           soft_wrap=True)
         if as_json:
-            from perencode import identity
+            from perencode.store import identity
 
             print(json.dumps({**story, "recipe": r.model_dump(mode="json"),
                               "identity": (entry.as_dict() if (entry := identity.read(recipe))
@@ -466,7 +468,7 @@ def recipe_schema(
                                        "validators) instead of the Markdown table.")] = False,
 ) -> None:
     """Print every recipe field (key, type, default, meaning) as a Markdown table."""
-    from perencode.schema import json_schema, schema_rows
+    from perencode.config.schema import json_schema, schema_rows
 
     if as_json:
         print(json.dumps(json_schema(), indent=2))
@@ -483,9 +485,9 @@ def claims_schema(
 ) -> None:
     """Print every field of a claims file's claim tables as a Markdown table
     (docs/claims.md)."""
-    from perencode.schema import model_rows
-    from perencode.verdicts import Claim
-    from perencode.verdicts import claims_schema as schema
+    from perencode.analysis.verdicts import Claim
+    from perencode.analysis.verdicts import claims_schema as schema
+    from perencode.config.schema import model_rows
 
     if as_json:
         print(json.dumps(schema(), indent=2))
@@ -507,8 +509,8 @@ def env(
     perencode and its git commit, Python, platform, torch, CUDA and cuDNN, the device(s),
     threads and the packages results depend on: what each run records in env.json.
     """
-    from perencode.device import resolve_device
-    from perencode.environment import format_report, report
+    from perencode.common.device import resolve_device
+    from perencode.store.environment import format_report, report
 
     found = report(resolve_device(device))
     print(json.dumps(found, indent=2) if as_json else format_report(found))
@@ -529,9 +531,9 @@ def doctor(
     determinism, resume across devices, the memory estimate and the speed of the Fig. 2 GRU
     step with the device-hours of each paper grid. One row per check; exit 1 if one fails.
     """
-    from perencode.device import resolve_device
-    from perencode.doctor import FAIL, INFO, PASS
-    from perencode.doctor import doctor as run_doctor
+    from perencode.commands.doctor import FAIL, INFO, PASS
+    from perencode.commands.doctor import doctor as run_doctor
+    from perencode.common.device import resolve_device
 
     rows, seconds = run_doctor(resolve_device(device), runs,
                                say=lambda step: console.print(f"doctor: {step}",
@@ -584,7 +586,7 @@ def stability(
     Checkpoints already in the file are skipped: an interrupted analysis resumes,
     a finished one is left as it is.
     """
-    from perencode.stability import analyse_run
+    from perencode.commands.stability import analyse_run
 
     analyse_run(run_dir, triplets=triplets, metric=metric, device=device, every=every,
                 batch=batch, progress=progress, accept_code_change=accept_code_change,
@@ -617,7 +619,7 @@ def lm_prepare(
     progress: Annotated[bool, progress_option("Show progress.")] = True,
 ) -> None:
     """Prepare WikiText-103 for language modelling: clean, train SentencePiece, encode."""
-    from perencode.lm.prepare import prepare
+    from perencode.commands.lm_prepare import prepare
 
     try:
         manifest = prepare(source=source, out=out, vocab_size=vocab_size,
@@ -657,8 +659,8 @@ def sweep(
     progress: LiveTable = True,
 ) -> None:
     """Run every cell of a grid (skipping finished runs, resuming interrupted ones)."""
-    from perencode.grid import slurm_overrides
-    from perencode.sweep.run import run_sweep
+    from perencode.commands.sweep.run import run_sweep
+    from perencode.config.grid import slurm_overrides
 
     guard_output()
     slurm = {k: v for k, v in (("partition", partition), ("time_min", time_min),
@@ -710,7 +712,7 @@ def figures(
     accept_code_change: AcceptCode = False,
 ) -> None:
     """Collect results into results.csv and draw every paper figure they cover."""
-    from perencode.figures import make_figures
+    from perencode.commands.figures import make_figures
 
     written = make_figures(runs, out=out, accept_code_change=accept_code_change)
     for path in written:
@@ -733,8 +735,8 @@ def prune(
     Every file figures, verify and report read is kept. Unfinished and diverged runs are
     left as they are.
     """
-    from perencode.prune import KEPT
-    from perencode.prune import prune as run_prune
+    from perencode.commands.prune import KEPT
+    from perencode.commands.prune import prune as run_prune
 
     done = run_prune(runs, dry_run=dry_run, without_stability=without_stability)
     for found in done:
@@ -766,7 +768,7 @@ def verify(
         "out are shown as not run (outside the plan).")] = None,
 ) -> None:
     """Check the paper's claims against the runs; exit 1 if an evaluated claim fails."""
-    from perencode.verify import verify_runs
+    from perencode.commands.verify import verify_runs
 
     code = verify_runs(runs, claims=claims, out=out, as_json=as_json,
                        accept_code_change=accept_code_change, plan=plan)
@@ -812,8 +814,8 @@ def plan_(
     as_json: Annotated[bool, json_flag("Print the plan as JSON.")] = False,
 ) -> None:
     """What grids cost in GPU-hours on a GPU, and which claims a budget decides."""
-    from perencode.grid import slurm_overrides
-    from perencode.plan import plan
+    from perencode.commands.plan import plan
+    from perencode.config.grid import slurm_overrides
 
     plan(grids, gpu, claims=claims, budget=budget, seeds=seeds, effect=effect,
          executor=executor, gpus=gpus, runs_per_gpu=runs_per_gpu,
@@ -862,7 +864,7 @@ def crosscheck(
     not run: pip install --no-deps timm==0.9.12; another commit than 3e98213 is checked
     too, with a warning.
     """
-    from perencode.crosscheck import run_crosscheck
+    from perencode.commands.crosscheck import run_crosscheck
 
     code = run_crosscheck(authors_repo, out, train=train, train_shape=train_shape, seeds=seeds,
                           iterations=iterations, device=device, progress=progress,
@@ -888,7 +890,7 @@ def report(
     Each figure with its claims' verdicts and the runs behind it, and why the other claims
     were not run.
     """
-    from perencode.report import make_report
+    from perencode.commands.report import make_report
 
     page = make_report(runs, claims=claims, out=out, accept_code_change=accept_code_change,
                        title=title)
@@ -909,7 +911,7 @@ def rehearsal_corpus(
 ) -> None:
     """Write a small WikiText-103-shaped raw corpus (for `lm-prepare --source`)."""
 
-    from perencode.rehearsal import write_corpus
+    from perencode.commands.rehearsal import write_corpus
 
     written = write_corpus(folder, seed)
     results.print(f"wrote {folder}: " + ", ".join(f"{split} {len(w['paragraphs'])} paragraphs"
@@ -925,7 +927,7 @@ def rehearsal_check(
 ) -> None:
     """Check that every claim was decided or reported and every figure was drawn."""
 
-    from perencode.rehearsal import check_outputs
+    from perencode.commands.rehearsal import check_outputs
 
     for line in check_outputs(figures_dir, claims):
         console.print(line, highlight=False, soft_wrap=True)
@@ -948,8 +950,8 @@ def tensorboard_(
     RUN_DIR/tensorboard-from-metrics). Each run is named by its path below the folder the
     runs share: a sweep's axis values and seed. Stop it with Ctrl-C.
     """
-    from perencode.runs import find_runs
-    from perencode.tracking import launch, tensorboard_command
+    from perencode.store.runs import find_runs
+    from perencode.training.tracking import launch, tensorboard_command
 
     command = tensorboard_command(find_runs(runs), port)
     if dry_run:

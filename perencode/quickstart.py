@@ -15,20 +15,20 @@ from pathlib import Path
 
 import torch
 
-from perencode import defaults
-from perencode.console import console
-from perencode.errors import UserError
-from perencode.grid import repository_root
-from perencode.report import make_report
-from perencode.sweep.options import SweepOptions
-from perencode.sweep.run import run_sweep
-from perencode.verify import verify_runs
+from perencode.commands.report import make_report
+from perencode.commands.sweep.options import SweepOptions
+from perencode.commands.sweep.run import run_sweep
+from perencode.commands.verify import verify_runs
+from perencode.common import defaults
+from perencode.common.console import console
+from perencode.common.errors import UserError
+from perencode.config.grid import repository_root
 
 
 @dataclass(frozen=True)
 class Demo:
     name: str
-    grid: Path        # relative to the repository root (perencode.grid.repository_root)
+    grid: Path        # relative to the repository root (perencode.config.grid.repository_root)
     claims: str       # a bundled claims file (perencode/claims/<name>.toml)
     device: str       # what the sweep's runs use
     jobs: int         # runs at once

@@ -26,7 +26,7 @@ from fake_runs import paper_like_runs
 from typer.testing import CliRunner
 
 from perencode.cli import app
-from perencode.recipe import apply_overrides, foreign_options, read_toml
+from perencode.config.recipe import apply_overrides, foreign_options, read_toml
 
 torch.set_num_threads(1)
 # typer's CliRunner builds the click command from the app's function signatures on every

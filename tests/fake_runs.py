@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from perencode.recipe import Recipe, validate
-from perencode.records import EvalRecord, MetricsRow, eval_identity
-from perencode.runs import Run
+from perencode.config.recipe import Recipe, validate
+from perencode.store.records import EvalRecord, MetricsRow, eval_identity
+from perencode.store.runs import Run
 
 SEEDS = (111, 222, 333)
 
@@ -45,7 +45,7 @@ def fake_run(root: Path, name: str, *, task: str = "reverse", arch: str = "gru",
 
 
 def by_band(good: float, bad: float) -> list[dict]:
-    """Dual-frequency rows (types spelt as perencode.tasks.dual_frequency writes them): `bad`
+    """Dual-frequency rows (types spelt as perencode.kinds.tasks.dual_frequency writes them): `bad`
     accuracy for frequent targets among rare disturbants at t = 1..16, `good` elsewhere."""
     rows = []
     for target in ("frequent", "rare"):

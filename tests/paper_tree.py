@@ -1,7 +1,7 @@
 """A finished run tree of every grid of recipes/paper/, made without training.
 
-Every grid is expanded and planned by the package's own code (perencode.grid.load_grid,
-perencode.sweep.plan.plan and prepare: cells claimed, cells of one recipe linked to one
+Every grid is expanded and planned by the package's own code (perencode.config.grid.load_grid,
+perencode.commands.sweep.plan.plan and prepare: cells claimed, cells of one recipe linked to one
 run, as `perencode sweep` does), then each run gets what `perencode train` and
 `perencode stability` leave: metrics.jsonl, the final checkpoint's file, eval.json with
 the task's keys and stability.csv with its columns. The numbers are chosen so that every
@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from perencode.grid import load_grid
-from perencode.recipe import Recipe
-from perencode.records import EvalRecord, eval_identity
-from perencode.runs import Run
-from perencode.stability import COLUMNS
-from perencode.sweep.plan import RunState, plan, prepare
-from perencode.tasks.dual_frequency import TYPES, DualFrequencyConfig
-from perencode.tasks.reverse import VariableLengthConfig
+from perencode.commands.stability import COLUMNS
+from perencode.commands.sweep.plan import RunState, plan, prepare
+from perencode.config.grid import load_grid
+from perencode.config.recipe import Recipe
+from perencode.kinds.tasks.dual_frequency import TYPES, DualFrequencyConfig
+from perencode.kinds.tasks.reverse import VariableLengthConfig
+from perencode.store.records import EvalRecord, eval_identity
+from perencode.store.runs import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = sorted((ROOT / "recipes" / "paper").glob("*.toml"))
@@ -73,7 +73,7 @@ def accuracy(recipe: Recipe, vocabularies: dict) -> float:
 
 
 def sequence_eval(recipe: Recipe, token_accuracy: float) -> dict:
-    """perencode.metrics.summarise's keys for a sequence task of 1,024 held-out rows."""
+    """perencode.kinds.scoring.summarise's keys for a sequence task of 1,024 held-out rows."""
     n, length = 1024, recipe.task.length
     return {"token_accuracy": token_accuracy, "sequence_accuracy": token_accuracy ** length,
             "dl_distance": (1 - token_accuracy) * length * 0.8, "n_sequences": n,

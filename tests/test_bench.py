@@ -1,5 +1,5 @@
-"""perencode.bench (the timed training step and its bare reference; tests/test_cli.py times
-both through `perencode bench --baseline`) and the compute model of perencode.cost
+"""perencode.commands.bench (the timed training step and its bare reference; tests/test_cli.py times
+both through `perencode bench --baseline`) and the compute model of perencode.analysis.cost
 (FLOPs and parameters per iteration), on known answers."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from perencode import kinds
-from perencode.bench import bare_loop, bench
-from perencode.cost import flops_per_iteration, layer_parameters
-from perencode.errors import UserError
-from perencode.models import SequenceModel, Shapes
-from perencode.models.rnn import CELLS
-from perencode.recipe import validate
-from perencode.session import build
+from perencode.analysis.cost import flops_per_iteration, layer_parameters
+from perencode.commands.bench import bare_loop, bench
+from perencode.common.errors import UserError
+from perencode.config import registry
+from perencode.config.recipe import validate
+from perencode.kinds.models import SequenceModel, Shapes
+from perencode.kinds.models.rnn import CELLS
+from perencode.training.session import build
 
 CPU = torch.device("cpu")
 
@@ -78,10 +78,10 @@ def test_the_printed_ratio_is_the_ratio_of_the_printed_times():
 
 
 def test_the_baseline_times_both_loops_free_running_in_blocks(monkeypatch):
-    """Each timed call synchronises once, at its end (perencode.device.free_running_seconds):
+    """Each timed call synchronises once, at its end (perencode.common.device.free_running_seconds):
     the steps run back to back between, as in training, so a host sync inside the step
     costs what it costs there. Timing each step on its own hid it."""
-    from perencode import bench as bench_module
+    from perencode.commands import bench as bench_module
 
     timed = []
     real = bench_module._time
@@ -137,13 +137,13 @@ class ElmanModel(SequenceModel):
 
 
 def test_a_model_without_a_flops_hook_counts_one_per_layer_parameter():
-    kinds.register_model(kinds.ModelKind("elman_bench", ElmanModel, label="Elman"))
+    registry.register_model(registry.ModelKind("elman_bench", ElmanModel, label="Elman"))
     try:
         r = recipe(arch="elman_bench")
         layer = 12 * (16 + 12) + 2 * 12  # weight_ih, weight_hh, two biases
         assert layer_parameters(r) == layer
         assert flops_per_iteration(r) == 3 * 2 * 4 * (12 * layer + 6 * 12 * 16)
     finally:
-        del kinds.registry("model")["elman_bench"]
+        del registry.registry("model")["elman_bench"]
     # The GRU's layer, for comparison: its hook counts the weights, not the biases.
     assert layer_parameters(recipe()) == 3 * 12 * (16 + 12) + 6 * 12

@@ -6,7 +6,7 @@ import yaml
 from conftest import ROOT
 
 import perencode
-from perencode.recipe import tomllib
+from perencode.config.recipe import tomllib
 
 TITLE = "Positional Encoding Helps Recurrent Neural Networks Handle a Large Vocabulary"
 URL = "https://openreview.net/forum?id=PtnuXd13SF"

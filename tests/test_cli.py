@@ -11,16 +11,17 @@ import typer.main
 from conftest import ROOT, run_cli, tiny_overrides
 from typer.testing import CliRunner
 
-from perencode import kinds, quickstart
+from perencode import quickstart
 from perencode.cli import app
-from perencode.recipe import (
+from perencode.config import registry
+from perencode.config.recipe import (
     SECTIONS,
     Recipe,
     load_recipe,
     tomllib,
     validate,
 )
-from perencode.schema import schema_rows
+from perencode.config.schema import schema_rows
 
 RECIPE = str(ROOT / "recipes/gru_vocab256.toml")
 
@@ -73,9 +74,9 @@ def test_bench_baseline_scope(cli, recipe):
 
 
 def test_bench_baseline_scope_is_checked_by_the_library():
-    from perencode.bench import bench
-    from perencode.errors import UserError
-    from perencode.recipe import load_recipe
+    from perencode.commands.bench import bench
+    from perencode.common.errors import UserError
+    from perencode.config.recipe import load_recipe
 
     recipe = load_recipe(ROOT / "recipes/s4d_vocab1024.toml")
     with pytest.raises(UserError, match="--baseline: the bare reference loop exists for gru"):
@@ -227,7 +228,7 @@ def test_recipe_schema_json_is_the_json_schema(cli):
     for section, tag in tags.items():
         assert schema["properties"][section]["discriminator"]["propertyName"] == tag
         found = members(section)
-        assert sorted(found) == sorted(kinds.names(section))
+        assert sorted(found) == sorted(registry.names(section))
         for name, member in found.items():
             assert member["properties"][tag]["const"] == name
     # Every field of schema_rows is in the schema: a kind's own option in its members only.
@@ -287,7 +288,7 @@ def test_sweep_out_is_the_old_spelling_of_runs(monkeypatch, tmp_path):
         called.append(out)
         return 0
 
-    monkeypatch.setattr("perencode.sweep.run.run_sweep", run_sweep)
+    monkeypatch.setattr("perencode.commands.sweep.run.run_sweep", run_sweep)
     grid = ROOT / "recipes/quick/quickstart.toml"
     assert run_cli("sweep", grid)[0] == 0
     code, text = run_cli("sweep", grid, "--out", tmp_path / "old")
@@ -355,7 +356,7 @@ def test_eval_prints_its_results_on_stdout_and_as_json(trained):
 
 
 def test_show_tells_a_runs_story(trained):
-    from perencode import identity
+    from perencode.store import identity
 
     code, out, _ = streams("show", trained)
     assert code == 0

@@ -17,9 +17,9 @@ from fake_runs import fake_run
 from typer.testing import CliRunner
 
 from perencode.cli import app
-from perencode.recipe import tomllib
-from perencode.sweep.board import Board
-from perencode.sweep.plan import RunState
+from perencode.commands.sweep.board import Board
+from perencode.commands.sweep.plan import RunState
+from perencode.config.recipe import tomllib
 
 # Old spellings that still work (hidden) but must not be advertised, per command.
 OLD_FLAGS = {"train": ["--out"], "sweep": ["--out"], "quickstart": ["--figures"]}
@@ -78,7 +78,7 @@ def test_messages_and_docs_name_the_current_flags(cli, tmp_path):
             assert not line.startswith("# --out are linked"), (doc, line)
     for module in (ROOT / "perencode").rglob("*.py"):
         text = module.read_text(encoding="utf-8")
-        assert "choose another --out" not in text or module.name == "prepare.py", module
+        assert "choose another --out" not in text or module.name == "lm_prepare.py", module
         assert "sweep into another --out" not in text, module
 
 
@@ -209,20 +209,20 @@ def test_the_license_is_an_spdx_string_setuptools_takes_without_a_warning():
 
 # Each default the CLI shows, and the library function's it passes it to: one value.
 CLI_DEFAULTS = [
-    ("stability", "perencode.stability:analyse_run", "triplets metric device every batch"),
-    ("lm-prepare", "perencode.lm.prepare:prepare",
+    ("stability", "perencode.commands.stability:analyse_run", "triplets metric device every batch"),
+    ("lm-prepare", "perencode.commands.lm_prepare:prepare",
      "out vocab_size max_tokens threads sample_sentences"),
-    ("bench", "perencode.bench:bench", "iterations warmup"),
-    ("bench", "perencode.bench:sampling", "iterations warmup"),
-    ("crosscheck", "perencode.crosscheck:run_crosscheck", "train_shape seeds device"),
-    ("tensorboard", "perencode.tracking:tensorboard_command", "port"),
-    ("sweep", "perencode.sweep.options:SweepOptions", "executor jobs runs_per_gpu device"),
-    ("eval", "perencode.evaluate:evaluate_run", "device"),
+    ("bench", "perencode.commands.bench:bench", "iterations warmup"),
+    ("bench", "perencode.commands.bench:sampling", "iterations warmup"),
+    ("crosscheck", "perencode.commands.crosscheck:run_crosscheck", "train_shape seeds device"),
+    ("tensorboard", "perencode.training.tracking:tensorboard_command", "port"),
+    ("sweep", "perencode.commands.sweep.options:SweepOptions", "executor jobs runs_per_gpu device"),
+    ("eval", "perencode.commands.evaluate:evaluate_run", "device"),
     ("quickstart", "perencode.quickstart:start", "device"),
-    ("doctor", "perencode.doctor:doctor", "runs=runs_root"),
-    ("figures", "perencode.figures:make_figures", "out"),
-    ("verify", "perencode.verify:verify_runs", "claims out"),
-    ("report", "perencode.report:make_report", "claims out"),
+    ("doctor", "perencode.commands.doctor:doctor", "runs=runs_root"),
+    ("figures", "perencode.commands.figures:make_figures", "out"),
+    ("verify", "perencode.commands.verify:verify_runs", "claims out"),
+    ("report", "perencode.commands.report:make_report", "claims out"),
 ]
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from perencode.console import fit_name
+from perencode.common.console import fit_name
 
 NAME = "vocab_size=32/encoding=none/seed=111"
 

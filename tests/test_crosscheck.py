@@ -13,12 +13,15 @@ import pytest
 import torch
 from conftest import ROOT, run_cli
 
-from perencode import crosscheck, encoding, session
-from perencode import stability_metric as our_stability
-from perencode.crosscheck import authors as au
-from perencode.crosscheck import models, schedule, stability, tasks, training
-from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN, UNDECIDED, Comparison
-from perencode.errors import UserError
+from perencode.analysis import gradient_stability as our_stability
+from perencode.commands import crosscheck
+from perencode.commands.crosscheck import authors as au
+from perencode.commands.crosscheck import gradient_stability as stability
+from perencode.commands.crosscheck import models, schedule, tasks, training
+from perencode.commands.crosscheck.report import AGREE, DISAGREE, NOT_RUN, UNDECIDED, Comparison
+from perencode.common.errors import UserError
+from perencode.kinds import encoding
+from perencode.training import session
 
 AUTHORS = Path(os.environ.get("PERENCODE_AUTHORS_REPO",
                               ROOT.parent / "shared" / "authors" / "position-encoded_rnn"))
@@ -197,7 +200,7 @@ def test_documented_differences_are_named(authors):
 
 @needs_authors
 def test_language_model_perplexity_agrees_and_no_stand_in_is_left(authors, monkeypatch):
-    from perencode.tasks.lm import LanguageModelTask
+    from perencode.kinds.tasks.lm import LanguageModelTask
     checks = by_name(crosscheck.lm.check_lm(authors))
     assert checks["language model: perplexity"].verdict == AGREE
     vocabulary = checks["language model: vocabulary"]
@@ -260,7 +263,7 @@ def test_pe_base_is_seen(authors, monkeypatch):
 
 @needs_authors
 def test_s4d_gelu_is_seen(authors, monkeypatch):
-    from perencode.models.s4d import S4D
+    from perencode.kinds.models.s4d import S4D
     monkeypatch.setattr(S4D, "mix", lambda self, y: torch.nn.functional.glu(
         self.out_proj(torch.nn.functional.gelu(y, approximate="tanh")), dim=-1))
     checks = by_name(models.check_forward(authors))
@@ -295,8 +298,8 @@ def test_adam_eps_is_seen(authors, monkeypatch):
 def test_reverse_target_and_dl_are_seen(authors, monkeypatch):
     from rapidfuzz.distance import Levenshtein
 
-    from perencode import metrics
-    from perencode.tasks.reverse import ReverseTask
+    from perencode.kinds import scoring as metrics
+    from perencode.kinds.tasks.reverse import ReverseTask
     monkeypatch.setattr(metrics, "dl_distance", lambda p, t: Levenshtein.distance(p, t))
     checks = by_name(tasks.check_fixed_length(authors))
     assert checks["reverse: Damerau-Levenshtein"].verdict == DISAGREE
@@ -309,7 +312,7 @@ def test_reverse_target_and_dl_are_seen(authors, monkeypatch):
 
 @needs_authors
 def test_a_held_out_leak_is_seen(authors, monkeypatch):
-    from perencode.tasks.base import SyntheticTask
+    from perencode.kinds.tasks.base import SyntheticTask
     monkeypatch.setattr(SyntheticTask, "sample",
                         lambda self, n, generator: self.build(self.draw(n, generator)))
     checks = by_name(tasks.check_fixed_length(authors))
@@ -319,8 +322,8 @@ def test_a_held_out_leak_is_seen(authors, monkeypatch):
 
 @needs_authors
 def test_rarity_and_predecessor_target_are_seen(authors, monkeypatch):
-    from perencode.tasks.dual_frequency import DualFrequencyTask, half_tokens
-    from perencode.tasks.predecessor import PredecessorTask
+    from perencode.kinds.tasks.dual_frequency import DualFrequencyTask, half_tokens
+    from perencode.kinds.tasks.predecessor import PredecessorTask
 
     def draw(self, n, generator):
         rare = torch.rand((n, self.L), generator=generator) < 0.25  # "three times"
@@ -345,7 +348,7 @@ def test_rarity_and_predecessor_target_are_seen(authors, monkeypatch):
 
 @needs_authors
 def test_variable_length_distribution_and_targets_are_seen(authors, monkeypatch):
-    from perencode.tasks.reverse import VariableLengthReverseTask
+    from perencode.kinds.tasks.reverse import VariableLengthReverseTask
 
     def longer(self, n, generator):  # lengths from min_length + 1: one length never drawn
         lengths = torch.randint(self.cfg.min_length + 1, self.L + 1, (n,), generator=generator)

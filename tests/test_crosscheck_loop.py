@@ -9,11 +9,12 @@ import torch
 from conftest import ROOT, run_cli
 from test_crosscheck import AUTHORS, fake_repository, needs_authors, needs_timm
 
-from perencode import crosscheck, session
-from perencode.crosscheck import authors as au
-from perencode.crosscheck import init, loop, recipes, seeds, tasks, training
-from perencode.crosscheck.report import AGREE, DISAGREE, NOT_RUN
-from perencode.recipe import Recipe
+from perencode.commands import crosscheck
+from perencode.commands.crosscheck import authors as au
+from perencode.commands.crosscheck import init, loop, recipes, seeds, tasks, training
+from perencode.commands.crosscheck.report import AGREE, DISAGREE, NOT_RUN
+from perencode.config.recipe import Recipe
+from perencode.training import session
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +108,7 @@ def test_padded_outputs_counted_as_class_0_disagree(authors, monkeypatch):
 @needs_authors
 @needs_timm
 def test_a_frozen_command_token_disagrees(authors, monkeypatch):
-    from perencode.models.base import SequenceModel
+    from perencode.kinds.models.base import SequenceModel
 
     def frozen(model):  # nn.Embedding's padding_idx: the command row gets no gradient
         model.embedding.padding_idx = model.embedding.num_embeddings - 1
@@ -171,7 +172,7 @@ def test_a_changed_default_disagrees_naming_both_values(authors, monkeypatch, fi
 
 @needs_authors
 def test_a_changed_task_default_disagrees(authors, monkeypatch):
-    from perencode.tasks.dual_frequency import DualFrequencyConfig
+    from perencode.kinds.tasks.dual_frequency import DualFrequencyConfig
     monkeypatch.setattr(DualFrequencyConfig.model_fields["rarity"], "default", 1 / 9)
     DualFrequencyConfig.model_rebuild(force=True)
     try:
@@ -285,7 +286,7 @@ def _zero_biases(model):
     ("GRU/LSTM biases 0", _zero_biases, ("gru", "lstm")),
 ])
 def test_planted_rnn_init_fault_disagrees(authors, monkeypatch, fault, change, arches):
-    from perencode.models.rnn import RecurrentModel
+    from perencode.kinds.models.rnn import RecurrentModel
     _after_init(monkeypatch, RecurrentModel, change)
     checks = {c.name: c for c in init.check_init(authors)}
     for arch in ("gru", "lstm"):
@@ -298,7 +299,7 @@ def test_planted_rnn_init_fault_disagrees(authors, monkeypatch, fault, change, a
 @needs_authors
 @pytest.mark.parametrize("fault", ["A real part -1", "dt range 1e-3..1e-2"])
 def test_planted_s4d_init_fault_disagrees(authors, monkeypatch, fault):
-    from perencode.models.s4d import S4D
+    from perencode.kinds.models.s4d import S4D
     if fault.startswith("A"):
         _after_init(monkeypatch, S4D, lambda layer: layer.log_A_real.fill_(0.0))
         shown = "log_A_real"
@@ -320,7 +321,7 @@ def test_seeds_agree(authors):
 
 @needs_authors
 def test_planted_seed_faults_disagree(authors, monkeypatch):
-    from perencode.tasks import make
+    from perencode.kinds.tasks import make
     build = session.build
     monkeypatch.setattr(session, "build", lambda recipe, device: (
         make(recipe.task, 0, device), build(recipe, device)[1]))  # held-out from seed 0
@@ -337,7 +338,7 @@ def test_planted_seed_faults_disagree(authors, monkeypatch):
 
 @needs_authors
 def test_token_accuracy_averaged_per_sequence_is_seen(authors, monkeypatch):
-    from perencode import metrics
+    from perencode.kinds import scoring as metrics
     summarise = metrics.summarise
 
     def per_sequence(rows, select=None):
@@ -347,7 +348,7 @@ def test_token_accuracy_averaged_per_sequence_is_seen(authors, monkeypatch):
         return out
 
     monkeypatch.setattr(metrics, "summarise", per_sequence)
-    from perencode.tasks import reverse
+    from perencode.kinds.tasks import reverse
     monkeypatch.setattr(reverse, "summarise", per_sequence)
     checks = {c.name: c for c in tasks.check_variable_length(authors)}
     assert checks["variable_length: ragged scoring"].verdict == DISAGREE
@@ -383,7 +384,7 @@ def test_tost_three_verdicts_and_seeds_needed():
 def test_restricted_damerau_levenshtein_is_seen(authors, monkeypatch):
     from rapidfuzz.distance import OSA
 
-    from perencode import metrics
+    from perencode.kinds import scoring as metrics
     monkeypatch.setattr(metrics, "dl_distance", lambda p, t: OSA.distance(p, t))
     checks = {c.name: c for c in tasks.check_fixed_length(authors)}
     assert checks["reverse: Damerau-Levenshtein"].verdict == DISAGREE
@@ -395,8 +396,8 @@ def test_restricted_damerau_levenshtein_is_seen(authors, monkeypatch):
 
 @needs_authors
 def test_s4d_triplets_agree_and_a_shared_prefix_or_a_full_output_is_seen(authors, monkeypatch):
-    from perencode import stability_metric as our_stability
-    from perencode.crosscheck import stability
+    from perencode.analysis import gradient_stability as our_stability
+    from perencode.commands.crosscheck import gradient_stability as stability
     (check,) = stability.check_triplets(authors)
     assert check.verdict == AGREE, check.reason
     make = our_stability.make_triplets

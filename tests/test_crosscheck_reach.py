@@ -7,10 +7,10 @@ import pytest
 import torch
 from test_crosscheck import AUTHORS, by_name, needs_authors, needs_timm
 
-from perencode import session
-from perencode.crosscheck import authors as au
-from perencode.crosscheck import loop, models, tasks
-from perencode.crosscheck.report import AGREE, DISAGREE
+from perencode.commands.crosscheck import authors as au
+from perencode.commands.crosscheck import loop, models, tasks
+from perencode.commands.crosscheck.report import AGREE, DISAGREE
+from perencode.training import session
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +21,8 @@ def authors():
 
 @needs_authors
 def test_dense_sampling_agrees_and_a_uniform_list_disagrees(authors, monkeypatch):
-    from perencode.tasks.base import SyntheticTask
-    from perencode.tasks.dual_frequency import DualFrequencyTask
+    from perencode.kinds.tasks.base import SyntheticTask
+    from perencode.kinds.tasks.dual_frequency import DualFrequencyTask
     checks = by_name(tasks.check_dual_frequency(authors))
     assert checks["dual_frequency: dense sampling"].verdict == AGREE
     assert "from the list of rows left: True" in checks["dual_frequency: dense sampling"].compared
@@ -36,7 +36,7 @@ def test_dense_sampling_agrees_and_a_uniform_list_disagrees(authors, monkeypatch
 
 @needs_authors
 def test_bands_agree_and_bands_one_position_off_disagree(authors, monkeypatch):
-    from perencode.tasks.dual_frequency import DualFrequencyTask
+    from perencode.kinds.tasks.dual_frequency import DualFrequencyTask
     assert by_name(tasks.check_dual_frequency(authors))["dual_frequency: by band"].verdict == AGREE
     score = DualFrequencyTask.score
 
@@ -71,7 +71,7 @@ def test_scoring_goes_through_session_evaluate(authors, monkeypatch):
 
 
 def _after_encoding_init(monkeypatch, change):
-    from perencode.encoding import PositionalEncoding
+    from perencode.kinds.encoding import PositionalEncoding
     init = PositionalEncoding.__init__
 
     def changed(self, cfg, dim, steps):
@@ -132,7 +132,7 @@ def test_s4d_loop_agrees_and_untrained_poles_disagree(authors, monkeypatch):
 @needs_timm
 @needs_authors
 def test_chunked_loss_agrees_and_a_mean_of_chunk_means_disagrees(authors, monkeypatch):
-    from perencode.crosscheck import loss
+    from perencode.commands.crosscheck import loss
     assert {c.verdict for c in loss.check_chunked_loss(authors)} == {AGREE}
     original = session.loss_fn
 
@@ -159,7 +159,7 @@ def test_chunked_loss_agrees_and_a_mean_of_chunk_means_disagrees(authors, monkey
 @needs_timm
 @needs_authors
 def test_resume_agrees_and_a_resume_without_adam_state_disagrees(authors, monkeypatch):
-    from perencode.crosscheck import resume
+    from perencode.commands.crosscheck import resume
     (check,) = resume.check_resume(authors)
     assert check.verdict == AGREE, check.reason
     assert "warmup_lr_init (0, not 0.007)" in check.difference
@@ -176,7 +176,7 @@ def test_resume_agrees_and_a_resume_without_adam_state_disagrees(authors, monkey
 
 @needs_authors
 def test_initialisation_tells_a_trained_table_from_a_buffer(authors, monkeypatch):
-    from perencode.crosscheck import init
+    from perencode.commands.crosscheck import init
     checks = by_name(init.check_init(authors))
     assert checks["initialisation: gru random"].verdict == AGREE
     assert "trainable parameters by name" in checks["initialisation: gru random"].compared

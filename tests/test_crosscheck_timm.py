@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT
 from test_crosscheck import AUTHORS, needs_authors
 
-from perencode import crosscheck
-from perencode.crosscheck.report import AGREE, NOT_RUN
+from perencode.commands import crosscheck
+from perencode.commands.crosscheck.report import AGREE, NOT_RUN
 
 # The central groups and two that import their scripts (whose Learner module imports timm's
 # scheduler at its top) and compare their test methods and Learner.train.
@@ -34,7 +34,7 @@ CHILD = textwrap.dedent("""
             def create_module(self, spec):
                 raise ModuleNotFoundError(f"No module named {spec.name!r}", name=spec.name)
         sys.meta_path.insert(0, NoTimm())
-    from perencode import crosscheck
+    from perencode.commands import crosscheck
     from perencode.cli import app
     crosscheck.GROUPS = tuple(g for g in crosscheck.GROUPS if g[0] in sys.argv[4].split(","))
     sys.argv = ["perencode", "crosscheck", sys.argv[2], "--out", sys.argv[3], "--no-progress"]

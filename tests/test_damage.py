@@ -30,11 +30,11 @@ from conftest import (
     unfinish,
 )
 
-import perencode.io
-from perencode import runs
-from perencode.errors import UserError
-from perencode.io import WriteError, append_line
-from perencode.records import MetricsRow
+import perencode.common.files
+from perencode.common.errors import UserError
+from perencode.common.files import WriteError, append_line
+from perencode.store import runs
+from perencode.store.records import MetricsRow
 
 SETS = ("train.iterations=30", "train.checkpoint_every=10", "task.vocab_size=8", "task.length=6",
         "optim.warmup=2", "train.keep_checkpoints=\"all\"")
@@ -110,7 +110,7 @@ def test_a_write_refused_half_way_is_cut_back(tmp_path, monkeypatch):
             return real(fd, bytes(data[:4]))
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(perencode.io.os, "write", half)
+    monkeypatch.setattr(perencode.common.files.os, "write", half)
     with pytest.raises(WriteError):
         append_line(path, '{"step": 10}')
     monkeypatch.undo()
@@ -169,14 +169,14 @@ def test_the_disk_full_message_names_the_newest_checkpoint_by_iteration(cli, fin
     _unfinish(run)
     future = 1_900_000_000  # 2030: a copy or a `touch` makes an old checkpoint look newest
     os.utime(run / "checkpoints/step-10.pt", (future, future))
-    real: Callable[..., tuple[int, str]] = perencode.io.tempfile.mkstemp
+    real: Callable[..., tuple[int, str]] = perencode.common.files.tempfile.mkstemp
 
     def full(*args, prefix="", **kwargs):
         if prefix == ".step-30.pt.":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(*args, prefix=prefix, **kwargs)
 
-    monkeypatch.setattr(perencode.io.tempfile, "mkstemp", full)
+    monkeypatch.setattr(perencode.common.files.tempfile, "mkstemp", full)
     code, text = cli(*_args(run))
     line = flat(text.strip().splitlines()[-1])
     assert code == 2, text
@@ -328,7 +328,7 @@ def test_a_damaged_plugins_json_is_a_note_and_ignored(cli, finished, tmp_path, d
 
 
 def test_a_corpus_that_is_not_utf8_is_one_line_naming_file_and_line(cli, tmp_path):
-    from perencode.rehearsal import write_corpus
+    from perencode.commands.rehearsal import write_corpus
 
     source = tmp_path / "raw"
     source.mkdir()
@@ -384,7 +384,7 @@ def test_a_plugin_whose_import_ends_the_process_is_one_line_and_exit_2(tmp_path,
 
 
 def test_what_a_plugin_prints_when_imported_still_shows(tmp_path, capsys):
-    from perencode import plugins
+    from perencode.config import plugins
 
     plugin = tmp_path / "chatty_plugin.py"
     plugin.write_text("import sys\nprint('chatty plugin loaded')\n"
@@ -402,7 +402,7 @@ def test_what_a_plugin_prints_when_imported_still_shows(tmp_path, capsys):
 
 
 def test_a_sweeps_progress_reads_past_damaged_rows(tmp_path):
-    from perencode.sweep.plan import last_rows
+    from perencode.commands.sweep.plan import last_rows
 
     rows = [{"step": 5, "loss": 2.0, "seconds": 1.0}, {"step": 10, "loss": 1.5, "seconds": 2.0}]
     (tmp_path / "metrics.jsonl").write_bytes(

@@ -1,4 +1,4 @@
-"""perencode.device: `--device` resolution, the memory this process may use."""
+"""perencode.common.device: `--device` resolution, the memory this process may use."""
 
 import ctypes
 import signal
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from perencode import device
-from perencode.device import resolve_device
-from perencode.errors import UserError
+from perencode.common import device
+from perencode.common.device import resolve_device
+from perencode.common.errors import UserError
 
 
 def test_resolve_device():
@@ -32,7 +32,7 @@ def test_cuda_index_beyond_device_count(monkeypatch):
 
 def simulated_cgroup(monkeypatch, tmp_path, v2: dict[str, int | str] | None = None,
                      v1: int | None = None):
-    """Point perencode.device at a fake /proc/self/cgroup and /sys/fs/cgroup under
+    """Point perencode.common.device at a fake /proc/self/cgroup and /sys/fs/cgroup under
     `tmp_path`: `v2` maps a group path to its memory.max ("max": unlimited), `v1` is the
     memory controller's limit of the group /job."""
     root = tmp_path / "sys" / "fs" / "cgroup"
@@ -191,7 +191,7 @@ def test_train_says_in_one_line_when_torch_has_no_kernels_for_the_gpu(cli, monke
     (simulated: the check's answer for a GPU the build lacks, on a CPU run)."""
     from conftest import train_args
 
-    import perencode.train as train_module
+    import perencode.commands.train as train_module
 
     line = "NVIDIA B200 is sm_100, and torch 2.1.1+cu121 (CUDA 12.1) has kernels for sm_90 only"
     monkeypatch.setattr(train_module, "kernel_support", lambda d: line)

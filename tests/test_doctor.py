@@ -13,8 +13,10 @@ import pytest
 import torch
 from conftest import ROOT, run_cli, unfinish
 
-from perencode import doctor, kinds, preflight, session
-from perencode.session import CHUNK_LOGITS
+from perencode.commands import doctor
+from perencode.config import registry
+from perencode.training import preflight, session
+from perencode.training.session import CHUNK_LOGITS
 
 CPU = torch.device("cpu")
 TINY = doctor.CPU_SIZE
@@ -49,7 +51,7 @@ def test_equivalence_rows_one_per_model_with_the_tolerance_of_its_precision(monk
     assert {r.verdict for r in doctor.equivalence_checks(CPU, CPU, TINY)} == {doctor.FAIL}
 
 
-@pytest.mark.parametrize("arch", kinds.names("model"))
+@pytest.mark.parametrize("arch", registry.names("model"))
 def test_fp32_rounding_stays_far_inside_the_fp32_tolerance(arch):
     """fp32 against fp64 bounds what two fp32 devices can differ by from rounding alone."""
     recipe = doctor.small_recipe(arch, "sinusoidal", doctor.EQUIVALENCE_SIZE)
@@ -112,7 +114,7 @@ def test_a_resume_on_one_gpu_is_checked_for_bit_identity(monkeypatch, tmp_path):
     uninterrupted run, as CPU -> CPU is (cuDNN's deterministic mode, train.deterministic,
     should make it repeat); across device types it cannot be. Simulated: the `train`
     children run in this process on the CPU whatever device they are given."""
-    from perencode.train import train
+    from perencode.commands.train import train
 
     asked = []
 
@@ -163,9 +165,9 @@ def test_a_checkpoint_from_another_device_type_resumes_on_a_new_stream(tmp_path,
     """A CUDA generator's state is 16 bytes (seed and Philox offset), a CPU generator's
     5,056: a checkpoint written on the GPU is emulated by giving its generator such a
     state. It resumes, reproducibly, and says that its batches changed stream."""
-    from perencode import runs
-    from perencode.io import atomic_torch_save
-    from perencode.train import train
+    from perencode.commands.train import train
+    from perencode.common.files import atomic_torch_save
+    from perencode.store import runs
 
     recipe = resume_recipe()
     finals = []
@@ -187,7 +189,7 @@ def test_a_checkpoint_from_another_device_type_resumes_on_a_new_stream(tmp_path,
 
 @pytest.mark.slow
 def test_memory_ratio_on_the_cpu():
-    """The estimate is perencode.preflight's; the peak is a fresh process's resident-set
+    """The estimate is perencode.training.preflight's; the peak is a fresh process's resident-set
     growth over its size after imports; the CPU doctor's shape lands in the range."""
     recipe = doctor.small_recipe("gru", "sinusoidal", doctor.CPU_MEMORY_SIZE)
     estimate, peak, ratio = doctor.memory_ratio(recipe, CPU)
@@ -210,7 +212,7 @@ def test_a_check_that_raises_is_one_failed_row():
 def test_speed_fills_the_estimate_cache_and_prices_each_grid(tmp_path):
     tiny = ["model.hidden_size=8", "model.embed_size=8", "task.length=4",
             "train.batch_size=4", "task.held_out=8"]
-    from perencode.recipe import load_recipe
+    from perencode.config.recipe import load_recipe
 
     recipe = load_recipe(ROOT / doctor.FIG2_GRU, tiny)
     grids = [ROOT / "recipes/paper/fig02_gru_reverse.toml",

@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from perencode import kinds
-from perencode.encoding import PositionalEncoding, input_width, sinusoidal
-from perencode.recipe import EncodingConfig
+from perencode.config import registry
+from perencode.config.recipe import EncodingConfig
+from perencode.kinds.encoding import PositionalEncoding, input_width, sinusoidal
 
 
 def test_sinusoidal_known_values_and_unit_norm():
@@ -88,7 +88,7 @@ def test_an_encoding_of_its_own_vectors_joins_as_the_mode_says():
     """An encoding without a table registers the vectors it joins (the duplicate kind's
     copy of the embedding); the join, and the width the memory check counts, follow
     encoding.mode."""
-    kinds.register_encoding(kinds.EncodingKind("negated", label="Negated", vectors=torch.neg))
+    registry.register_encoding(registry.EncodingKind("negated", label="Negated", vectors=torch.neg))
     try:
         x = torch.arange(12.0).view(1, 3, 4)
         concat = PositionalEncoding(EncodingConfig(kind="negated", mode="concat"), 4, 3)
@@ -99,4 +99,4 @@ def test_an_encoding_of_its_own_vectors_joins_as_the_mode_says():
             assert enc.out_features == input_width(EncodingConfig(kind="negated", mode=mode),
                                                    4) == {"concat": 8, "add": 4}[mode]
     finally:
-        del kinds.registry("encoding")["negated"]
+        del registry.registry("encoding")["negated"]

@@ -9,8 +9,8 @@ import torch
 from conftest import ROOT, train_args
 from typer.testing import CliRunner
 
-from perencode import environment
 from perencode.cli import app
+from perencode.store import environment
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -1,4 +1,4 @@
-"""Figures (perencode.plots) on hand-made run directories: every figure kind is drawn from
+"""Figures (perencode.analysis.plots) on hand-made run directories: every figure kind is drawn from
 runs whose numbers are known, without training anything. The sweep -> figures -> verify
 path on real tiny runs is in test_sweep.py."""
 
@@ -14,10 +14,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
-from perencode import plots
-from perencode.figures import make_figures
-from perencode.grid import load_grid
-from perencode.recipe import validate
+from perencode.analysis import plots
+from perencode.commands.figures import make_figures
+from perencode.config.grid import load_grid
+from perencode.config.recipe import validate
 
 
 def drawing(runs: list[Path], out: Path) -> tuple[list[Path], dict[str, Figure]]:
@@ -94,7 +94,7 @@ def test_missing_cells_are_warned_and_settings_split(paper_like, tmp_path, capsy
 
 
 def test_no_runs_is_an_error(tmp_path):
-    from perencode.errors import UserError
+    from perencode.common.errors import UserError
 
     with pytest.raises(UserError, match="no run directories"):
         make_figures([tmp_path], out=tmp_path / "figs")
@@ -168,7 +168,7 @@ def test_every_panel_states_its_seed_count(drawn):
 
 
 def test_every_figure_with_error_bars_names_their_method(drawn):
-    from perencode.plots import ERROR_BARS
+    from perencode.analysis.plots import ERROR_BARS
 
     assert "percentile bootstrap" in ERROR_BARS and "the paper's method" in ERROR_BARS
     for name, fig in drawing_saved().items():
@@ -324,8 +324,8 @@ def test_a_sweeps_runs_are_split_alike_with_or_without_other_sweeps():
     figure's axis within each sweep never splits a sweep; sweeps that disagree in a cell go
     to files named by the values each took; a sweep that took one value joins the group of
     that value, not merely the first it agrees with."""
-    from perencode.plots import settings
-    from perencode.results import ORIGIN
+    from perencode.analysis.plots import settings
+    from perencode.analysis.results import ORIGIN
 
     def runs(origin: str, column: str, by_k: dict) -> list[dict]:
         return [{ORIGIN: origin, "task.vocab_size": k, "model.arch": "gru", column: v,

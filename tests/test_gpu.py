@@ -15,8 +15,9 @@ import pytest
 import torch
 from conftest import ROOT, assert_scores_consistent, run_cli, tiny_overrides
 
-from perencode import doctor, kinds
-from perencode.recipe import load_recipe
+from perencode.commands import doctor
+from perencode.config import registry
+from perencode.config.recipe import load_recipe
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -58,7 +59,7 @@ def test_training_steps_on_cuda_match_the_cpu(arch, encoding):
     assert doctor.equivalence(recipe, CUDA, CPU) < doctor.TOLERANCE[precision]
 
 
-@pytest.mark.parametrize("arch", kinds.names("model"))
+@pytest.mark.parametrize("arch", registry.names("model"))
 def test_training_steps_on_cuda_in_strict_fp32_match_the_cpu(arch, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
@@ -99,8 +100,8 @@ def test_a_resume_mapped_onto_the_gpu_keeps_adams_step_on_the_cpu_and_adds_no_sy
     per step of the resumed session no more than a fresh one's (doctor's row)."""
     import io
 
-    from perencode.device import host_syncs
-    from perencode.session import Session
+    from perencode.common.device import host_syncs
+    from perencode.training.session import Session
 
     recipe = doctor.small_recipe("gru", "sinusoidal", doctor.EQUIVALENCE_SIZE)
     fresh = Session(recipe, CUDA)
@@ -126,7 +127,7 @@ def test_the_doctors_sync_row_and_the_kernels_for_this_gpu():
 
 
 def test_a_run_records_its_gpu(tmp_path):
-    from perencode import environment
+    from perencode.store import environment
 
     gpu = environment.gpu_report(CUDA)
     assert gpu["gpu_model"].startswith(torch.cuda.get_device_name(0))

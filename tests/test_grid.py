@@ -1,4 +1,4 @@
-"""Grid files (perencode.grid): every grid of the package expands to valid recipes in
+"""Grid files (perencode.config.grid): every grid of the package expands to valid recipes in
 stable directories; mistakes are one line; `base` chains override key by key."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 from conftest import ROOT
 from test_sweep import AXES, TINY
 
-from perencode import grid
-from perencode.errors import UserError
-from perencode.grid import load_grid, paper_folder, repository_root
-from perencode.recipe import run_key
+from perencode.common.errors import UserError
+from perencode.config import grid
+from perencode.config.grid import load_grid, paper_folder, repository_root
+from perencode.config.recipe import run_key
 
 TIED = """
 [grid]

@@ -1,4 +1,4 @@
-"""A run's identity (perencode.identity): the code, data and recipe that made it, recorded in
+"""A run's identity (perencode.store.identity): the code, data and recipe that made it, recorded in
 RUN_DIR/identity.json and checked by every command that reads the run. The plugin cases use
 real processes (a plugin is loaded per process): one trains, the code changes, another
 scores."""
@@ -16,17 +16,18 @@ from test_lm import MAX_TOKENS, VOCAB, prepare_cli
 from test_plugins import error_line, perencode
 from test_stability import TINY_DUAL
 
-from perencode import identity, kinds, records
-from perencode.errors import UserError
-from perencode.recipe import validate
-from perencode.rehearsal import write_corpus as make_corpus
+from perencode.commands.rehearsal import write_corpus as make_corpus
+from perencode.common.errors import UserError
+from perencode.config import registry
+from perencode.config.recipe import validate
+from perencode.store import identity, records
 
 SHORT = ["train.iterations=10", "train.checkpoint_every=5", "task.vocab_size=16",
          "task.length=6"]
 
 RAMP = '''
 import torch
-from perencode.kinds import EncodingKind, register_encoding
+from perencode.config.registry import EncodingKind, register_encoding
 
 
 def ramp(positions, dim):
@@ -37,7 +38,7 @@ register_encoding(EncodingKind("{name}", label="Ramp", table=ramp))
 '''
 SHADOW = '''
 import torch
-from perencode.kinds import EncodingKind, register_encoding
+from perencode.config.registry import EncodingKind, register_encoding
 
 register_encoding(EncodingKind("sinusoidal", label="Zeros", table=lambda t, d: torch.zeros(t, d)))
 '''
@@ -78,7 +79,8 @@ def test_a_plugin_cannot_take_a_builtin_name(run, tmp_path):
     code, text = perencode("--plugin", shadow, "eval", run, "--device", "cpu")
     line = one_line(text)
     assert code == 2 and "encoding.kind = 'sinusoidal' is registered by perencode " \
-        "(perencode.encoding) and again by plugin shadow" in line and str(shadow) in line, text
+        "(perencode.kinds.encoding) and again by plugin shadow" in line \
+        and str(shadow) in line, text
     assert (run / "eval.json").read_bytes() == before
 
 
@@ -95,10 +97,10 @@ def test_two_plugins_cannot_register_one_name(tmp_path):
 
 def test_a_name_stays_with_its_first_registration():
     with pytest.raises(UserError, match=r"'sinusoidal' is registered by perencode "
-                       r"\(perencode.encoding\) and again by module test_identity"):
-        kinds.register_encoding(kinds.EncodingKind("sinusoidal", label="Mine"))
-    assert kinds.ENCODINGS["sinusoidal"].label == "Position-Encoded"
-    assert kinds.ORIGINS.get(("encoding", "sinusoidal")) is None
+                       r"\(perencode.kinds.encoding\) and again by module test_identity"):
+        registry.register_encoding(registry.EncodingKind("sinusoidal", label="Mine"))
+    assert registry.ENCODINGS["sinusoidal"].label == "Position-Encoded"
+    assert registry.ORIGINS.get(("encoding", "sinusoidal")) is None
 
 
 @pytest.mark.slow
@@ -310,7 +312,7 @@ def test_one_fingerprint_shown_compared_and_reported(made, tmp_path):
     assert len(fingerprint) == 12 and entry["code"]["encoding"]["origin"] == "perencode"
     code, text = run_cli("show", made)
     assert code == 0 and f"\n# fingerprint: {fingerprint} " in text \
-        and "encoding.kind = 'sinusoidal': perencode (perencode.encoding)" in text, text
+        and "encoding.kind = 'sinusoidal': perencode (perencode.kinds.encoding)" in text, text
     # The same experiment elsewhere: the same fingerprint; another seed: another.
     same, seed = tmp_path / "same", tmp_path / "seed"
     assert run_cli(*train_args(same))[0] == 0

@@ -16,11 +16,11 @@ from fake_runs import fake_run
 from test_identity import SHORT, one_line
 from test_plugins import perencode
 
-from perencode import identity, runs
-from perencode.errors import UserError
-from perencode.recipe import load_recipe, validate
-from perencode.results import collect
-from perencode.train import Diverged, train
+from perencode.analysis.results import collect
+from perencode.commands.train import Diverged, train
+from perencode.common.errors import UserError
+from perencode.config.recipe import load_recipe, validate
+from perencode.store import identity, runs
 
 BASE_LINE = "return self.encoding(self.embedding(tokens))"
 
@@ -52,7 +52,7 @@ def edited_package(tmp_path: Path) -> Path:
     root = tmp_path / "edited"
     shutil.copytree(ROOT / "perencode", root / "perencode",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    base = root / "perencode" / "models" / "base.py"
+    base = root / "perencode" / "kinds" / "models" / "base.py"
     text = base.read_text()
     assert BASE_LINE in text
     base.write_text(text.replace(BASE_LINE, BASE_LINE[:-1] + " * 2)"))
@@ -65,12 +65,13 @@ def edited_package(tmp_path: Path) -> Path:
 
 def test_the_code_of_a_run_is_its_training_and_scoring_path():
     modules = identity.modules_record(recipe_of())
-    assert {"perencode.models.base", "perencode.session", "perencode.evaluate",
-            "perencode.tasks.base", "perencode.train", "perencode.stability",
-            "perencode.models.rnn", "perencode.encoding", "perencode.metrics",
-            "perencode.tasks.reverse"} <= set(modules)
-    assert not {"perencode.cli", "perencode.plots", "perencode.report",
-                "perencode.sweep"} & set(modules)
+    assert {"perencode.kinds.models.base", "perencode.training.session",
+            "perencode.commands.evaluate", "perencode.kinds.tasks.base",
+            "perencode.commands.train", "perencode.commands.stability",
+            "perencode.kinds.models.rnn", "perencode.kinds.encoding", "perencode.kinds.scoring",
+            "perencode.kinds.tasks.reverse"} <= set(modules)
+    assert not {"perencode.cli", "perencode.analysis.plots", "perencode.commands.report",
+                "perencode.commands.sweep"} & set(modules)
     assert all(len(digest) == 64 for digest in modules.values())
 
 
@@ -83,12 +84,12 @@ def test_an_edit_to_shared_code_is_named_and_changes_the_fingerprint(run, tmp_pa
     assert record is not None
     changes = identity.code_changes(record, recipe_of())
     assert len(changes) == 1 and changes[0].startswith(
-        "the code of perencode module perencode.models.base changed since the run was made")
+        "the code of perencode module perencode.kinds.models.base changed since the run was made")
     edited = identity.modules_record(recipe_of())
     assert identity.fingerprint(entry["recipe"], entry["code"], None, edited) \
         != entry["fingerprint"] == identity.fingerprint(entry["recipe"], entry["code"], None,
                                                         entry["modules"])
-    with pytest.raises(UserError, match=r"perencode.models.base changed since the run was "
+    with pytest.raises(UserError, match=r"perencode.kinds.models.base changed since the run was "
                        r"made.*`perencode eval --accept-code`"):
         identity.check(run, recipe_of(), "eval")
 
@@ -113,7 +114,7 @@ def test_eval_resume_and_stability_refuse_edited_shared_code(run, tmp_path):
                            (tiny(unfinished), unfinished)):
         code, text = perencode(*command, env=env, cwd=tmp_path)
         line = one_line(text)
-        assert code == 2 and f"{where}: the code of perencode module perencode.models.base " \
+        assert code == 2 and f"{where}: the code of perencode module perencode.kinds.models.base " \
             "changed since the run was made" in line \
             and f"`perencode {command[0]} --accept-code`" in line, text
     assert (run / "eval.json").read_bytes() == scored
@@ -121,7 +122,7 @@ def test_eval_resume_and_stability_refuse_edited_shared_code(run, tmp_path):
                            cwd=tmp_path)
     assert code == 0, text
     result = json.loads((run / "eval.json").read_text())
-    assert "perencode.models.base" in result["code_changes_accepted"][0]
+    assert "perencode.kinds.models.base" in result["code_changes_accepted"][0]
     accepted = json.loads((run / "identity.json").read_text())["accepted"]
     assert [(a["command"], a["kind"]) for a in accepted] == [("eval", "code")]
     other = tmp_path / "other"
@@ -138,7 +139,7 @@ def test_figures_mark_a_cell_whose_runs_differ_in_code(tmp_path):
         fake_run(tmp_path, f"seed{seed}", seed=seed, metrics=METRICS)
     path = tmp_path / "seed222" / "identity.json"
     entry = json.loads(path.read_text())
-    entry["modules"]["perencode.models.base"] = "0" * 64  # made by other code
+    entry["modules"]["perencode.kinds.models.base"] = "0" * 64  # made by other code
     path.write_text(json.dumps(entry))
     results = collect([tmp_path])
     marked = results.runs.set_index("run")["code_differs"]
@@ -150,8 +151,8 @@ def test_figures_mark_a_cell_whose_runs_differ_in_code(tmp_path):
     code, text = run_cli("report", tmp_path, "--claims", "quick", "--out", tmp_path / "r")
     assert code == 0 and "(runs of one cell made by different code)" \
         in (tmp_path / "r" / "report.html").read_text(), text
-    entry["modules"]["perencode.models.base"] = identity.modules_record(
-        validate({"model": {"arch": "gru"}}, "x"))["perencode.models.base"]
+    entry["modules"]["perencode.kinds.models.base"] = identity.modules_record(
+        validate({"model": {"arch": "gru"}}, "x"))["perencode.kinds.models.base"]
     path.write_text(json.dumps(entry))
     assert collect([tmp_path]).mixed_code == []
 
@@ -178,7 +179,7 @@ def test_eval_never_overwrites_a_finite_result_with_scores_of_nan_logits(run):
 
 
 def test_a_final_evaluation_of_nan_logits_is_a_divergence(tmp_path, monkeypatch):
-    import perencode.session as session
+    import perencode.training.session as session
 
     real = session.output_logits
     monkeypatch.setattr(session, "output_logits",
@@ -282,8 +283,8 @@ def test_a_run_without_its_result_keeps_its_checkpoints_to_score_it_again(run):
 
 
 def test_the_sweep_plans_what_it_trains_for_a_run_without_its_result(tmp_path):
-    from perencode.grid import load_grid
-    from perencode.sweep.plan import RunState, plan, prepare
+    from perencode.commands.sweep.plan import RunState, plan, prepare
+    from perencode.config.grid import load_grid
 
     grid_path = tmp_path / "grid.toml"
     grid_path.write_text(f'base = "{RECIPE}"\n[model]\nhidden_size = 16\nembed_size = 16\n'
@@ -343,7 +344,7 @@ def test_a_damaged_file_is_named_once_per_command(run):
 
 
 PLUGIN = '''
-from perencode.kinds import EncodingKind, register_encoding
+from perencode.config.registry import EncodingKind, register_encoding
 
 CALLS = []
 
@@ -378,7 +379,7 @@ def test_a_plugin_raising_while_training_is_named_in_one_line(tmp_path):
 def test_settings_never_share_a_file_name():
     import pandas as pd
 
-    from perencode.plots import named, settings
+    from perencode.analysis.plots import named, settings
 
     values = [1e-2, 1e-1, -1.5, 1.5, 1e-20, 2e-20, "a b", "a_b", "x.y"]
     df = pd.DataFrame({"optim.lr": values, "model.arch": ["gru"] * len(values)})

@@ -1,4 +1,4 @@
-"""Registries (perencode.kinds): a study adds a task, an encoding and a model from its own
+"""Registries (perencode.config.registry): a study adds a task, an encoding and a model from its own
 file, touching nothing under perencode/, and the new kinds go through the whole path: the
 recipe and its schema, training and evaluation through the CLI, the figures and verify.
 Kinds no registration knows keep their raw names in the figures and are never dropped."""
@@ -16,14 +16,15 @@ import torch
 from conftest import assert_scores_consistent, run_cli, tiny_overrides
 from torch import Tensor, nn
 
-from perencode import kinds, plots
-from perencode.errors import UserError
-from perencode.models import SequenceModel, Shapes, build_model
-from perencode.recipe import ModelConfig, Recipe, validate
-from perencode.schema import schema_rows
-from perencode.stability_metric import jacobians
-from perencode.tasks.base import HeldOutConfig
-from perencode.tasks.reverse import ReverseTask
+from perencode.analysis import plots
+from perencode.analysis.gradient_stability import jacobians
+from perencode.common.errors import UserError
+from perencode.config import registry as kinds
+from perencode.config.recipe import ModelConfig, Recipe, validate
+from perencode.config.schema import schema_rows
+from perencode.kinds.models import SequenceModel, Shapes, build_model
+from perencode.kinds.tasks.base import HeldOutConfig
+from perencode.kinds.tasks.reverse import ReverseTask
 
 # -- the study's own kinds: all of it lives in this file ---------------------------------------
 
@@ -266,8 +267,8 @@ def test_bench_refuses_a_baseline_for_a_model_it_has_no_reference_loop_for(regis
 def test_the_tag_fields_have_one_record():
     """kinds.TAGS names each section's tag field; the sections' TAG and the fields recipes
     spell (kinds.FIELDS) are read from it, and a section lacking its tag cannot be made."""
-    from perencode.recipe import EncodingConfig, TaskConfig
-    from perencode.tagged import KindConfig
+    from perencode.config.recipe import EncodingConfig, TaskConfig
+    from perencode.config.sections import KindConfig
 
     assert kinds.TAGS == {"task": "name", "model": "arch", "encoding": "kind"}
     assert [c.TAG for c in (TaskConfig, ModelConfig, EncodingConfig, ElmanConfig)] == \
@@ -283,7 +284,7 @@ def test_the_tag_fields_have_one_record():
 def test_doctor_checks_a_plugin_model_as_it_checks_a_built_in(registered):
     """doctor iterates the model registry: a study's model is trained on both devices,
     vanilla and with PE, and the same check fails it when its device side is off."""
-    from perencode import doctor
+    from perencode.commands import doctor
 
     cpu = torch.device("cpu")
     rows = doctor.equivalence_checks(cpu, cpu, doctor.CPU_SIZE)
@@ -306,7 +307,7 @@ def test_a_tasks_capabilities_are_its_registrations_own(registered, monkeypatch)
     fields: a study's task of reverse's layout gets the bare loop by declaring it."""
     import dataclasses
 
-    from perencode.bench import bench
+    from perencode.commands.bench import bench
 
     assert kinds.having("task", "stability") == ["dual_frequency"]
     assert kinds.having("task", "baseline") == ["reverse", "sort"]

@@ -1,6 +1,9 @@
-"""The package's layout: imports flow one way (no cycle), modules import each other at the
-top (a function-local import only defers an optional heavy dependency, or is a CLI command
-loading what it runs), `verify` stays light and the CLI starts without torch."""
+"""The package's layout: its folders are its floors, and imports flow down them (no cycle,
+no command importing another); modules import each other at the top (a function-local import
+only defers an optional heavy dependency, or is a CLI command loading what it runs), `verify`
+stays light and the CLI starts without torch. Every rule reads folders, not lists of modules:
+a new file is ruled by the folder it lands in (docs/architecture.md).
+"""
 
 from __future__ import annotations
 
@@ -21,10 +24,12 @@ DEFERRED = {"matplotlib", "seaborn", "sentencepiece", "datasets", "tensorboard",
 # What `perencode --help` (and shell completion) may load: nothing that needs torch (the
 # registries' module, for the plugin autoload switch, and the commands' defaults import only
 # the standard library).
-CLI_START = {"perencode", "perencode.cli", "perencode.console", "perencode.defaults",
-             "perencode.errors", "perencode.kinds",
-             # the sweep's options, declared beside SweepOptions (its package imports nothing)
-             "perencode.sweep", "perencode.sweep.options"}
+CLI_START = {"perencode", "perencode.cli", "perencode.common", "perencode.common.console",
+             "perencode.common.defaults", "perencode.common.errors", "perencode.config",
+             "perencode.config.registry",
+             # the sweep's options, declared beside SweepOptions (its packages import nothing)
+             "perencode.commands", "perencode.commands.sweep",
+             "perencode.commands.sweep.options"}
 HEAVY = ("torch", "numpy", "pandas", "matplotlib", "seaborn", "submitit", "sentencepiece",
          "tensorboard")
 
@@ -43,7 +48,7 @@ def imported(node: ast.AST) -> list[str]:
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
     if isinstance(node, ast.ImportFrom) and node.module:
-        # `from perencode import runs` imports the module perencode.runs
+        # `from perencode import runs` imports the module perencode.store.runs
         return [node.module] + [f"{node.module}.{a.name}" for a in node.names]
     return []
 
@@ -117,6 +122,61 @@ def test_the_cli_starts_without_torch():
     assert sorted(ast.literal_eval(loaded)) == sorted(CLI_START)
 
 
+# The floors, bottom up: a module imports only modules of its own floor or of floors below
+# it (and the package's __init__, for its version). The modules at the root (the CLI,
+# `python -m perencode`, the plugin API) stand on all of them.
+FLOORS = ("common", "config", "kinds", "store", "training", "analysis", "commands")
+# Folders of the package that hold no modules: data.
+DATA = {"claims"}
+MAX_ROOT_MODULES = 10
+
+
+def floor(module: str) -> int:
+    """The floor of a module: its index in FLOORS; the root's modules stand above them all
+    (the package's __init__, which imports nothing, below them all)."""
+    parts = module.split(".")
+    if module == "perencode":
+        return -1
+    if len(parts) == 2:
+        return len(FLOORS)
+    return FLOORS.index(parts[1])
+
+
+def package_imports(tree: ast.Module) -> set[str]:
+    """The perencode modules a module imports (`from perencode.x import y` imports the
+    module perencode.x.y where there is one, else perencode.x)."""
+    trees = modules()
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        targets = imported(node)
+        found.update(t for t in targets[1:] if t in trees)
+        if targets and targets[0] in trees and not any(t in trees for t in targets[1:]):
+            found.add(targets[0])
+    return found
+
+
+def test_the_root_holds_the_floors_and_a_few_modules():
+    """`ls perencode/`: the floors, the data, and at most 10 modules; every module lives on
+    a floor or at the root."""
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(FLOORS) | DATA
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert {"__init__.py", "__main__.py", "cli.py"} <= set(root)
+    assert len(root) <= MAX_ROOT_MODULES, root
+    assert len(FLOORS) + 1 <= 10  # the floors and the root's
+    assert all(floor(name) in range(-1, len(FLOORS) + 1) for name in modules())
+
+
+def test_imports_go_down_the_floors():
+    """A module imports its own floor or the floors below: config, kinds and training never
+    reach analysis or commands, the store never the training step."""
+    upward = sorted(f"{name} -> {dep}" for name, tree in modules().items()
+                    for dep in package_imports(tree) if floor(dep) > floor(name))
+    assert upward == []
+    assert floor("perencode.kinds.tasks.base") < floor("perencode.analysis.results")
+    assert floor("perencode.cli") > floor("perencode.commands.sweep.local")
+
+
 def test_imports_have_no_cycle():
     trees = modules()
     graph = {name: {t for node in ast.walk(tree) for t in imported(node) if t in trees
@@ -138,12 +198,6 @@ def test_imports_have_no_cycle():
     for name in sorted(graph):
         if name not in state:
             visit(name, [])
-    # The layers of issue 15: the training core never reaches up to sweeps or reports.
-    for low in ("perencode.session", "perencode.train", "perencode.evaluate", "perencode.models",
-                "perencode.tasks"):
-        assert not graph[low] & {"perencode.sweep", "perencode.figures", "perencode.plots",
-                                 "perencode.verify", "perencode.verdicts",
-                                 "perencode.results", "perencode.cli"}, low
 
 
 def reached_from(start: str) -> set[str]:
@@ -166,24 +220,25 @@ def reached_from(start: str) -> set[str]:
 def test_the_sweep_does_not_sit_on_the_training_stack():
     """The sweep only launches `perencode train` (and `bench`, for --estimate) in children:
     none of its modules imports the training loop, even through another module."""
-    sweep = {name for name in modules() if name.split(".")[:2] == ["perencode", "sweep"]}
+    sweep = {name for name in modules() if command_of(name) == "sweep"}
     reached = set().union(*(reached_from(name) for name in sweep))
-    assert {"perencode.cost", "perencode.runs", "perencode.grid"} <= reached  # it walks
-    assert sorted(reached & {"perencode.session", "perencode.train", "perencode.bench"}) == []
-    assert "perencode.sweep" not in reached_from("perencode.train")
+    assert {"perencode.analysis.cost", "perencode.store.runs", "perencode.config.grid"} <= reached
+    assert sorted(reached & {"perencode.training.session", "perencode.commands.train",
+                             "perencode.commands.bench"}) == []
+    assert "perencode.commands.sweep" not in reached_from("perencode.commands.train")
 
 
 def test_models_and_tasks_do_not_know_each_other():
-    """A model is sized by the task's Shapes (perencode.shapes) and a task knows no model:
-    perencode.session.build pairs them, so a new model or task is one module that imports
-    neither side."""
+    """A model is sized by the task's Shapes (perencode.kinds.shapes) and a task knows no
+    model: perencode.training.session.build pairs them, so a new model or task is one module
+    that imports neither side."""
     graph = {name: {t for node in ast.walk(tree) for t in imported(node)}
              for name, tree in modules().items()}
     for name, deps in graph.items():
-        if name.startswith("perencode.models"):
-            assert not any(d.startswith("perencode.tasks") for d in deps), name
-        if name.startswith("perencode.tasks"):
-            assert not any(d.startswith("perencode.models") for d in deps), name
+        if name.startswith("perencode.kinds.models"):
+            assert not any(d.startswith("perencode.kinds.tasks") for d in deps), name
+        if name.startswith("perencode.kinds.tasks"):
+            assert not any(d.startswith("perencode.kinds.models") for d in deps), name
 
 
 def module_level_imports(tree: ast.Module) -> set[str]:
@@ -198,15 +253,15 @@ def module_level_imports(tree: ast.Module) -> set[str]:
     return found
 
 
-LIGHT_VERIFY = ("submitit", "rich.live", "perencode.sweep", "matplotlib")
+LIGHT_VERIFY = ("submitit", "rich.live", "perencode.commands.sweep", "matplotlib")
 
 
 def test_verify_does_not_import_the_sweep_machinery():
-    """The package modules `import perencode.verify` loads, and what each of them imports:
-    no sweep machinery and no plotting (read from the sources; the slow twin below imports
+    """The package modules `import perencode.commands.verify` loads, and what each of them
+    imports: no sweep machinery and no plotting (read from the sources; the slow twin below imports
     it in a fresh interpreter)."""
     trees = modules()
-    seen, todo, reached = set(), ["perencode.verify"], set()
+    seen, todo, reached = set(), ["perencode.commands.verify"], set()
     while todo:
         name = todo.pop()
         if name in seen or name not in trees:
@@ -217,14 +272,14 @@ def test_verify_does_not_import_the_sweep_machinery():
             parts = target.split(".")
             # importing a.b.c runs the __init__ of a and a.b first
             todo.extend(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-    assert "perencode.results" in seen and "pandas" in reached  # the walk follows imports
+    assert "perencode.analysis.results" in seen and "pandas" in reached  # the walk follows imports
     assert sorted(t for t in reached if any(t == m or t.startswith(m + ".")
                                              for m in LIGHT_VERIFY)) == []
 
 
 @pytest.mark.slow
 def test_verify_imports_no_sweep_machinery_in_a_fresh_interpreter():
-    code = ("import sys, perencode.verify; "
+    code = ("import sys, perencode.commands.verify; "
             f"print(sorted(m for m in {LIGHT_VERIFY!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=subprocess_env(), check=True).stdout.strip()
@@ -236,11 +291,13 @@ REGISTER = {"register_task", "register_model", "register_encoding"}
 # (each selects the tasks and encodings it shows), the comparison with the authors' scripts
 # (their settings, kind by kind), and the recipe's defaults (the paper's base recipe) with
 # the migration of recipes written before the reverse variants were tasks.
-PAPER_MODULES = ("perencode.plots", "perencode.crosscheck", "perencode.recipe")
+# They are exemptions of their own rule, not of the layering: a new module is checked.
+PAPER_MODULES = ("perencode.analysis.plots", "perencode.commands.crosscheck",
+                 "perencode.config.recipe")
 # Printed words that are also a kind's name ("none": no plugins, no analyses, the sparsest
 # held-out set), not a kind.
-WORDS = {("perencode.environment", "none"), ("perencode.sweep.cost", "none"),
-         ("perencode.bench", "none")}
+WORDS = {("perencode.store.environment", "none"),
+         ("perencode.commands.sweep.estimates", "none"), ("perencode.commands.bench", "none")}
 
 
 def registers_kinds(tree: ast.Module) -> bool:
@@ -262,19 +319,23 @@ def test_shared_code_asks_no_kind_by_name():
     hook, an encoding's join its own vectors, a model's TF32 switch its `tf32`, the tasks
     `stability` analyses their `stability`), so a plugin's kind goes every way a built-in
     does."""
-    from perencode import kinds
+    from perencode.config import registry
 
-    registered = {n for kind in kinds.REGISTRIES for n in kinds.names(kind)}
+    registered = {n for kind in registry.REGISTRIES for n in registry.names(kind)}
     shared = shared_modules()
     # The kinds' own modules are left out, and only they and the paper's; the rest is in.
-    assert {"perencode.doctor", "perencode.bench", "perencode.stability", "perencode.prune",
-            "perencode.results", "perencode.tasks", "perencode.tasks.base",
-            "perencode.models.base", "perencode.sweep.cost", "perencode.kinds"} <= set(shared)
-    assert sorted(set(modules()) - set(shared)) == sorted(
-        [m for m in modules() if m.startswith("perencode.crosscheck.") or m in (
-            "perencode.crosscheck", "perencode.plots", "perencode.recipe",
-            "perencode.encoding", "perencode.models.rnn", "perencode.models.s4d")
-         or m.startswith("perencode.tasks.") and m != "perencode.tasks.base"])
+    assert {"perencode.commands.doctor", "perencode.commands.bench",
+            "perencode.commands.stability", "perencode.commands.prune",
+            "perencode.analysis.results", "perencode.kinds.tasks", "perencode.kinds.tasks.base",
+            "perencode.kinds.models.base", "perencode.commands.sweep.estimates",
+            "perencode.config.registry"} <= set(shared)
+    # A kind's own code lives on the kinds' floor: a new task or model file is one there.
+    kinds_code = {name for name, tree in modules().items() if registers_kinds(tree)}
+    assert all(floor(name) == FLOORS.index("kinds") for name in kinds_code)
+    assert {"perencode.kinds.encoding", "perencode.kinds.models.rnn",
+            "perencode.kinds.tasks.reverse"} <= kinds_code
+    assert set(modules()) - set(shared) == kinds_code | {
+        m for m in modules() if any(m == p or m.startswith(p + ".") for p in PAPER_MODULES)}
     offenders = sorted(f"{name}: {node.value!r} (line {node.lineno})" for name in shared
                        for node in ast.walk(modules()[name])
                        if isinstance(node, ast.Constant) and node.value in registered
@@ -283,20 +344,19 @@ def test_shared_code_asks_no_kind_by_name():
 
 
 # -- Commands side by side (issue 37) ---------------------------------------------------------
-# The modules `perencode COMMAND` runs (a package with its submodules): none imports another;
-# what two of them share lives in the library below them (results, plots, verdicts, cost,
-# grid, ...). The CLI, which imports them all, and __main__ stand above them.
-COMMANDS = ("train", "evaluate", "stability", "bench", "doctor", "crosscheck", "figures", "plan",
-            "verify", "report", "rehearsal", "sweep", "prune", "lm.prepare")
-# Pipelines of commands (the quick demo: sweep, verify, report): they stand above the commands
-# beside the CLI, and only the CLI imports them.
-PIPELINES = ("quickstart",)
+# The modules `perencode COMMAND` runs, one module or package per command in
+# perencode/commands/: none imports another; what two of them share lives on the floors below
+# them (results, plots, verdicts, cost, grid, ...). The CLI, which imports them all, and
+# __main__ stand above them.
+COMMANDS_PACKAGE = "perencode.commands"
+
+
 def command_of(module: str) -> str | None:
-    """The command `module` belongs to (perencode.crosscheck.models: crosscheck), or None."""
-    for command in COMMANDS:
-        name = f"perencode.{command}"
-        if module == name or module.startswith(name + "."):
-            return command
+    """The command `module` belongs to (perencode.commands.crosscheck.models: crosscheck), or
+    None."""
+    parts = module.split(".")
+    if module.startswith(COMMANDS_PACKAGE + ".") and len(parts) > 2:
+        return parts[2]
     return None
 
 
@@ -316,34 +376,47 @@ def stacked_commands() -> set[tuple[str, str]]:
     return found
 
 
-def test_every_command_is_a_module_of_the_package():
-    names = modules()
-    assert [c for c in COMMANDS if f"perencode.{c}" not in names] == []
-    assert command_of("perencode.crosscheck.models") == "crosscheck"
-    assert command_of("perencode.sweep.local") == "sweep"
-    assert command_of("perencode.lm.data") is None and command_of("perencode.plots") is None
+def test_every_command_module_is_run_by_the_cli():
+    """Each module or package of perencode/commands/ is what a CLI command runs: the CLI
+    imports it (a module no command runs is library code and belongs on a floor below)."""
+    commands = {c for c in map(command_of, modules()) if c is not None}
+    assert {"train", "sweep", "crosscheck", "lm_prepare", "verify"} <= commands
+    loaded = {c for node in ast.walk(modules()["perencode.cli"]) for t in imported(node)
+              if (c := command_of(t)) is not None}
+    assert sorted(commands - loaded) == []
+    assert command_of("perencode.commands.crosscheck.models") == "crosscheck"
+    assert command_of("perencode.commands.sweep.local") == "sweep"
+    assert command_of("perencode.kinds.lm_data") is None
+    assert command_of("perencode.analysis.plots") is None
 
 
 def test_no_command_imports_another():
     assert sorted(stacked_commands()) == []
 
 
+# Above the commands, beside the CLI: a pipeline runs several of them (the quick demo: a
+# sweep, then verify, then report) and only the CLI imports it.
+PIPELINES = ("perencode.quickstart",)
+
+
 def test_a_pipeline_is_imported_by_the_cli_alone():
     """The quick demo runs three commands; the commands stay side by side below it."""
     importers = {name for name, tree in modules().items() for node in ast.walk(tree)
-                 for target in imported(node) if target.split(".")[:2] in
-                 (["perencode", p] for p in PIPELINES)}
+                 for target in imported(node) if target in PIPELINES}
     assert importers == {"perencode.cli"}
-    pipeline = modules()["perencode.quickstart"]
-    assert {command_of(t) for node in ast.walk(pipeline) for t in imported(node)} >= \
-        {"sweep", "verify", "report"}  # what makes it a pipeline, not a command
+    for pipeline in PIPELINES:
+        assert floor(pipeline) == len(FLOORS)  # at the root, above the commands
+        used = {command_of(t) for node in ast.walk(modules()[pipeline]) for t in imported(node)}
+        assert used >= {"sweep", "verify", "report"}  # what makes it a pipeline, not a command
 
 
 def test_the_training_step_does_not_sit_on_the_run_directory():
-    """The session (the training step) knows the checkpoint format (perencode.checkpoints,
-    its one owner) and the records (perencode.records), never the run directory: runs
-    imports them, not the other way round."""
-    assert "perencode.runs" not in reached_from("perencode.session")
-    for low in ("perencode.checkpoints", "perencode.records"):
-        assert not reached_from(low) & {"perencode.runs", "perencode.session"}, low
-    assert {"perencode.checkpoints", "perencode.records"} <= reached_from("perencode.runs")
+    """The session (the training step) knows the checkpoint format (store.checkpoints, its
+    one owner) and the records (store.records), never the run directory: runs imports them,
+    not the other way round."""
+    assert "perencode.store.runs" not in reached_from("perencode.training.session")
+    for low in ("perencode.store.checkpoints", "perencode.store.records"):
+        assert not reached_from(low) & {"perencode.store.runs",
+                                        "perencode.training.session"}, low
+    assert {"perencode.store.checkpoints", "perencode.store.records"} <= \
+        reached_from("perencode.store.runs")

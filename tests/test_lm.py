@@ -20,12 +20,12 @@ import torch
 from typer.testing import CliRunner
 
 from perencode.cli import app
-from perencode.errors import UserError
-from perencode.lm import prepare as lm_prepare
-from perencode.lm.data import SPLITS, load
-from perencode.recipe import TaskConfig
-from perencode.rehearsal import write_corpus as make_corpus
-from perencode.tasks.lm import LanguageModelConfig, LanguageModelTask, model_ids
+from perencode.commands import lm_prepare
+from perencode.commands.rehearsal import write_corpus as make_corpus
+from perencode.common.errors import UserError
+from perencode.config.recipe import TaskConfig
+from perencode.kinds.lm_data import SPLITS, load
+from perencode.kinds.tasks.lm import LanguageModelConfig, LanguageModelTask, model_ids
 
 VOCAB = 96
 MAX_TOKENS = 16

@@ -21,8 +21,8 @@ import pytest
 from conftest import PYTHON, flat, one_line, run_cli, spawned_children, subprocess_env
 from wikitext_like import write_wikitext_like
 
-from perencode.lm import prepare as lm_prepare
-from perencode.rehearsal import write_corpus
+from perencode.commands import lm_prepare
+from perencode.commands.rehearsal import write_corpus
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="finds processes through /proc")
@@ -124,7 +124,7 @@ def test_a_rerun_ends_a_live_trainer_of_a_dead_lm_prepare_before_it_builds(tmp_p
              if lm_prepare.is_paragraph(line))
     (build / "train.txt").write_text("".join(lines), encoding="utf-8")
     options = {**lm_prepare.trainer_options(8000), "num_threads": 1}
-    script = ("import os, sys; from perencode.lm.prepare import _train_child; "
+    script = ("import os, sys; from perencode.commands.lm_prepare import _train_child; "
               f"_train_child({str(build / 'train.txt')!r}, {str(build)!r}, {options!r}, "
               "os.getppid())")
     trainer = subprocess.Popen([PYTHON, "-c", script], env=subprocess_env())

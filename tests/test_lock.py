@@ -1,4 +1,4 @@
-"""perencode.lock: one holder per directory, across processes, surviving a SIGKILL."""
+"""perencode.store.lock: one holder per directory, across processes, surviving a SIGKILL."""
 
 import json
 import os
@@ -10,14 +10,14 @@ import sys
 import pytest
 from conftest import PYTHON, subprocess_env
 
-from perencode.errors import UserError
-from perencode.lock import LOCK_NAME, Locked, hold
+from perencode.common.errors import UserError
+from perencode.store.lock import LOCK_NAME, Locked, hold
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and fork")
 
 HOLDER = """
 import sys
-from perencode.lock import hold
+from perencode.store.lock import hold
 with hold(sys.argv[1], sys.argv[2]):
     print("held", flush=True)
     sys.stdin.readline()
@@ -94,7 +94,7 @@ def test_the_same_process_cannot_hold_a_directory_twice(tmp_path):
 
 def test_children_do_not_inherit_the_lock(tmp_path):
     """A sweep holding its tree starts `perencode train` children on the cells."""
-    child = [PYTHON, "-c", "import sys; from perencode.lock import hold\n"
+    child = [PYTHON, "-c", "import sys; from perencode.store.lock import hold\n"
              "with hold(sys.argv[1], 'train'): pass", ]
     with hold(tmp_path, "sweep"):
         cell = subprocess.run([*child, str(tmp_path / "cell")], env=subprocess_env(),

@@ -24,8 +24,8 @@ from perencode_minrnn.mingru import (  # noqa: E402
     scan_log,
 )
 
-from perencode.models import Shapes  # noqa: E402
-from perencode.recipe import EncodingConfig  # noqa: E402
+from perencode.config.recipe import EncodingConfig  # noqa: E402
+from perencode.kinds.models import Shapes  # noqa: E402
 
 
 def config(**fields) -> MinGRUConfig:

@@ -1,4 +1,4 @@
-"""The model contract (perencode.models): every registered model with every registered
+"""The model contract (perencode.kinds.models): every registered model with every registered
 encoding maps tokens [B, T] to features [B, T, H] through the shared front end, is causal,
 and is sized by the task's Shapes alone."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import TINY_MODEL, tiny_model
 
-from perencode import kinds
-from perencode.models import SequenceModel, Shapes, build_model
-from perencode.recipe import EncodingConfig, Recipe, TaskConfig
-from perencode.tasks import make
+from perencode.config import registry
+from perencode.config.recipe import EncodingConfig, Recipe, TaskConfig
+from perencode.kinds.models import SequenceModel, Shapes, build_model
+from perencode.kinds.tasks import make
 
 SHAPES = Shapes(num_embeddings=7, num_classes=6, steps=10, outputs=5)
 ARCHS = ["gru", "lstm", "s4d"]
@@ -26,8 +26,8 @@ def model_of(arch: str, encoding: str, mode: str = "concat") -> SequenceModel:
 
 
 def test_the_package_registers_its_models_and_encodings():
-    assert kinds.names("model") == ARCHS
-    assert kinds.names("encoding") == ENCODINGS
+    assert registry.names("model") == ARCHS
+    assert registry.names("encoding") == ENCODINGS
 
 
 @pytest.mark.parametrize("arch", ARCHS)

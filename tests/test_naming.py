@@ -1,6 +1,6 @@
 """Run names: the short axis names and the value spellings of run directories."""
 
-from perencode.naming import format_value, short_key, short_names
+from perencode.config.naming import format_value, short_key, short_names
 
 
 def test_short_keys_drop_the_section_but_name_kinds_by_it():

@@ -42,7 +42,8 @@ def test_claims_are_found_from_the_wheel_without_a_checkout(wheel, tmp_path):
     zipfile.ZipFile(wheel).extractall(site)
     work = tmp_path / "work"
     work.mkdir()
-    code = ("from perencode.verdicts import claims_file, load_claims; p = claims_file('paper'); "
+    code = ("from perencode.analysis.verdicts import claims_file, load_claims; "
+            "p = claims_file('paper'); "
             "print(p); print(len(load_claims('quick')))")
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, check=True,

@@ -10,10 +10,10 @@ import re
 import pytest
 from paper_tree import paper_tree
 
-from perencode.plots import FIGURES
-from perencode.report import make_report
-from perencode.verdicts import load_claims
-from perencode.verify import verify_runs
+from perencode.analysis.plots import FIGURES
+from perencode.analysis.verdicts import load_claims
+from perencode.commands.report import make_report
+from perencode.commands.verify import verify_runs
 
 pytestmark = pytest.mark.slow  # the tree takes ~6 s, figures ~13 s, verify ~3 s on one core
 

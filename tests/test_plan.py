@@ -1,6 +1,6 @@
-"""`perencode plan` (perencode.plan) and its cost model (perencode.cost): the parts pinned
-to hand-computed values, the unique runs equal to the sweep's planning, a budget, and the
-way from a plan through `sweep` to `verify` on a tiny grid on the CPU."""
+"""`perencode plan` (perencode.commands.plan) and its cost model (perencode.analysis.cost): the
+parts pinned to hand-computed values, the unique runs equal to the sweep's planning, a budget, and
+the way from a plan through `sweep` to `verify` on a tiny grid on the CPU."""
 
 from __future__ import annotations
 
@@ -12,12 +12,19 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_cli, tiny_recipe, tiny_toml
 
-from perencode import cost
-from perencode.grid import SlurmConfig, load_grid
-from perencode.plan import Run, cost_runs, cost_section, local_wall, slurm_view, with_section
-from perencode.recipe import run_key, validate
-from perencode.sweep.plan import RunState, prepare
-from perencode.sweep.plan import plan as sweep_plan
+from perencode.analysis import cost
+from perencode.commands.plan import (
+    Run,
+    cost_runs,
+    cost_section,
+    local_wall,
+    slurm_view,
+    with_section,
+)
+from perencode.commands.sweep.plan import RunState, prepare
+from perencode.commands.sweep.plan import plan as sweep_plan
+from perencode.config.grid import SlurmConfig, load_grid
+from perencode.config.recipe import run_key, validate
 
 A100 = cost.gpu("a100")
 TINY = tiny_toml(optim={"lr": 1e-2, "warmup": 2}, train={"checkpoint_every": 10})
@@ -262,7 +269,7 @@ def test_precision_is_in_the_identity_only_when_not_the_authors():
 def test_the_session_sets_torchs_tf32_switches_by_the_recipe():
     import torch
 
-    from perencode.session import Session
+    from perencode.training.session import Session
 
     before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     try:

@@ -1,4 +1,4 @@
-"""Plugins across the process boundary (perencode.plugins), with real processes: a loose
+"""Plugins across the process boundary (perencode.config.plugins), with real processes: a loose
 file passed with --plugin or PERENCODE_PLUGINS reaches a sweep's workers, a run records
 the plugins its kinds come from and a new process without them says which it needs (and
 never runs the file); an installed package's `perencode.kinds` entry point (the example
@@ -19,13 +19,14 @@ import pytest
 from conftest import PYTHON, ROOT, run_cli, subprocess_env
 from test_sweep import TINY
 
-from perencode import environment, kinds, plugins, runs
+from perencode.config import plugins, registry
+from perencode.store import environment, runs
 
 EXAMPLE = ROOT / "examples" / "perencode-minrnn"
 
 LIN_RAMP = '''
 import torch
-from perencode.kinds import EncodingKind, register_encoding
+from perencode.config.registry import EncodingKind, register_encoding
 
 
 def lin_ramp(positions, dim):
@@ -40,7 +41,7 @@ register_encoding(EncodingKind("lin_ramp", label="Linear ramp", table=lin_ramp))
 def autoloading(env: dict) -> dict:
     """`env` with installed plugins loading by themselves (the suite turns that off:
     conftest.py): the tests of the installed route opt in."""
-    return {k: v for k, v in env.items() if k != kinds.AUTOLOAD_OFF}
+    return {k: v for k, v in env.items() if k != registry.AUTOLOAD_OFF}
 
 
 def perencode(*args, python: str = PYTHON, env: dict | None = None, cwd: Path | None = None,
@@ -245,7 +246,7 @@ def test_the_example_grid_sweeps_and_draws_under_its_own_name(tmp_path, minrnn):
     assert (tmp_path / "fig" / "fig02_reverse_vocabulary__nonpaper.png").stat().st_size > 0
     assert "arch mingru (paper: " in text, text
     # Its panel is titled with the registered label.
-    label = subprocess.run([minrnn, "-c", "from perencode import kinds; "
+    label = subprocess.run([minrnn, "-c", "from perencode.config import registry as kinds; "
                             "print(kinds.label('model', 'mingru'))"], capture_output=True,
                            text=True, env=autoloading(subprocess_env()), check=True)
     assert label.stdout.strip() == "minGRU"
@@ -289,7 +290,7 @@ def test_env_records_whether_the_checkout_has_uncommitted_changes(tmp_path):
 
 
 def test_a_plugins_kinds_remember_where_they_came_from(tmp_path, loose):
-    from perencode import kinds
+    from perencode.config import registry
 
     try:
         plugin = plugins.load(str(loose))
@@ -305,8 +306,8 @@ def test_a_plugins_kinds_remember_where_they_came_from(tmp_path, loose):
         assert plugins.environment([str(loose), "pkg.mod"]) == {
             "PERENCODE_PLUGINS": f"{loose}{os.pathsep}pkg.mod"}
     finally:
-        kinds.ENCODINGS.pop("lin_ramp", None)
-        kinds.ORIGINS.pop(("encoding", "lin_ramp"), None)
+        registry.ENCODINGS.pop("lin_ramp", None)
+        registry.ORIGINS.pop(("encoding", "lin_ramp"), None)
         plugins._LOADED.pop(str(loose.resolve()), None)
         sys.modules.pop("my_pe", None)
 

@@ -1,4 +1,4 @@
-"""perencode.preflight: the memory a recipe needs, checked before anything is written."""
+"""perencode.training.preflight: the memory a recipe needs, checked before anything is written."""
 
 import itertools
 import time
@@ -9,13 +9,14 @@ import torch
 from conftest import ROOT, tiny_overrides
 from test_device import no_slurm, simulated_cgroup
 
-from perencode import device, preflight, session
-from perencode.errors import UserError
-from perencode.models import build_model
-from perencode.recipe import load_recipe, validate
-from perencode.session import build
-from perencode.tasks import make
-from perencode.tasks import shapes as make_shapes
+from perencode.common import device
+from perencode.common.errors import UserError
+from perencode.config.recipe import load_recipe, validate
+from perencode.kinds.models import build_model
+from perencode.kinds.tasks import make
+from perencode.kinds.tasks import shapes as make_shapes
+from perencode.training import preflight, session
+from perencode.training.session import build
 
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
 TASKS = {
@@ -218,8 +219,8 @@ def test_a_sweep_tells_the_first_run_on_each_gpu_how_many_will_share_it(monkeypa
     that will share it (the GPU's free memory still holds all of theirs); a run started
     beside runs already there counts itself only (their memory is no longer free).
     Simulated: two GPUs, workers that finish at once."""
-    from perencode.sweep import local
-    from perencode.sweep.plan import PlannedRun, RunState
+    from perencode.commands.sweep import local
+    from perencode.commands.sweep.plan import PlannedRun, RunState
 
     started = []
 

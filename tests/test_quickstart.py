@@ -11,13 +11,13 @@ import torch
 from conftest import ROOT, run_cli
 from fake_runs import SEEDS, fake_run
 
-from perencode import grid
-from perencode.errors import UserError
-from perencode.figures import make_figures
-from perencode.grid import load_grid
+from perencode.analysis.verdicts import load_claims
+from perencode.commands.figures import make_figures
+from perencode.commands.verify import verify_runs
+from perencode.common.errors import UserError
+from perencode.config import grid
+from perencode.config.grid import load_grid
 from perencode.quickstart import DEMOS, choose_demo
-from perencode.verdicts import load_claims
-from perencode.verify import verify_runs
 
 
 def test_auto_picks_the_gpu_demo_only_where_cuda_is_present():
@@ -178,7 +178,7 @@ def test_quickstart_writes_report_html_beside_verify_md(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_report_on_demo_runs_with_the_paper_claims_names_the_claims_that_fit(tmp_path):
-    from perencode.report import make_report
+    from perencode.commands.report import make_report
     runs = demo_runs("cpu", tmp_path / "runs")
     page = make_report([runs], claims="paper", out=tmp_path / "figs").read_text()
     summary = page.split('<div class="summary">', 1)[1].split("</div>", 1)[0]

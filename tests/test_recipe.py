@@ -4,9 +4,9 @@ from typing import Any
 import pytest
 from conftest import ROOT
 
-from perencode.cost import COSTLESS_TRAIN_FIELDS
-from perencode.errors import UserError
-from perencode.recipe import (
+from perencode.analysis.cost import COSTLESS_TRAIN_FIELDS
+from perencode.common.errors import UserError
+from perencode.config.recipe import (
     BOOKKEEPING,
     NOT_IDENTITY,
     Recipe,
@@ -16,7 +16,7 @@ from perencode.recipe import (
     load_recipe,
     parse_value,
 )
-from perencode.schema import schema_rows
+from perencode.config.schema import schema_rows
 
 
 def write(tmp_path, text: str) -> Path:

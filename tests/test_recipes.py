@@ -11,10 +11,10 @@ from conftest import ROOT, TINY, assert_scores_consistent, fitting
 from typer.testing import CliRunner
 
 from perencode.cli import app
-from perencode.models.s4d import S4DConfig
-from perencode.recipe import load_recipe
-from perencode.tasks.base import HeldOutConfig
-from perencode.tasks.dual_frequency import DualFrequencyConfig
+from perencode.config.recipe import load_recipe
+from perencode.kinds.models.s4d import S4DConfig
+from perencode.kinds.tasks.base import HeldOutConfig
+from perencode.kinds.tasks.dual_frequency import DualFrequencyConfig
 
 RECIPES = sorted((ROOT / "recipes").glob("*.toml"))
 PE_VARIANTS = ("_random_pe", "_learnable_pe", "_double_vanilla")

@@ -1,4 +1,4 @@
-"""perencode.records: each run record written and read back unchanged, each record of an
+"""perencode.store.records: each run record written and read back unchanged, each record of an
 earlier perencode read as the current one (its one migration), the gradient norm in a real
 training's metrics.jsonl, and `Run.open` the one way a writing command opens a run."""
 
@@ -11,13 +11,13 @@ import pytest
 import torch
 from conftest import one_line, run_cli, tiny_recipe
 
-from perencode import identity, records, runs
-from perencode.errors import UserError
-from perencode.lock import hold
-from perencode.recipe import validate
-from perencode.records import EvalRecord, MetricsRow, StatusRecord
-from perencode.session import Session
-from perencode.train import train
+from perencode.commands.train import train
+from perencode.common.errors import UserError
+from perencode.config.recipe import validate
+from perencode.store import identity, records, runs
+from perencode.store.lock import hold
+from perencode.store.records import EvalRecord, MetricsRow, StatusRecord
+from perencode.training.session import Session
 
 CPU = torch.device("cpu")
 
@@ -33,7 +33,8 @@ def _claimed(tmp_path: Path, **tables: dict) -> runs.Run:
 
 
 def _old_json(path: Path, data: dict) -> None:
-    """A record as earlier perencode versions wrote it (perencode.io.atomic_write_json)."""
+    """A record as earlier perencode versions wrote it
+    (perencode.common.files.atomic_write_json)."""
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 

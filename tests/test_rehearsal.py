@@ -1,4 +1,4 @@
-"""The rehearsal's final check (perencode.rehearsal.check_outputs) on a hand-made figures
+"""The rehearsal's final check (perencode.commands.rehearsal.check_outputs) on a hand-made figures
 folder: every claim decided or reported in verify.json, a non-empty file of every figure."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from perencode.errors import UserError
-from perencode.plots import FIGURES
-from perencode.rehearsal import check_outputs
-from perencode.verdicts import FAIL, NOT_RUN, PASS, claims_file, load_claims
+from perencode.analysis.plots import FIGURES
+from perencode.analysis.verdicts import FAIL, NOT_RUN, PASS, claims_file, load_claims
+from perencode.commands.rehearsal import check_outputs
+from perencode.common.errors import UserError
 
 
 def left_behind(folder, verdicts: dict[str, str]) -> None:

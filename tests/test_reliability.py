@@ -39,11 +39,11 @@ from conftest import (
 )
 from wikitext_like import write_wikitext_like
 
-import perencode.lock
-from perencode import runs
-from perencode.grid import load_grid
-from perencode.io import atomic_torch_save
-from perencode.lm import prepare as lm_prepare
+import perencode.store.lock
+from perencode.commands import lm_prepare
+from perencode.common.files import atomic_torch_save
+from perencode.config.grid import load_grid
+from perencode.store import runs
 
 DUALFREQ = ROOT / "recipes/gru_dualfreq_vocab64.toml"
 
@@ -204,7 +204,7 @@ def test_a_filesystem_without_locks_is_one_line_with_the_way_out(cli, tmp_path, 
     def no_locks(fd, operation):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
-    monkeypatch.setattr(perencode.lock.fcntl, "lockf", no_locks)
+    monkeypatch.setattr(perencode.store.lock.fcntl, "lockf", no_locks)
     out = tmp_path / "run"
     line = one_line(*cli(*_args(out)))
     assert f"{out / '.perencode.lock'}: the filesystem refuses file locks (ENOLCK" in line
@@ -279,7 +279,7 @@ def test_verify_clears_what_a_killed_verify_left_and_shares_the_figures_lock(
     assert not stale.exists() and kept.exists() and (out / "verify.md").exists()
     holder = subprocess.Popen(
         [PYTHON, "-c", "import sys, time; from pathlib import Path; "
-         "from perencode.lock import hold\nwith hold(Path(sys.argv[1]), 'figures'):\n"
+         "from perencode.store.lock import hold\nwith hold(Path(sys.argv[1]), 'figures'):\n"
          "    print('held', flush=True); time.sleep(60)", str(out)],
         env=subprocess_env(), stdout=subprocess.PIPE, text=True)
     try:
@@ -356,7 +356,7 @@ COMMANDS = {
 
 
 def _corpus(tmp_path: Path) -> Path:
-    from perencode.rehearsal import write_corpus
+    from perencode.commands.rehearsal import write_corpus
 
     write_corpus(tmp_path / "corpus")
     return tmp_path / "corpus"

@@ -1,4 +1,4 @@
-"""report.html (perencode.report): each figure with its claims and runs, the claims not run
+"""report.html (perencode.commands.report): each figure with its claims and runs, the claims not run
 with their reasons, self-contained; and drawn by a real browser (headless Chromium)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pytest
 from conftest import ROOT
 from fake_runs import fake_run
 
-from perencode.grid import load_grid
-from perencode.recipe import validate
-from perencode.report import REPORT, make_report
-from perencode.sweep.plan import plan, prepare
+from perencode.commands.report import REPORT, make_report
+from perencode.commands.sweep.plan import plan, prepare
+from perencode.config.grid import load_grid
+from perencode.config.recipe import validate
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_the_claims_not_run_with_their_reasons(report):
 # Token accuracy of the quick demo's runs as measured (recipes/quick, claims/quick.toml):
 # K = 32 solved by both, K = 1,024 PE ahead on every seed.
 # PE ahead at K = 1,024 on every seed: every quick claim passes Welch's and Student's t at
-# 4 seeds (perencode.stats), not only the paper's bootstrap.
+# 4 seeds (perencode.analysis.stats), not only the paper's bootstrap.
 QUICK = {(32, "none"): (0.99, 0.985, 0.995, 0.99), (32, "sinusoidal"): (0.995, 0.99, 1.0, 0.995),
          (1024, "none"): (0.17, 0.175, 0.18, 0.17), (1024, "sinusoidal"): (0.22, 0.26, 0.3, 0.27)}
 
@@ -166,7 +166,7 @@ def test_the_demo_figure_says_it_is_not_the_papers_in_one_line_and_the_page_how(
     """The quick demo's Fig. 2 differs from the paper's in nine settings: the figure says so
     in one line (its file name ends in __nonpaper), naming as many as fit; the values, each
     with the paper's, are said once on the page, under the figure."""
-    from perencode import plots
+    from perencode.analysis import plots
     titles: dict[str, str] = {}
     save = plots._save
 
@@ -267,7 +267,7 @@ def test_the_quick_demo_page_has_learning_curves_and_every_run_sortable(tmp_path
 
 
 def test_the_mean_curve_is_taken_where_every_seed_logged():
-    from perencode.curves import mean_curve
+    from perencode.analysis.curves import mean_curve
 
     cell = pd.DataFrame({"run": ["a"] * 3 + ["b"] * 2, "step": [10, 20, 30, 10, 20],
                          "loss": [4.0, 2.0, 1.0, 2.0, 1.0]})
@@ -295,7 +295,7 @@ def own_study(root: Path) -> tuple[Path, Path]:
 
 
 def test_an_own_study_is_framed_as_one(tmp_path, monkeypatch):
-    from perencode import plots
+    from perencode.analysis import plots
 
     runs, claims = own_study(tmp_path)
     notes, bars = [], []

@@ -1,4 +1,5 @@
-"""Collecting finished runs into tables (perencode.results) on hand-made run directories."""
+"""Collecting finished runs into tables (perencode.analysis.results) on hand-made run
+directories."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import pytest
 from fake_runs import SEEDS
 
-from perencode.results import collect, results_table
+from perencode.analysis.results import collect, results_table
 
 
 def test_collect_one_row_per_run(paper_like):

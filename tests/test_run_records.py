@@ -1,4 +1,4 @@
-"""A run's records (perencode.runs.Run.status, status.json): completeness survives deleted
+"""A run's records (perencode.store.runs.Run.status, status.json): completeness survives deleted
 checkpoints (and `perencode prune`), a diverged run is stopped, recorded and shown as such,
 of two run directories of one recipe the finished one is used, dangling links are named
 and recreated, and symlink loops cannot hang the run search."""
@@ -24,9 +24,9 @@ from conftest import (
     train_args,
 )
 
-import perencode.session as session_module
-from perencode import runs
-from perencode.records import StatusRecord
+import perencode.training.session as session_module
+from perencode.store import runs
+from perencode.store.records import StatusRecord
 
 DUAL = ROOT / "recipes" / "gru_dualfreq_vocab64.toml"
 GRID = tiny_toml(task={"vocab_size": 8}, train={"checkpoint_every": 5}, grid={"train.seed": [1]})

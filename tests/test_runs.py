@@ -9,13 +9,13 @@ import tomli_w
 import torch
 from conftest import tiny_recipe
 
-from perencode import checkpoints, records, runs
-from perencode.errors import UserError
-from perencode.io import CorruptCheckpoint
-from perencode.recipe import validate
-from perencode.records import EvalRecord, MetricsRow
-from perencode.runs import Run
-from perencode.session import Session, training_generator
+from perencode.common.errors import UserError
+from perencode.common.files import CorruptCheckpoint
+from perencode.config.recipe import validate
+from perencode.store import checkpoints, records, runs
+from perencode.store.records import EvalRecord, MetricsRow
+from perencode.store.runs import Run
+from perencode.training.session import Session, training_generator
 
 CPU = torch.device("cpu")
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.func import jacrev, vmap
 
-from perencode.models.s4d import S4D, S4DModel
-from perencode.recipe import EncodingConfig
-from perencode.shapes import Shapes
+from perencode.config.recipe import EncodingConfig
+from perencode.kinds.models.s4d import S4D, S4DModel
+from perencode.kinds.shapes import Shapes
 
 
 def make_layer(d_model: int = 6, d_state: int = 8, dtype: torch.dtype = torch.float64,

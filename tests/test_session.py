@@ -1,4 +1,4 @@
-"""perencode.session: the one owner of the training step (the schedule it applies, its
+"""perencode.training.session: the one owner of the training step (the schedule it applies, its
 checkpoint state round trip, the scoring `eval` and `train` share), and no other module
 assembling a step of its own."""
 
@@ -10,10 +10,10 @@ import io
 import torch
 from conftest import ROOT, TINY, fitting
 
-from perencode import runs
-from perencode.recipe import load_recipe
-from perencode.session import Session, learning_rate
-from perencode.train import train
+from perencode.commands.train import train
+from perencode.config.recipe import load_recipe
+from perencode.store import runs
+from perencode.training.session import Session, learning_rate
 
 CPU = torch.device("cpu")
 
@@ -73,14 +73,14 @@ def test_a_run_scored_from_its_checkpoint_is_what_train_wrote(tmp_path):
 
 def test_no_module_but_the_session_assembles_a_step():
     """Models, optimizers and steps come from a Session everywhere else: nothing outside
-    perencode/session.py calls the step or the (task, model) builder itself."""
+    perencode/training/session.py calls the step or the (task, model) builder itself."""
     own = {"train_step", "build"}
     offenders = []
     for path in sorted((ROOT / "perencode").rglob("*.py")):
         if path.name == "session.py" and path.parent.name == "perencode":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module == "perencode.session":
+            if isinstance(node, ast.ImportFrom) and node.module == "perencode.training.session":
                 offenders += [f"{path.name}: {a.name}" for a in node.names if a.name in own]
             if isinstance(node, ast.Attribute) and node.attr in own and \
                     isinstance(node.value, ast.Name) and node.value.id == "session":
@@ -139,7 +139,7 @@ def test_a_checkpoint_records_its_device_model_and_a_resume_on_another_gpu_says_
     """CUDA's generator spreads a draw over the multiprocessors: the same state draws other
     batches on another GPU model. A checkpoint names its model; a resume on another one says
     so in one line (simulated: the checkpoint's record edited, this 'GPU' patched in)."""
-    import perencode.checkpoints as checkpoints_module
+    import perencode.store.checkpoints as checkpoints_module
 
     recipe = tiny_recipe()
     first = Session(recipe, CPU)

@@ -24,7 +24,7 @@ import torch
 from conftest import PYTHON, subprocess_env
 from test_sweep import TINY
 
-from perencode import runs
+from perencode.store import runs
 
 pytestmark = pytest.mark.slurm
 
@@ -232,7 +232,7 @@ def test_cells_of_a_loose_plugins_kind_finish_as_jobs(tmp_path):
     """The jobs are handed the plugin the sweep was given (`--plugin`, not an exported
     variable): every cell of its kind validates and trains in its job."""
     plugin = tmp_path / "my_pe.py"
-    plugin.write_text("import torch\nfrom perencode.kinds import EncodingKind, "
+    plugin.write_text("import torch\nfrom perencode.config.registry import EncodingKind, "
                       "register_encoding\n\n\ndef ramp(positions, dim):\n    return "
                       "torch.linspace(0.0, 1.0, positions)[:, None].expand(positions, dim)"
                       ".clone()\n\n\nregister_encoding(EncodingKind(\"lin_ramp\", "

@@ -13,15 +13,15 @@ import pytest
 import torch
 from conftest import ROOT, TINY, fitting, run_cli
 
-from perencode import stability as st
-from perencode import stability_metric as sm
-from perencode.errors import UserError
-from perencode.lock import hold
-from perencode.models.rnn import RecurrentModel
-from perencode.models.s4d import S4DModel
-from perencode.recipe import EncodingConfig
-from perencode.runs import read_recipe
-from perencode.shapes import Shapes
+from perencode.analysis import gradient_stability as sm
+from perencode.commands import stability as st
+from perencode.common.errors import UserError
+from perencode.config.recipe import EncodingConfig
+from perencode.kinds.models.rnn import RecurrentModel
+from perencode.kinds.models.s4d import S4DModel
+from perencode.kinds.shapes import Shapes
+from perencode.store.lock import hold
+from perencode.store.runs import read_recipe
 
 F64 = torch.float64
 WEIGHTED_LIKE = ("weighted", "mean", "frobenius")  # the normalised metrics, in [-1, 1]
@@ -32,7 +32,7 @@ WEIGHTED_LIKE = ("weighted", "mean", "frobenius")  # the normalised metrics, in 
 
 
 def metric(name: str, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """One metric of perencode.stability_metric.METRICS of two Jacobians."""
+    """One metric of perencode.analysis.gradient_stability.METRICS of two Jacobians."""
     return sm.stability_metrics(A, B)[name]
 
 

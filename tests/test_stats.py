@@ -1,4 +1,4 @@
-"""The bootstrap behind every error bar and verify CI (perencode.stats;
+"""The bootstrap behind every error bar and verify CI (perencode.analysis.stats;
 docs/paper-facts.md#error-bars)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from perencode.stats import bootstrap_ci, bootstrap_diff_ci
+from perencode.analysis.stats import bootstrap_ci, bootstrap_diff_ci
 
 
 def test_two_values_known_percentiles():
@@ -66,7 +66,7 @@ def test_difference_of_independent_groups():
 # -- the verdict statistics: known answers -------------------------------------------------
 
 def test_t_distribution_known_values():
-    from perencode.stats import t_quantile, t_sf
+    from perencode.analysis.stats import t_quantile, t_sf
 
     # Tables of Student's t: t(0.975; 2) = 4.3027, t(0.95; 4) = 2.1318, t(0.975; 1) = 12.706;
     # a million degrees of freedom is the normal's 1.6449.
@@ -86,7 +86,7 @@ def test_welch_on_the_readme_numbers():
     Welch's 95% interval does not: [-0.0475, +0.2129] at the Welch-Satterthwaite 2.15
     degrees of freedom ([-0.057, +0.222] with them floored to 2, as the issue computed);
     the one-sided test misses 0.05 (p = 0.058)."""
-    from perencode.stats import difference_test
+    from perencode.analysis.stats import difference_test
 
     pe, vanilla = [0.279, 0.300, 0.196], [0.170, 0.188, 0.169]
     test = difference_test(pe, vanilla, 0.0, alpha=0.025)  # both 2.5% ends: the 95% interval
@@ -97,7 +97,7 @@ def test_welch_on_the_readme_numbers():
 
 
 def test_constant_cells_use_exact_tests():
-    from perencode.stats import difference_test, mean_test
+    from perencode.analysis.stats import difference_test, mean_test
 
     five = mean_test([1.0] * 5, 0.95, bounded=True)
     assert five.method == "exact sign test" and five.p_above == 0.5 ** 5 and five.p_below == 1
@@ -112,7 +112,7 @@ def test_constant_cells_use_exact_tests():
 
 
 def test_seeds_to_decide():
-    from perencode.stats import difference_test, mean_test, seeds_to_decide
+    from perencode.analysis.stats import difference_test, mean_test, seeds_to_decide
 
     # Normal approximation: n = (z_0.95 + z_0.8)^2 (sd_a^2 + sd_b^2) / gap^2 = 2.486^2 * 2 / 0.25
     # = 49.4 for a gap of half of each group's sd; t quantiles add a little.
@@ -176,7 +176,7 @@ ONE_SAMPLE = {
 @pytest.mark.parametrize("n", [3, 5])
 @pytest.mark.parametrize("name", list(ONE_SAMPLE))
 def test_threshold_verdicts_hold_their_level(name, n):
-    from perencode.stats import mean_p_values
+    from perencode.analysis.stats import mean_p_values
 
     draw, mean, bounded = ONE_SAMPLE[name]
     rng = np.random.default_rng(n)
@@ -209,7 +209,7 @@ TWO_SAMPLE = {
 @pytest.mark.parametrize("n", [3, 5])
 @pytest.mark.parametrize("name", list(TWO_SAMPLE))
 def test_difference_verdicts_hold_their_level(name, n):
-    from perencode.stats import difference_p_values
+    from perencode.analysis.stats import difference_p_values
 
     draw_a, draw_b, difference, bounded = TWO_SAMPLE[name]
     rng = np.random.default_rng(10 + n)
@@ -234,7 +234,7 @@ def test_the_papers_bootstrap_does_not_hold_its_level(n, most):
     the threshold) fails the test above: its interval of a difference covers the truth about
     79% of the time at 3 seeds per side and 88% at 5 (normal data, true difference 0.1),
     and its false passes exceed 2.5% + 2.5 points, where Welch's do not."""
-    from perencode.stats import difference_p_values
+    from perencode.analysis.stats import difference_p_values
 
     rng = np.random.default_rng(5)
     a, b = rng.normal(0.3, 0.05, (2000, n)), rng.normal(0.2, 0.05, (2000, n))
@@ -250,7 +250,7 @@ def test_the_conservative_rule_still_decides_clear_cases(n, least):
     """Power of the bounded rule (alpha halved, variance at the threshold): seeds at 0.99
     (sd 0.007) against the paper's 95% threshold pass most of the time; measured 0.72 at 3
     seeds and 0.99 at 5."""
-    from perencode.stats import mean_p_values
+    from perencode.analysis.stats import mean_p_values
 
     rng = np.random.default_rng(7)
     x = _beta(rng, 0.99, 200, (DRAWS, n))
@@ -259,7 +259,7 @@ def test_the_conservative_rule_still_decides_clear_cases(n, least):
 
 
 def test_bounds_of_a_bounded_metric_stay_in_its_range():
-    from perencode.stats import difference_test, mean_test
+    from perencode.analysis.stats import difference_test, mean_test
 
     near_one = mean_test([0.99, 0.985, 0.995], 0.95, bounded=True)
     assert near_one.high == 1.0 and 0.95 < near_one.low < 0.99

@@ -15,19 +15,19 @@ from fake_runs import fake_run
 from test_plugins import autoloading, error_line
 from test_sweep import TINY
 
-from perencode import kinds, plugins
-from perencode import runs as runs_module
-from perencode.cost import held_out_iterations
-from perencode.errors import UserError
-from perencode.grid import axis_options, load_grid
-from perencode.recipe import read_toml, tomllib, validate
-from perencode.verdicts import Claim
+from perencode.analysis.cost import held_out_iterations
+from perencode.analysis.verdicts import Claim
+from perencode.common.errors import UserError
+from perencode.config import plugins, registry
+from perencode.config.grid import axis_options, load_grid
+from perencode.config.recipe import read_toml, tomllib, validate
+from perencode.store import runs as runs_module
 
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
 
 FAKE_PE = '''
 import torch
-from perencode.kinds import EncodingKind, register_encoding
+from perencode.config.registry import EncodingKind, register_encoding
 
 register_encoding(EncodingKind("fake_ramp", label="Fake ramp",
                                table=lambda positions, dim: torch.zeros(positions, dim)))
@@ -55,7 +55,7 @@ def show(env: dict, *args) -> tuple[int, str]:
 
 
 def test_the_suite_runs_with_entry_point_loading_off():
-    assert not kinds.autoload()
+    assert not registry.autoload()
     assert plugins.load_entry_points() == []  # the example may be installed beside it
 
 
@@ -65,12 +65,12 @@ def test_the_autoload_switch_turns_entry_points_off_and_leaves_explicit_plugins_
     code, text = show(autoloading(env))
     assert code == 0 and "fake_ramp" in text, text
     for off in ("1", "true"):
-        code, text = show({**env, kinds.AUTOLOAD_OFF: off})
+        code, text = show({**env, registry.AUTOLOAD_OFF: off})
         assert code == 2 and "encoding.kind: Input should be " in error_line(text) \
             and "(got 'fake_ramp')" in text, text
-    code, text = show({**env, kinds.AUTOLOAD_OFF: "0"})  # "0" is off-switch off: loads
+    code, text = show({**env, registry.AUTOLOAD_OFF: "0"})  # "0" is off-switch off: loads
     assert code == 0, text
-    code, text = show({**env, kinds.AUTOLOAD_OFF: "1"}, "--plugin", "fake_pe")
+    code, text = show({**env, registry.AUTOLOAD_OFF: "1"}, "--plugin", "fake_pe")
     assert code == 0 and "fake_ramp" in text, text
 
 
@@ -342,14 +342,14 @@ def mingru(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "examples" / "perencode-minrnn"))
     from perencode_minrnn.mingru import MinGRUConfig, build
 
-    kinds.registry("model")
-    monkeypatch.setitem(kinds.MODELS, "mingru", kinds.ModelKind(
+    registry.registry("model")
+    monkeypatch.setitem(registry.MODELS, "mingru", registry.ModelKind(
         "mingru", build, label="minGRU", config=MinGRUConfig))
 
 
 def test_the_nonpaper_subtitle_names_the_model_not_its_options_in_a_stable_order(mingru):
-    from perencode.plots import FIGURES, paper_difference
-    from perencode.results import flatten
+    from perencode.analysis.plots import FIGURES, paper_difference
+    from perencode.analysis.results import flatten
 
     recipe = validate({"task": {"name": "reverse", "vocab_size": 256, "length": 64},
                        "model": {"arch": "mingru", "hidden_size": 512, "embed_size": 512,
@@ -380,8 +380,8 @@ def test_the_report_takes_a_title_and_lists_the_plugins_under_its_runs(tmp_path,
 
 
 def tiny_training(run_dir: Path, *extra: str, tensorboard: bool = False):
-    from perencode.recipe import load_recipe
-    from perencode.train import train
+    from perencode.commands.train import train
+    from perencode.config.recipe import load_recipe
 
     recipe = load_recipe(ROOT / "recipes" / "gru_vocab256.toml", [
         "task.vocab_size=8", "task.length=6", "task.held_out=32", "model.hidden_size=16",
@@ -453,7 +453,7 @@ def learned_sin_docs() -> tuple[str, list[str]]:
 def test_a_learned_frequency_sinusoid_starts_as_the_sinusoidal_table(tmp_path):
     import torch
 
-    from perencode.encoding import sinusoidal
+    from perencode.kinds.encoding import sinusoidal
 
     namespace: dict = {"__name__": "learned_sin_doc"}
     code = learned_sin_docs()[0].replace("register_encoding(EncodingKind(", "(EncodingKind(")
@@ -521,7 +521,8 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
         tmp_path, monkeypatch):
     from matplotlib.colors import to_hex
 
-    from perencode import figures, plots
+    from perencode.analysis import plots
+    from perencode.commands import figures
 
     root = tmp_path / "runs"
     for kind in ("none", "sinusoidal", "my_pe"):  # my_pe: a plugin's, not loaded here
@@ -550,7 +551,7 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
     assert drawn["fig02_reverse_vocabulary__nonpaper"] == {
         "Vanilla": to_hex("tab:blue"), "Position-Encoded": to_hex("tab:orange"),
         "my_pe": to_hex(my_pe)}
-    builtin = {plots._colour("encoding.kind", n) for n in kinds.names("encoding")}
+    builtin = {plots._colour("encoding.kind", n) for n in registry.names("encoding")}
     assert plots._colour("encoding.kind", "my_pe") not in builtin
 
 
@@ -561,7 +562,8 @@ def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour
 def test_figures_without_the_plugin_label_its_kind_as_its_runs_recorded(tmp_path, monkeypatch):
     from test_plugins import LIN_RAMP, perencode
 
-    from perencode import figures, plots
+    from perencode.analysis import plots
+    from perencode.commands import figures
 
     # A kind of its own name and label: nothing in this process registers it.
     code = LIN_RAMP.replace("lin_ramp", "rec_ramp").replace("Linear ramp", "Recorded ramp")
@@ -576,7 +578,7 @@ def test_figures_without_the_plugin_label_its_kind_as_its_runs_recorded(tmp_path
     record = tmp_path / "runs" / "ramp" / "plugins.json"
     entries = json.loads(record.read_text())["plugins"]
     assert [e["labels"] for e in entries] == [{"encoding": {"rec_ramp": "Recorded ramp"}}]
-    assert "rec_ramp" not in kinds.ENCODINGS
+    assert "rec_ramp" not in registry.ENCODINGS
     legends: list[list[str]] = []
     save = plots._save
 
@@ -595,4 +597,4 @@ def test_figures_without_the_plugin_label_its_kind_as_its_runs_recorded(tmp_path
     figures.make_figures([tmp_path / "runs"], tmp_path / "fig-old")
     assert legends and all("rec_ramp" in labels and "Recorded ramp" not in labels
                            for labels in legends), legends
-    assert kinds.label("encoding", "rec_ramp") == "rec_ramp"
+    assert registry.label("encoding", "rec_ramp") == "rec_ramp"

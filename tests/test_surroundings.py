@@ -19,10 +19,11 @@ import pytest
 import torch
 from conftest import PYTHON, ROOT, subprocess_env, tiny_overrides, tiny_toml
 
-from perencode import doctor, runs
-from perencode.recipe import Recipe
-from perencode.tasks import make
-from perencode.tasks.base import DENSE_SHARE
+from perencode.commands import doctor
+from perencode.config.recipe import Recipe
+from perencode.kinds.tasks import make
+from perencode.kinds.tasks.base import DENSE_SHARE
+from perencode.store import runs
 
 RECIPE = ROOT / "recipes/gru_vocab256.toml"
 

@@ -1,4 +1,4 @@
-"""Grids and sweeps (perencode.sweep): a tiny grid (2 vocabularies x 2 encodings x 2 seeds)
+"""Grids and sweeps (perencode.commands.sweep): a tiny grid (2 vocabularies x 2 encodings x 2 seeds)
 through the local executor, a rerun that skips everything, submitit's local executor,
 failures, linked twins, the dry run, then figures and verify on the real runs. Grid files
 themselves are tests/test_grid.py."""
@@ -17,14 +17,15 @@ from conftest import PYTHON, ROOT, assert_scores_consistent, subprocess_env, tin
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
-import perencode.session as session_module
-import perencode.sweep.cost as cost_module
-from perencode import cost, runs
+import perencode.commands.sweep.estimates as cost_module
+import perencode.training.session as session_module
+from perencode.analysis import cost
 from perencode.cli import app
-from perencode.grid import load_grid
-from perencode.sweep.options import SweepOptions
-from perencode.sweep.run import run_sweep
-from perencode.sweep.slurm import TrainJob
+from perencode.commands.sweep.options import SweepOptions
+from perencode.commands.sweep.run import run_sweep
+from perencode.commands.sweep.slurm import TrainJob
+from perencode.config.grid import load_grid
+from perencode.store import runs
 
 TINY = tiny_toml(optim={"lr": 1e-2, "warmup": 2}, train={"checkpoint_every": 10})
 AXES = """
@@ -135,7 +136,7 @@ def test_identical_recipes_are_linked_not_retrained(swept):
 
 @pytest.mark.slow
 def test_analyses_run_after_training_until_their_output_is_complete(swept):
-    from perencode.sweep.plan import plan
+    from perencode.commands.sweep.plan import plan
 
     grid, out, _, _ = swept
     after = grid.with_name("after.toml")
@@ -177,7 +178,7 @@ def test_dry_run_trains_nothing_and_writes_nothing(tmp_path, monkeypatch):
 def test_disk_estimate_is_the_size_of_the_kept_checkpoints(tmp_path):
     """Exact for the parameters: 12 bytes each (weights, Adam's two moments) plus the
     bookkeeping, times the checkpoints kept; and the LSTM of Fig. 2 at K = 16,384."""
-    from perencode.session import build
+    from perencode.training.session import build
 
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY + AXES)
@@ -328,7 +329,7 @@ def test_children_run_the_installed_perencode_not_a_checkout_in_the_working_dir(
         tmp_path, monkeypatch):
     """A container started with a checkout mounted at its working directory, or the
     rehearsal's export: the sweep's children must run the package their parent runs."""
-    from perencode.sweep.local import launch, perencode_command, thread_env
+    from perencode.commands.sweep.local import launch, perencode_command, thread_env
 
     (tmp_path / "perencode").mkdir()
     (tmp_path / "perencode" / "__init__.py").write_text("raise SystemExit(7)\n")

@@ -21,10 +21,11 @@ from conftest import PYTHON, run_cli, subprocess_env, tiny_toml
 from conftest import flat as _flat
 from typer.testing import CliRunner
 
-from perencode import doctor, runs
 from perencode.cli import app
-from perencode.grid import load_grid
-from perencode.sweep.plan import RunState, plan, prepare
+from perencode.commands import doctor
+from perencode.commands.sweep.plan import RunState, plan, prepare
+from perencode.config.grid import load_grid
+from perencode.store import runs
 
 CELLS = ["vocab_size=8/encoding=sinusoidal/seed=111", "vocab_size=8/encoding=sinusoidal/seed=222"]
 
@@ -96,9 +97,9 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new
 def test_a_stopped_run_is_named_at_the_iteration_of_its_checkpoint(tmp_path):
     """A worker stopped at iteration 7 (resume.pt), its last logged row at step 0: the stop
     line names iteration 7, where it resumes; with no resume.pt, its last step-K.pt."""
-    from perencode.records import MetricsRow
-    from perencode.sweep.board import interrupted_line
-    from perencode.sweep.plan import refresh_stopped
+    from perencode.commands.sweep.board import interrupted_line
+    from perencode.commands.sweep.plan import refresh_stopped
+    from perencode.store.records import MetricsRow
 
     planned = plan(load_grid(_grid(tmp_path)), tmp_path / "runs")
     first = planned[0]
@@ -117,8 +118,8 @@ def test_a_stopped_run_is_named_at_the_iteration_of_its_checkpoint(tmp_path):
 
 
 def test_cells_are_claimed_as_they_start_so_a_stopped_sweep_leaves_the_others_free(tmp_path):
-    from perencode.sweep.local import LocalExecutor
-    from perencode.sweep.plan import claim
+    from perencode.commands.sweep.local import LocalExecutor
+    from perencode.commands.sweep.plan import claim
 
     assert LocalExecutor.claims_at_start
     grid = load_grid(_grid(tmp_path))
@@ -290,7 +291,7 @@ class _Recording:
 def test_an_executor_plugs_in_by_the_interface_alone(tmp_path, monkeypatch, finish, code):
     """The sweep asks its executor for everything that differs between executors: a third
     one, registered by name, runs the grid, names the board and closes a stopped sweep."""
-    from perencode.sweep import run as sweep
+    from perencode.commands.sweep import run as sweep
 
     monkeypatch.setattr(_Recording, "finish", finish)
     monkeypatch.setattr(_Recording, "handed", [])
@@ -308,7 +309,7 @@ def test_an_executor_plugs_in_by_the_interface_alone(tmp_path, monkeypatch, fini
 
 def test_a_sweep_off_a_terminal_says_where_it_is_at_least_every_30_seconds(tmp_path, capsys,
                                                                            monkeypatch):
-    from perencode.sweep import board
+    from perencode.commands.sweep import board
 
     planned = plan(load_grid(_grid(tmp_path)), tmp_path / "runs")
     for enabled in (True, False):  # the live table on, or --no-progress

@@ -9,16 +9,16 @@ import pytest
 import torch
 from torch import nn
 
-from perencode.errors import UserError
-from perencode.recipe import TaskConfig, validate
-from perencode.session import output_logits
-from perencode.tasks import TASKS, make
-from perencode.tasks.base import Exclusion, duplicated, redraw_duplicates, sequence_hash
-from perencode.tasks.dual_frequency import DualFrequencyTask, structured_cells
-from perencode.tasks.predecessor import PredecessorTask
-from perencode.tasks.reverse import ReverseTask, VariableLengthReverseTask
-from perencode.tasks.reverse_add import ReverseAddTask
-from perencode.tasks.sort import SortTask
+from perencode.common.errors import UserError
+from perencode.config.recipe import TaskConfig, validate
+from perencode.kinds.tasks import TASKS, make
+from perencode.kinds.tasks.base import Exclusion, duplicated, redraw_duplicates, sequence_hash
+from perencode.kinds.tasks.dual_frequency import DualFrequencyTask, structured_cells
+from perencode.kinds.tasks.predecessor import PredecessorTask
+from perencode.kinds.tasks.reverse import ReverseTask, VariableLengthReverseTask
+from perencode.kinds.tasks.reverse_add import ReverseAddTask
+from perencode.kinds.tasks.sort import SortTask
+from perencode.training.session import output_logits
 
 
 def task(seed: int = 0, **cfg):

@@ -19,7 +19,9 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from perencode import io, runs, tracking
+from perencode.common import files as io
+from perencode.store import runs
+from perencode.training import tracking
 
 RECIPE = ROOT / "recipes/gru_vocab256.toml"
 TAGS = ("train/loss", "train/accuracy", "train/lr", "train/sequences_per_second")

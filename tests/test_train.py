@@ -26,10 +26,10 @@ from conftest import (
 )
 from fake_runs import fake_run
 
-import perencode.io
-from perencode import runs
-from perencode.recipe import OptimConfig, validate
-from perencode.session import learning_rate, loss_fn
+import perencode.common.files
+from perencode.config.recipe import OptimConfig, validate
+from perencode.store import runs
+from perencode.training.session import learning_rate, loss_fn
 
 
 def test_timm_schedule_known_values():
@@ -267,9 +267,9 @@ def test_loss_decreases_on_a_small_problem(cli, tmp_path):
 
 
 def _tiny_model_and_batch(mask: bool):
-    from perencode.models import Shapes, build_model
-    from perencode.recipe import Recipe
-    from perencode.tasks.base import Batch
+    from perencode.config.recipe import Recipe
+    from perencode.kinds.models import Shapes, build_model
+    from perencode.kinds.tasks.base import Batch
 
     recipe = Recipe.model_validate({"model": TINY_MODEL})
     torch.manual_seed(0)
@@ -308,8 +308,8 @@ def test_masked_outputs_never_count():
 
 @pytest.mark.parametrize("arch", ["gru", "lstm", "s4d"])
 def test_padding_row_of_a_task_is_zero_and_frozen(arch):
-    from perencode.models import Shapes, build_model
-    from perencode.recipe import Recipe
+    from perencode.config.recipe import Recipe
+    from perencode.kinds.models import Shapes, build_model
 
     recipe = Recipe.model_validate({"model": tiny_model(arch)})
     model = build_model(recipe, Shapes(num_embeddings=6, num_classes=5, steps=4, outputs=4,
@@ -386,14 +386,14 @@ def test_two_train_processes_on_one_run_dir_train_once(tmp_path):
 
 def _refuse_writes_of(monkeypatch, name: str, code: int = errno.ENOSPC) -> None:
     """Make the filesystem refuse atomic writes of `name` (as a full disk would)."""
-    real: Callable[..., tuple[int, str]] = perencode.io.tempfile.mkstemp
+    real: Callable[..., tuple[int, str]] = perencode.common.files.tempfile.mkstemp
 
     def mkstemp(*args, prefix="", **kwargs):
         if prefix == f".{name}.":
             raise OSError(code, os.strerror(code))
         return real(*args, prefix=prefix, **kwargs)
 
-    monkeypatch.setattr(perencode.io.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(perencode.common.files.tempfile, "mkstemp", mkstemp)
 
 
 def test_a_full_disk_stops_training_with_one_line_and_the_rerun_resumes(cli, tmp_path,
@@ -496,7 +496,7 @@ def test_eval_removes_its_stale_temporary_file(cli, tmp_path):
 # -- a long run said at once, progress lines at least every 30 s, RUN_DIR/recipe.toml ---------
 
 def test_a_run_of_more_than_an_hour_is_said_in_one_line(cli, tmp_path, monkeypatch):
-    from perencode import train
+    from perencode.commands import train
 
     # The estimate itself: 20 iterations in 2 s, 299,980 left: 8.3 hours.
     run_dir = fake_run(tmp_path, "long", recipe=validate(
@@ -520,7 +520,7 @@ def test_a_run_of_more_than_an_hour_is_said_in_one_line(cli, tmp_path, monkeypat
 
 
 def test_progress_lines_come_at_least_every_30_seconds(capsys, monkeypatch):
-    from perencode import progress
+    from perencode.common import progress
 
     with progress.Reporter("train", 5, log_every=1000, enabled=True) as reporter:
         reporter.tty = False

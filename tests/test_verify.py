@@ -1,4 +1,4 @@
-"""Claims checks (perencode.verify) on hand-made runs with known numbers; the claims
+"""Claims checks (perencode.commands.verify) on hand-made runs with known numbers; the claims
 files of the package parse and evaluate. The path from real tiny runs is in test_sweep.py."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from conftest import ROOT
 from fake_runs import by_band, fake_run, stability_rows
 
-from perencode.errors import UserError
-from perencode.verdicts import check_claims, claims_file, load_claims
-from perencode.verify import verify_runs
+from perencode.analysis.verdicts import check_claims, claims_file, load_claims
+from perencode.commands.verify import verify_runs
+from perencode.common.errors import UserError
 
 REVERSE = '{ "task.name" = "reverse", "model.arch" = "gru" }'
 
@@ -357,7 +357,7 @@ def test_three_way_verdicts_through_the_cli(three_way_runs, tmp_path, cli):
 
 
 def test_threshold_three_ways():
-    from perencode.verdicts import three_way
+    from perencode.analysis.verdicts import three_way
 
     above = lambda x: x > 0.95  # noqa: E731
     assert three_way(above, 0.96, 0.99) == "pass"
@@ -434,7 +434,7 @@ def test_an_empty_group_and_unfinished_runs_are_named(three_way_runs, tmp_path):
     ({"missing": True}, "unset"), (list(range(10)), "in 0, 1, 2, 3, 4, 5, 6, 7 and 2 more"),
 ])
 def test_a_filter_in_words(rule, words):
-    from perencode.verdicts import _rule
+    from perencode.analysis.verdicts import _rule
 
     assert _rule(rule) == words
 
@@ -442,7 +442,7 @@ def test_a_filter_in_words(rule, words):
 def test_the_nearest_runs_decide_the_reason():
     """Of runs failing one filter and runs failing two, the first are the nearest: the
     reason names their one field and their values there."""
-    from perencode.verdicts import excluded
+    from perencode.analysis.verdicts import excluded
 
     df = pd.DataFrame({"run": ["a", "b", "c", "d"], "model.arch": ["gru", "gru", "lstm", "gru"],
                        "model.hidden_size": [32, 64, 32, 512],
@@ -564,12 +564,12 @@ def test_level_and_sides_set_each_sides_alpha(three_way_runs, tmp_path):
 
 def test_a_crash_inside_a_claim_is_exit_2_not_the_code_of_a_fail(three_way_runs, tmp_path,
                                                                  cli, monkeypatch):
-    import perencode.verdicts
+    import perencode.analysis.verdicts
 
     def broken(*args):
         raise KeyError("something the claims file did not foresee")
 
-    monkeypatch.setattr(perencode.verdicts, "evaluate", broken)
+    monkeypatch.setattr(perencode.analysis.verdicts, "evaluate", broken)
     code, output = cli("verify", three_way_runs, "--claims", write(
         tmp_path, DIFF.format(id="x", k=32, op=">")), "--out", tmp_path / "out")
     assert code == 2 and "claim x could not be evaluated (KeyError:" in output

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from perencode.io import atomic_write_text
-from perencode.plan import cost_section, with_section
+from perencode.commands.plan import cost_section, with_section
+from perencode.common.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ budget left is below its minimum (a skipped or failed step never stops the next)
   speed    ms per step at the paper's shapes: free-running (CUDA events, one sync at the
            end, as training runs) and synchronised per step, against the bare cuDNN loop
   tf32     the K = 16,384 LSTM's and the S4D's step with TF32 on cuBLAS (the heads)
-  memory   perencode.preflight's estimate against the allocator's peak (two steps and the
+  memory   perencode.training.preflight's estimate against the allocator's peak (two steps and the
            held-out evaluation) for the largest synthetic model of each kind; the
            language model's head against its estimate
   share    steps/s of 1 and of 4 training processes at once on the one GPU
@@ -46,16 +46,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout's perencode, installed or not
 
-from perencode import bench, cost, doctor, environment, preflight  # noqa: E402
-from perencode.device import (  # noqa: E402
+from perencode.analysis import cost  # noqa: E402
+from perencode.commands import bench, doctor  # noqa: E402
+from perencode.common.device import (  # noqa: E402
     free_running_seconds,
     host_syncs,
     kernel_support,
     synchronize,
 )
-from perencode.models.rnn import CELLS  # noqa: E402
-from perencode.recipe import Recipe, load_recipe  # noqa: E402
-from perencode.session import CHUNK_LOGITS, Session  # noqa: E402
+from perencode.config.recipe import Recipe, load_recipe  # noqa: E402
+from perencode.kinds.models.rnn import CELLS  # noqa: E402
+from perencode.store import environment  # noqa: E402
+from perencode.training import preflight  # noqa: E402
+from perencode.training.session import CHUNK_LOGITS, Session  # noqa: E402
 
 # (name, seconds it may take at most, seconds it needs at least) in running order.
 STEPS = [("env", 30, 5), ("syncs", 45, 15), ("resume", 45, 15), ("speed", 100, 30),

@@ -33,8 +33,7 @@ from pydantic import Field
 from torch import Tensor, nn
 from torch.func import jacrev, vmap
 
-from perencode.models import SequenceModel, Shapes
-from perencode.recipe import EncodingConfig, ModelConfig
+from perencode.api import EncodingConfig, ModelConfig, SequenceModel, Shapes
 
 
 class MinGRUConfig(ModelConfig):

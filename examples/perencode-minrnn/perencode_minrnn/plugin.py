@@ -1,7 +1,7 @@
 """The registration: the entry point `perencode.kinds` of this package names this module,
 so every perencode process that looks up a model has `model.arch = "mingru"`."""
 
-from perencode.kinds import ModelKind, register_model
+from perencode.api import ModelKind, register_model
 from perencode_minrnn.mingru import MinGRUConfig, build, flops_per_step, jacobians
 
 register_model(ModelKind(

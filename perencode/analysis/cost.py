@@ -1,0 +1,323 @@
+"""What a run costs, whichever command asks (`sweep --dry-run`/`--estimate`, `doctor`,
+`plan`): disk (exact sizes of the checkpoints kept), compute (a FLOP count per iteration,
+split into the recurrent layer's and the head's), seconds per iteration measured per shape
+and cached in a folder's .estimates.json, or modelled for a GPU of a table from its
+published rates (`plan`), and the seeds a claim needs.
+
+Seconds per iteration of a shape not measured on this device are extrapolated from measured
+shapes of the same architecture by their FLOP ratio.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+from perencode.analysis.stats import t_quantile
+from perencode.common.errors import UserError
+from perencode.common.files import atomic_write_json
+from perencode.config import registry
+from perencode.config.grid import SlurmConfig
+from perencode.config.recipe import BOOKKEEPING, Recipe
+from perencode.kinds.encoding import input_width
+from perencode.kinds.models import SequenceModel
+from perencode.kinds.tasks import shapes
+from perencode.training.preflight import meta_model, parameter_count
+
+# Training fields that do not change what one iteration costs: the bookkeeping (recipe.py),
+# and the number of iterations, which changes a run's results but not the price of each.
+COSTLESS_TRAIN_FIELDS = {"iterations", *(field.removeprefix("train.") for field in BOOKKEEPING
+                                         if field.startswith("train."))}
+ESTIMATES = ".estimates.json"  # in the sweep's OUT: seconds per iteration by device and shape
+# A checkpoint holds the weights and Adam's two moments, all fp32, plus a few kB of recipe,
+# RNG states and bookkeeping.
+CHECKPOINT_OVERHEAD = 64 * 1024
+
+
+def shape_key(recipe: Recipe) -> str:
+    """What sets the cost of an iteration: the recipe less seed, length of training, logging."""
+    data = recipe.identity()
+    data["train"] = {k: v for k, v in data["train"].items() if k not in COSTLESS_TRAIN_FIELDS}
+    return json.dumps(data, sort_keys=True)
+
+
+def checkpoint_bytes(recipe: Recipe) -> int:
+    return 12 * parameter_count(recipe) + CHECKPOINT_OVERHEAD
+
+
+def checkpoints_on_disk(recipe: Recipe) -> int:
+    """How many periodic checkpoints a finished run keeps (train.keep_checkpoints)."""
+    every, n = recipe.train.checkpoint_every, recipe.train.iterations
+    written = n // every + (n % every != 0)
+    kept = recipe.checkpoints_kept()
+    return written if kept is None else min(kept, written)
+
+
+def flops_per_iteration(recipe: Recipe) -> float:
+    """Multiply-adds x 2 of one training iteration, forward and backward (x 3): the
+    sequence layer over T steps (its registration's `flops_per_step`, else one multiply-add
+    per parameter of that layer) and the head at the scored outputs."""
+    s, m = shapes(recipe.task), recipe.model
+    B, T, H, K = recipe.train.batch_size, s.steps, m.hidden_size, s.num_classes
+    hook = registry.get("model", m.arch).flops_per_step
+    D = input_width(recipe.encoding, m.embed_size)
+    per_step = hook(m, D, T) if hook is not None else layer_parameters(recipe)
+    return 3 * 2 * B * (T * per_step + s.outputs * H * K)
+
+
+def held_out_iterations(recipe: Recipe) -> float | None:
+    """The periodic held-out scoring of a run (train.eval_every) in training iterations: a
+    forward pass (a third of an iteration's FLOPs) over the held-out sequences each time,
+    the last step's scoring left out (every run scores the end). 0 without eval_every;
+    None for a task with no held-out count (a language model's splits)."""
+    every, n = recipe.train.eval_every, recipe.train.iterations
+    if every is None:
+        return 0.0
+    held_out = getattr(recipe.task, "held_out", None)
+    if not isinstance(held_out, int):
+        return None
+    times = n // every - (n % every == 0)
+    return times * held_out / recipe.train.batch_size / 3
+
+
+def layer_parameters(recipe: Recipe) -> int:
+    """Parameters of the model outside its embedding, encoding and head (SequenceModel)."""
+    model = cast(SequenceModel, meta_model(recipe))  # every registered model is one
+    front = {id(p) for part in (model.embedding, model.encoding, model.head)
+             for p in part.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in front)
+
+
+def device_label(device: torch.device, threads: int) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu {platform.machine()} x{threads}"
+
+
+class Estimates:
+    """Measured seconds per iteration by device and shape, cached in OUT/.estimates.json."""
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / ESTIMATES
+        try:
+            self.data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            self.data = {}  # a cache: measured again
+
+    def get(self, device: str, recipe: Recipe) -> float | None:
+        entry = self.data.get(device, {}).get(shape_key(recipe))
+        return entry["seconds_per_iteration"] if entry else None
+
+    def put(self, device: str, recipe: Recipe, seconds: float,
+            spread: tuple[float, float] | None = None) -> None:
+        """A measurement of `recipe`'s shape on `device`: seconds per iteration (a median of
+        repeats, their lowest and highest in `spread`)."""
+        self.data.setdefault(device, {})[shape_key(recipe)] = {
+            "seconds_per_iteration": seconds, "arch": recipe.model.arch,
+            **({"spread": list(spread)} if spread is not None else {}),
+            "flops_per_iteration": flops_per_iteration(recipe),
+            "measured": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        atomic_write_json(self.path, self.data)
+
+    def seconds(self, device: str, recipe: Recipe) -> tuple[float | None, bool]:
+        """(seconds per iteration, measured?): measured, else extrapolated by FLOPs from the
+        measured shapes of the same architecture on this device (their median rate)."""
+        measured = self.get(device, recipe)
+        if measured is not None:
+            return measured, True
+        rates = sorted(e["seconds_per_iteration"] / e["flops_per_iteration"]
+                       for e in self.data.get(device, {}).values()
+                       if e["arch"] == recipe.model.arch)
+        if not rates:
+            return None, False
+        return rates[len(rates) // 2] * flops_per_iteration(recipe), False
+
+
+# --------------------------------------------------------------------------------------
+# Modelled device time on a GPU (`perencode plan`): the FLOPs of a run split by where they
+# run, at a GPU's published rates
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GPU:
+    """A GPU's published dense peak rates (TFLOP/s, no structured sparsity), memory (GB) and
+    memory bandwidth (GB/s). `tf32` is 0 where the chip has no TF32 (its cuDNN and matmul
+    products then run in fp32)."""
+
+    name: str
+    fp32: float
+    tf32: float
+    half: float  # fp16/bf16 tensor-core products
+    memory_gb: float
+    bandwidth_gbs: float
+    measured: bool = False  # its rates come from a measurement on it, not the table
+
+
+# The vendors' datasheets, dense figures (the datasheets print TF32 and fp16/bf16 "with
+# sparsity", twice these): NVIDIA A100 Tensor Core GPU datasheet (SXM: fp32 19.5, TF32 156,
+# bf16 312; 40GB at 1,555 GB/s, 80GB at 2,039 GB/s); H100 datasheet (SXM: fp32 67, TF32
+# 494.5, bf16 989.5; 80GB at 3,350 GB/s); L40S datasheet (fp32 91.6, TF32 183, bf16 362.05;
+# 48GB at 864 GB/s); V100 datasheet (SXM2: fp32 15.7, fp16 tensor 125, no TF32; 32GB at 900
+# GB/s); Ada Lovelace architecture whitepaper, Appendix A (RTX 4090: fp32 82.6, TF32 82.6,
+# fp16/bf16 with fp32 accumulate 165.2; 24GB at 1,008 GB/s).
+GPUS = {
+    "a100": GPU("NVIDIA A100 80GB SXM", 19.5, 156.0, 312.0, 80, 2039),
+    "a100-40gb": GPU("NVIDIA A100 40GB SXM", 19.5, 156.0, 312.0, 40, 1555),
+    "h100": GPU("NVIDIA H100 80GB SXM", 67.0, 494.5, 989.5, 80, 3350),
+    "l40s": GPU("NVIDIA L40S", 91.6, 183.0, 362.05, 48, 864),
+    "v100": GPU("NVIDIA V100 32GB SXM2", 15.7, 0.0, 125.0, 32, 900),
+    "rtx4090": GPU("NVIDIA GeForce RTX 4090", 82.6, 82.6, 165.2, 24, 1008),
+}
+GPU_ALIASES = {"a100-80gb": "a100", "4090": "rtx4090", "h100-80gb": "h100"}
+
+# Fractions of those peaks a training step is modelled to reach, by where its products run
+# (until `bench` on the GPU measures it): a matmul (a head, [scored outputs, H] x [H, K] with
+# thousands of rows; an S4D layer's maps over B x T rows) is one large product, which cuBLAS
+# runs near its peak; cuDNN's recurrent layer is a chain of T small products ([B, H] x
+# [H, gates x H] a step, each waiting for the last) plus the pointwise gate arithmetic, far
+# below its peak. These two numbers are the model's assumptions, not measurements;
+# REPRODUCE.md's cost section gives the floor at the peak rates beside them.
+EFFICIENCY = {"cudnn": 0.25, "matmul": 0.8}
+
+
+def gpu(name: str) -> GPU:
+    """A GPU of the table by its short name (a100, a100-40gb, h100, l40s, v100, rtx4090)."""
+    key = name.strip().lower().replace(" ", "").replace("_", "-")
+    key = GPU_ALIASES.get(key, key)
+    if key not in GPUS:
+        raise UserError(f"--gpu '{name}': expected one of {', '.join(GPUS)}")
+    return GPUS[key]
+
+
+def scored_outputs(recipe: Recipe) -> tuple[float, str]:
+    """Scored outputs of one training sequence on average, and where the figure comes from:
+    the prepared data's manifest where the task reads a corpus (paragraphs shorter than the
+    input length are padded, and padding is dropped before the head), else the task's
+    output positions (every position of a synthetic sequence is scored; for an unprepared
+    corpus, an upper bound)."""
+    s = shapes(recipe.task)
+    data = getattr(recipe.task, "data", None)
+    if not isinstance(data, str):
+        return float(s.outputs), "task"
+    try:
+        train = json.loads((Path(data) / "manifest.json").read_text())["splits"]["train"]
+        return train["scored_tokens"] / train["sequences"], f"{data}/manifest.json"
+    except (OSError, KeyError, TypeError, ZeroDivisionError, json.JSONDecodeError):
+        return float(s.outputs), f"upper bound: {data} not prepared"
+
+
+@dataclass(frozen=True)
+class Work:
+    """FLOPs of one training iteration (forward and backward) by where they run: the
+    sequence layer (cuDNN's kernels for a model whose TF32 switch is cuDNN's, else matmuls)
+    and the head at the scored outputs."""
+
+    layer: float
+    head: float
+    layer_switch: str  # the model's TF32 switch (perencode.config.registry.TF32_SWITCHES)
+    scored: float      # scored outputs a sequence
+    scored_source: str
+
+    @property
+    def total(self) -> float:
+        return self.layer + self.head
+
+
+def work(recipe: Recipe) -> Work:
+    """The FLOPs of `flops_per_iteration`, split, with the head over the scored outputs."""
+    s, m = shapes(recipe.task), recipe.model
+    B, T, H, K = recipe.train.batch_size, s.steps, m.hidden_size, s.num_classes
+    hook = registry.get("model", m.arch).flops_per_step
+    D = input_width(recipe.encoding, m.embed_size)
+    per_step = hook(m, D, T) if hook is not None else layer_parameters(recipe)
+    scored, source = scored_outputs(recipe)
+    return Work(3 * 2 * B * T * per_step, 3 * 2 * B * scored * H * K,
+                registry.get("model", m.arch).tf32, scored, source)
+
+
+def rates(w: Work, device: GPU, precision: str = "authors") -> tuple[float, float]:
+    """(layer, head) peak FLOP/s on `device`. The authors' numerics (torch's defaults):
+    cuDNN's recurrent kernels in TF32 (torch.backends.cudnn.allow_tf32 is on by default),
+    matmuls in fp32 (torch.backends.cuda.matmul.allow_tf32 off since torch 1.12);
+    `precision = "tf32"` runs the matmuls in TF32 as well. No TF32 on the chip: fp32."""
+    tf32 = device.tf32 or device.fp32
+    matmul = tf32 if precision == "tf32" else device.fp32
+    layer = tf32 if w.layer_switch == "cudnn" else matmul
+    return layer * 1e12, matmul * 1e12
+
+
+def modelled_seconds(w: Work, device: GPU, precision: str = "authors",
+                     efficiency: dict[str, float] | None = None) -> float:
+    """Seconds per iteration: each part's FLOPs at its rate times the modelled efficiency
+    of where it runs (`efficiency` None: EFFICIENCY; PEAK: the peak rates, a floor)."""
+    eff = EFFICIENCY if efficiency is None else efficiency
+    layer_rate, head_rate = rates(w, device, precision)
+    return w.layer / (layer_rate * eff[w.layer_switch]) + w.head / (head_rate * eff["matmul"])
+
+
+PEAK = {"cudnn": 1.0, "matmul": 1.0}
+
+
+# --------------------------------------------------------------------------------------
+# Seeds a claim needs: the power of the verdicts' test (a one-sided Welch t at 95%)
+# --------------------------------------------------------------------------------------
+
+LEVEL, POWER = 0.95, 0.80
+
+
+def detectable_effect(n: int, groups: int = 2) -> float:
+    """The smallest effect, in units of the seeds' standard deviation, that a one-sided t
+    test at LEVEL decides with POWER from n seeds a group: two groups (a difference of
+    means; Welch's df at equal n and spread is 2n - 2) or one (a mean against a threshold,
+    df n - 1). The usual approximation (t_level + t_power) x standard error, with central
+    t quantiles."""
+    if n < 2:
+        return math.inf
+    df = groups * (n - 1)
+    return (t_quantile(LEVEL, df) + t_quantile(POWER, df)) * math.sqrt(groups / n)
+
+
+def seeds_needed(effect: float, groups: int = 2, most: int = 100) -> int | None:
+    """Seeds a group that decide an effect of `effect` standard deviations at LEVEL with
+    POWER (detectable_effect); None if more than `most`."""
+    for n in range(2, most + 1):
+        if detectable_effect(n, groups) <= effect:
+            return n
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Executors: wall time and SLURM jobs of runs of known hours (`plan`, `sweep --dry-run`)
+# --------------------------------------------------------------------------------------
+
+def local_wall_hours(hours: list[float], gpus: int, runs_per_gpu: int) -> float:
+    """Hours until the last run ends on `gpus` GPUs with `runs_per_gpu` runs sharing each:
+    runs sharing a GPU share its throughput (each takes that many times as long), so the
+    wall time is the device-hours over the GPUs, never below the longest run's time when
+    it shares its GPU."""
+    if not hours:
+        return 0.0
+    sharing = min(runs_per_gpu, math.ceil(len(hours) / gpus))
+    return max(sum(hours) / gpus, max(hours) * sharing)
+
+
+def slurm_jobs(hours: list[float], cfg: SlurmConfig) -> dict[str, Any]:
+    """One job per run (the sweep's job array): its size, GPUs and time limit, the runs
+    longer than the limit (requeued from their last checkpoint) and the requeues expected,
+    the GPU-hours charged, and the wall time with `array_parallelism` jobs at once."""
+    usable = cfg.time_min / 60 - cfg.signal_delay_s / 3600  # hours a job trains
+    requeues = [max(0, math.ceil(h / usable) - 1) for h in hours]
+    parallel = max(1, min(cfg.array_parallelism, len(hours)))
+    total = sum(hours)
+    return {"jobs": len(hours), "array_size": len(hours), "gpus_per_job": cfg.gpus_per_job,
+            "time_limit_min": cfg.time_min, "over_limit": sum(q > 0 for q in requeues),
+            "requeues": sum(requeues), "most_requeues": max(requeues, default=0),
+            "max_requeues": cfg.max_requeues, "gpu_hours_charged": total * cfg.gpus_per_job,
+            "wall_hours": max([total / parallel, *hours]) if hours else 0.0}

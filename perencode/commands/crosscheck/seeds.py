@@ -1,0 +1,80 @@
+"""Seeds: the run's seed decides its held-out set and its training batches, on both sides.
+Ours as `perencode train` builds them (perencode.training.session.Session: its task and its
+training stream); theirs as their scripts do (the seed their Learner sets
+before the dataset draws its held-out set, their DataLoader's sampler seeded with it, and
+their loop's reseeding at every iteration, in the main process).
+
+Seeds 111, 222 and 111 again: the first two must give different held-out sets and different
+training batches, the first and the third identical ones.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from perencode.commands.crosscheck.authors import Authors
+from perencode.commands.crosscheck.report import AGREE, DISAGREE, Comparison
+from perencode.config.recipe import Recipe
+from perencode.training import session
+
+K, L, HELD_OUT, BATCH, STEPS = 16, 8, 32, 8, 3
+SEEDS = (111, 222, 111)
+
+
+def ours(seed: int) -> tuple[Tensor, list[Tensor]]:
+    """(held-out rows, the first STEPS training batches' rows) of our run with `seed`."""
+    recipe = Recipe.model_validate({
+        "task": {"name": "reverse", "vocab_size": K, "length": L, "held_out": HELD_OUT},
+        "model": {"arch": "gru", "hidden_size": 8, "embed_size": 8},
+        "train": {"seed": seed, "batch_size": BATCH}})
+    ours = session.Session(recipe, torch.device("cpu"))
+    return ours.task.held_out, [ours.batch().sequences for _ in range(STEPS)]
+
+
+def theirs(authors: Authors, seed: int) -> tuple[Tensor, list[Tensor]]:
+    """The same from their train_palindrome.py's order of events."""
+    dataset_module = authors.module("data.dataset")
+    loader_module = authors.module("data.dataloader")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)  # their Learner, before the model and the dataset
+        dataset = dataset_module.RandomSequence(K, L, HELD_OUT, dummy_datasize=max(512, BATCH))
+        loader = loader_module.get_data_loader(dataset, batch_size=BATCH, shuffle=True,
+                                               num_iterations=STEPS, num_workers=0,
+                                               random_seed=seed)
+        rows = []
+        for iteration, batch in enumerate(loader, start=1):
+            rows.append(batch)
+            torch.manual_seed(iteration + seed)  # their train loop, after each batch
+        return dataset.held_out, rows
+
+
+def _verdict(name: str, draws: list[tuple[Tensor, list[Tensor]]]) -> list[str]:
+    (h1, b1), (h2, b2), (h3, b3) = draws
+    wrong = []
+    if torch.equal(h1, h2):
+        wrong.append(f"{name}: seeds {SEEDS[0]} and {SEEDS[1]} give the same held-out set")
+    if any(torch.equal(x, y) for x, y in zip(b1, b2)):
+        wrong.append(f"{name}: seeds {SEEDS[0]} and {SEEDS[1]} give a same training batch")
+    if not torch.equal(h1, h3):
+        wrong.append(f"{name}: seed {SEEDS[0]} twice gives two held-out sets")
+    if not all(torch.equal(x, y) for x, y in zip(b1, b3)):
+        wrong.append(f"{name}: seed {SEEDS[0]} twice gives two training streams")
+    return wrong
+
+
+def check_seeds(authors: Authors) -> list[Comparison]:
+    wrong = _verdict("ours", [ours(s) for s in SEEDS])
+    wrong += _verdict("theirs", [theirs(authors, s) for s in SEEDS])
+    check = Comparison(
+        "seeds: held-out set and training stream", f"reverse K={K} L={L}: the held-out set "
+        f"({HELD_OUT} rows) and the first {STEPS} training batches of seeds "
+        f"{', '.join(map(str, SEEDS))}: different seeds differ, the same seed repeats, on "
+        "both sides (ours: session.build, session.training_generator)",
+        "data.dataset.RandomSequence, data.dataloader.get_data_loader, their per-iteration "
+        "reseeding", {"fp32": 0.0, "fp64": 0.0},
+        {"fp32": float(len(wrong)), "fp64": float(len(wrong))},
+        unit="properties that fail", verdict=AGREE)
+    if wrong:
+        check.verdict, check.reason = DISAGREE, "; ".join(wrong)
+    return [check]

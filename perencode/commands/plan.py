@@ -1,0 +1,676 @@
+"""What a reproduction costs on a GPU, and what a budget buys (`perencode plan`).
+
+For grids (or a folder of them, `recipes/paper`): the unique runs (a recipe shared by two
+grids is one run, as the sweep links it), their device-hours on a GPU of the table in
+perencode.analysis.cost (or as `bench` measured them on that GPU: `sweep --estimate`'s cache),
+the wall time for the executor, the memory a run needs and the claims each grid's cells
+serve. With a budget: the claims, headline first (the claims file's order), whose cells fit
+in it, written as grid files `perencode sweep` runs as they are, and a plan.json that
+`perencode verify --plan` reads to mark the claims left out.
+
+Every figure says whether it is modelled (FLOPs at the table's rates) or measured; nothing
+is timed here, so the same command gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args
+
+import pandas as pd
+import torch
+from rich.table import Table
+
+from perencode.analysis.cost import (
+    EFFICIENCY,
+    GPU,
+    GPUS,
+    PEAK,
+    Estimates,
+    Work,
+    detectable_effect,
+    gpu,
+    local_wall_hours,
+    modelled_seconds,
+    seeds_needed,
+    shape_key,
+    slurm_jobs,
+    work,
+)
+from perencode.analysis.results import collect, flatten
+from perencode.analysis.verdicts import Claim, claims_file, load_claims, select
+from perencode.common import defaults
+from perencode.common.console import console, print_table
+from perencode.common.errors import UserError
+from perencode.common.files import atomic_write_json, atomic_write_text
+from perencode.config.grid import Grid, SlurmConfig, SweepConfig, load_grid
+from perencode.config.recipe import Recipe, run_key
+from perencode.config.validation import validate_table
+from perencode.training.preflight import estimate
+from perencode.training.session import CHUNK_LOGITS
+
+PLAN_FILE = "plan.json"
+# The analyses a grid runs on its runs (`[sweep] after`), each writing the table of its name.
+ANALYSES = get_args(get_args(SweepConfig.model_fields["after"].annotation)[0])
+SEED = "train.seed"
+
+
+@dataclass
+class Run:
+    """A unique run: its recipe, the grids whose cells it is, its cost."""
+
+    key: str
+    recipe: Recipe
+    grid: str                       # the grid that trains it (the first to name it)
+    cells: list[tuple[str, str]]    # (grid, cell name) of every cell it is
+    work: Work
+    seconds: float                  # per iteration on the plan's GPU
+    measured: str                   # "measured", "extrapolated" (from measured shapes) or ""
+    memory: int                     # bytes
+
+    @property
+    def hours(self) -> float:
+        return self.seconds * self.recipe.train.iterations / 3600
+
+    @property
+    def config(self) -> str:
+        """The run's recipe less its seed: the cell a claim's seeds are drawn for."""
+        data = self.recipe.identity()
+        data["train"] = {k: v for k, v in data["train"].items() if k != "seed"}
+        return json.dumps(data, sort_keys=True)
+
+
+@dataclass
+class GridCost:
+    grid: Grid
+    runs: list[Run] = field(default_factory=list)     # the runs it trains
+    shared: int = 0                                   # its cells another grid trains
+
+    @property
+    def hours(self) -> float:
+        return sum(r.hours for r in self.runs)
+
+
+def grid_files(paths: list[Path]) -> list[Path]:
+    """Grid files: each path, or a folder's *.toml in name order."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(path.glob("*.toml"))
+            if not found:
+                raise UserError(f"{path}: no grid files (*.toml) in this folder")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise UserError(f"{path}: no such grid file or folder")
+    return files
+
+
+def choose_gpu(name: str | None) -> tuple[GPU, str]:
+    """The GPU the plan prices: --gpu's, else the one present; never this machine's CPU (a
+    login node's CPU says nothing of a GPU sweep)."""
+    if name is not None:
+        return gpu(name), "--gpu"
+    if torch.cuda.is_available():
+        present = torch.cuda.get_device_name(0)
+        for entry in GPUS.values():
+            family = entry.name.split()[1].lower()  # "a100", "h100", ...
+            if family in present.lower().replace(" ", ""):
+                return entry, f"the GPU present ({present})"
+        raise UserError(f"--gpu: the GPU present ({present}) is not in the table; name the "
+                        f"nearest: {', '.join(GPUS)}")
+    raise UserError("--gpu: no GPU on this machine; name the one the jobs will get: "
+                    f"{', '.join(GPUS)}")
+
+
+def measured_label(device: GPU, cache: Estimates) -> str | None:
+    """The label under which `sweep --estimate` cached measurements of this GPU's family
+    (torch's device name, e.g. 'NVIDIA A100-SXM4-80GB'), if any."""
+    family = device.name.split()[1].lower()
+    for label in sorted(cache.data):
+        if family in label.lower() and not label.startswith("cpu"):
+            return label
+    return None
+
+
+def cost_runs(grids: list[Grid], device: GPU, runs_root: Path, precision: str | None = None,
+              sized: dict[str, tuple[Work, int]] | None = None,
+              ) -> tuple[list[GridCost], dict[str, Run]]:
+    """The unique runs of `grids` (linked by run_key, as the sweep links them) and what each
+    grid trains of them. `precision`: price every run at this train.precision instead of its
+    recipe's (what the lever saves). `sized`: FLOPs and memory by shape, filled as shapes
+    are met (a second pass reuses them)."""
+    cache = Estimates(runs_root)
+    label = measured_label(device, cache)
+    unique: dict[str, Run] = {}
+    costs: list[GridCost] = []
+    sized = {} if sized is None else sized
+    for grid in grids:
+        cost = GridCost(grid)
+        for cell in grid.cells:
+            key = run_key(cell.recipe)
+            if key in unique:
+                unique[key].cells.append((grid.name, cell.name))
+                cost.shared += 1
+                continue
+            recipe = cell.recipe
+            shape = shape_key(recipe)
+            if shape not in sized:
+                sized[shape] = (work(recipe), estimate(recipe, CHUNK_LOGITS).total)
+            flops, memory = sized[shape]
+            seconds, how = None, ""
+            if label is not None and precision is None:
+                seconds, was_measured = cache.seconds(label, recipe)
+                how = "measured" if was_measured else "extrapolated"
+            if seconds is None:
+                seconds, how = modelled_seconds(flops, device,
+                                                _precision(recipe, precision)), ""
+            run = Run(key, recipe, grid.name, [(grid.name, cell.name)], flops, seconds, how,
+                      memory)
+            unique[key] = run
+            cost.runs.append(run)
+        costs.append(cost)
+    return costs, unique
+
+
+def _precision(recipe: Recipe, override: str | None) -> str:
+    return override or recipe.train.precision
+
+
+# --------------------------------------------------------------------------------------
+# Claims and the cells that decide them
+# --------------------------------------------------------------------------------------
+
+def recipe_filters(filters: dict[str, Any], columns: pd.Index) -> dict[str, Any]:
+    """The filters on recipe fields (those on a table's own columns, a band or a condition,
+    select rows within a run, not runs)."""
+    return {k: v for k, v in filters.items() if k in columns}
+
+
+def claim_runs(claim: Claim, table: pd.DataFrame, claims: dict[str, Claim]) -> set[str]:
+    """The run keys whose runs the claim's verdict reads: its filters (and a difference's
+    groups), only the first or last cell where the claim says so, and the runs of the claim
+    it is compared with (`than`)."""
+    rows = select(table, recipe_filters(claim.where, table.columns), f"claim {claim.id}")
+    if claim.table in ANALYSES:  # an analysis's table: the runs a grid analyses, only
+        rows = rows[rows["analyses"].map(lambda a: claim.table in a).astype(bool)]
+    if claim.test == "difference":
+        groups = [select(rows, recipe_filters(g, table.columns), f"claim {claim.id}")
+                  for g in (claim.a, claim.b)]
+        rows = pd.concat(groups) if any(len(g) for g in groups) else rows.iloc[:0]
+    ends: tuple[str | None, list[str]] | None = None
+    if claim.cells in ("first", "last") and claim.by and claim.by[0] in rows.columns:
+        ends = (claim.by[0], [claim.cells])
+    if claim.test == "trend" and claim.along in rows.columns:
+        ends = (claim.along, ["first", "last"])
+    if ends is not None and len(rows):
+        column, which = str(ends[0]), ends[1]
+        values = sorted(rows[column].dropna().unique())
+        keep = [values[0] if w == "first" else values[-1] for w in which]
+        rows = rows[rows[column].isin(keep)]
+    keys = set(rows["key"])
+    if claim.than is not None and claim.than in claims:
+        keys |= claim_runs(claims[claim.than], table, claims)
+    return keys
+
+
+def runs_table(unique: dict[str, Run], grids: list[Grid]) -> pd.DataFrame:
+    """One row a unique run: its recipe fields, its key and the analyses a grid of its cells
+    runs on it (`[sweep] after`: a claim on their table reads those runs only)."""
+    after = {g.name: set(g.sweep.after) for g in grids}
+    return pd.DataFrame([{**flatten(r.recipe), "key": k,
+                          "analyses": frozenset().union(*(after[g] for g, _ in r.cells))}
+                         for k, r in unique.items()])
+
+
+def groups_of(claim: Claim) -> int:
+    """Groups the claim's test compares: two for a difference or a trend, one for a value
+    against a threshold (threshold, approx, lowest)."""
+    return 2 if claim.test in ("difference", "trend") else 1
+
+
+def observed_effects(claims: list[Claim], paths: list[Path]) -> dict[str, float]:
+    """Each claim's effect in standard deviations of the seeds, as finished runs under
+    `paths` show it (claims on the runs table with a threshold, difference or approx test,
+    where every cell has two runs or more): |mean - value| / sd for a value, |mean_a -
+    mean_b| / the groups' root mean variance for a difference; the smallest over the
+    claim's cells (the hardest cell decides how many seeds it needs)."""
+    runs = collect(paths, "plan").runs
+    runs = runs[runs["complete"].astype(bool)]
+    found: dict[str, float] = {}
+    for claim in claims:
+        if claim.table != "runs" or claim.test not in ("threshold", "difference", "approx") \
+                or claim.metric not in runs.columns:
+            continue
+        rows = select(runs, recipe_filters(claim.where, runs.columns), f"claim {claim.id}")
+        keys = [k for k in claim.by if k in rows.columns]
+        effects = []
+        for _, cell in (rows.groupby(keys, dropna=False) if keys else [((), rows)]):
+            if claim.test == "difference":
+                a, b = (select(cell, recipe_filters(g, cell.columns), f"claim {claim.id}")
+                        [claim.metric].astype(float) for g in (claim.a, claim.b))
+                if min(len(a), len(b)) < 2:
+                    continue
+                spread = math.sqrt((a.var() + b.var()) / 2)
+                gap = abs(a.mean() - b.mean()) - (claim.value if claim.than is None else 0)
+            else:
+                values = cell[claim.metric].astype(float)
+                if len(values) < 2:
+                    continue
+                spread, gap = values.std(), abs(values.mean() - claim.value)
+            effects.append(math.inf if spread == 0 else abs(gap) / spread)
+        if effects:
+            found[claim.id] = min(effects)
+    return found
+
+
+# --------------------------------------------------------------------------------------
+# A budget
+# --------------------------------------------------------------------------------------
+
+@dataclass
+class Budgeted:
+    hours: float
+    seeds_source: str
+    chosen: dict[str, Run]                                  # run key -> run
+    analyses: dict[str, set[str]]                           # run key -> analyses its claims read
+    decided: list[Claim]
+    left_out: list[tuple[Claim, str]]                       # claim, why
+    cost: float = 0.0
+    # claim id -> (seeds a cell, "observed" or "--effect") where a power calculation set them
+    seeds_per_claim: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+
+def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFrame,
+                  budget: float, seeds: int | None, effect: float | None,
+                  observed: dict[str, float] | None = None) -> Budgeted:
+    """The claims, in the file's order (headline first), whose runs fit in `budget`
+    device-hours together with the claims before them; a claim that does not fit is left
+    out and the next one tried. Each cell gets the first `seeds` seeds of its grid (a
+    claim's effect in standard deviations, `observed` in runs (by claim id) or else the
+    reviewer's `effect`: the seeds that decide it, seeds_needed; else the grid's own seeds,
+    the paper's five)."""
+    observed = observed or {}
+    by_config: dict[str, list[Run]] = {}
+    for run in unique.values():
+        by_config.setdefault(run.config, []).append(run)
+    for runs in by_config.values():
+        runs.sort(key=lambda r: r.recipe.train.seed)
+    index = {c.id: c for c in claims}
+    chosen: dict[str, Run] = {}
+    analyses: dict[str, set[str]] = {}
+    seeds_used: dict[str, tuple[int, str]] = {}
+    decided, left_out, spent = [], [], 0.0
+    source = ("--seeds" if seeds is not None else
+              f"for an effect of {effect:g} standard deviations (--effect, the reviewer's "
+              "assumption)" if effect is not None else "the grids' own seeds (the paper's)")
+    if observed and seeds is None:
+        source = (f"for the effect observed in the runs given ({len(observed)} claim(s)), "
+                  f"else {source}")
+    for claim in claims:
+        keys = claim_runs(claim, table, index)
+        if not keys:
+            left_out.append((claim, "no cell of these grids"))
+            continue
+        n = seeds
+        size = observed.get(claim.id, effect)
+        if n is None and size is not None:
+            n = seeds_needed(size, groups_of(claim))
+            if n is None:
+                left_out.append((claim, f"an effect of {size:.2g} sd needs over 100 seeds"))
+                continue
+            seeds_used[claim.id] = (n, "observed" if claim.id in observed else "--effect")
+        extra: dict[str, Run] = {}
+        for config in sorted({unique[k].config for k in keys}):
+            runs = by_config[config]
+            for run in runs[:len(runs) if n is None else n]:
+                if run.key not in chosen:
+                    extra[run.key] = run
+        more = sum(r.hours for r in extra.values())
+        if spent + more > budget:
+            left_out.append((claim, f"needs {_h(more)} more than the {_h(budget - spent)} "
+                                    "left"))
+            continue
+        chosen.update(extra)
+        if claim.table in ANALYSES:
+            for key in keys:
+                analyses.setdefault(key, set()).add(claim.table)
+        spent += more
+        decided.append(claim)
+    return Budgeted(budget, source, chosen, analyses, decided, left_out, spent,
+                    seeds_used)
+
+
+def write_plan(budgeted: Budgeted, grids: list[Grid], out: Path, claims_path: Path,
+               device: GPU) -> list[Path]:
+    """Grid files of the chosen cells, one per source grid whose chosen cells form a
+    product of axis values (else one per cell less its seed), and plan.json. A run is
+    written in the first of its grids that runs the analyses its claims read (Fig. 5's
+    stability grids for Fig. 3's runs)."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    after = {g.name: set(g.sweep.after) for g in grids}
+    home = {key: next((g for g, _ in run.cells
+                       if budgeted.analyses.get(key, set()) <= after[g]), run.grid)
+            for key, run in budgeted.chosen.items()}
+    for grid in grids:
+        cells = [c for c in grid.cells if home.get(run_key(c.recipe)) == grid.name]
+        if not cells:
+            continue
+        axes = list(cells[0].coords)
+        values = {a: _unique([c.coords[a] for c in cells]) for a in axes}
+        product = {tuple(map(_frozen, combo)) for combo in
+                   itertools.product(*(values[a] for a in axes))}
+        chosen = {tuple(_frozen(c.coords[a]) for a in axes) for c in cells}
+        if product == chosen:
+            parts = [cells]
+        else:
+            groups: dict[str, list] = {}
+            for c in cells:
+                rest = json.dumps({a: v for a, v in c.coords.items() if a != SEED},
+                                  sort_keys=True)
+                groups.setdefault(rest, []).append(c)
+            parts = list(groups.values())
+        for i, part in enumerate(parts):
+            name = grid.path.stem if len(parts) == 1 else f"{grid.path.stem}-{i + 1}"
+            path = out / f"{name}.toml"
+            base = os.path.relpath(grid.path.resolve(), out.resolve())
+            lines = [f"# perencode plan: the cells of {grid.path.name} a budget of "
+                     f"{budgeted.hours:g} GPU-hours on {device.name} trains",
+                     f"base = {json.dumps(base)}", "", "[grid]"]
+            for axis in axes:
+                lines.append(f"{json.dumps(axis)} = "
+                             f"{json.dumps(_unique([c.coords[axis] for c in part]))}")
+            atomic_write_text(path, "\n".join(lines) + "\n")
+            written.append(path)
+    atomic_write_json(out / PLAN_FILE, {
+        "format": "perencode plan", "claims": str(claims_path), "gpu": device.name,
+        "budget_hours": budgeted.hours, "modelled_hours": round(budgeted.cost, 3),
+        "seeds": budgeted.seeds_source, "runs": len(budgeted.chosen),
+        "grids": [p.name for p in written],
+        "decided": [c.id for c in budgeted.decided],
+        "left_out": [{"id": c.id, "why": why} for c, why in budgeted.left_out]})
+    return written
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _unique(values: list) -> list:
+    seen: list = []
+    for v in values:
+        if v not in seen:
+            seen.append(v)
+    return seen
+
+
+# --------------------------------------------------------------------------------------
+# Executors: wall time and the SLURM view
+# --------------------------------------------------------------------------------------
+
+def local_wall(runs: list[Run], gpus: int, runs_per_gpu: int) -> float:
+    """Hours until the last of `runs` ends on the local executor (cost.local_wall_hours)."""
+    return local_wall_hours([r.hours for r in runs], gpus, runs_per_gpu)
+
+
+def slurm_view(runs: list[Run], cfg: SlurmConfig) -> dict[str, Any]:
+    """The SLURM jobs of `runs` (cost.slurm_jobs)."""
+    return slurm_jobs([r.hours for r in runs], cfg)
+
+
+# --------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------
+
+def _h(hours: float) -> str:
+    if hours < 1:
+        return f"{hours * 60:.3g} min"
+    return f"{hours:,.0f} h" if hours >= 100 else f"{hours:.3g} h"
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
+
+
+def plan(paths: list[Path], gpu_name: str | None = None, claims: str | Path = defaults.CLAIMS,
+         budget: float | None = None, seeds: int | None = None, effect: float | None = None,
+         executor: str = "local", gpus: int = 1, runs_per_gpu: int = defaults.SWEEP_RUNS_PER_GPU,
+         slurm: dict[str, Any] | None = None, runs_root: Path = defaults.RUNS,
+         write: Path | None = None, as_json: bool = False,
+         observed: list[Path] | None = None) -> dict[str, Any]:
+    """The plan's document (what --json prints), printed for people unless `as_json`."""
+    if executor not in ("local", "slurm"):
+        raise UserError(f"--executor '{executor}': expected local or slurm")
+    if budget is not None and budget <= 0:
+        raise UserError(f"--budget {budget:g}: expected GPU-hours above 0")
+    if seeds is not None and seeds < 2:
+        raise UserError(f"--seeds {seeds}: expected at least 2 (a t test needs two per group)")
+    grids = [load_grid(p) for p in grid_files(paths)]
+    device, device_source = choose_gpu(gpu_name)
+    sized: dict[str, tuple[Work, int]] = {}
+    costs, unique = cost_runs(grids, device, runs_root, sized=sized)
+    _, as_tf32 = cost_runs(grids, device, runs_root, precision="tf32", sized=sized)
+    claims_path = claims_file(claims)
+    parsed = load_claims(claims_path)
+    index = {c.id: c for c in parsed}
+    table = runs_table(unique, grids)
+    served = {c.id: claim_runs(c, table, index) for c in parsed}
+    runs = list(unique.values())
+    total = sum(r.hours for r in runs)
+    floor = sum(modelled_seconds(r.work, device, _precision(r.recipe, None), PEAK)
+                * r.recipe.train.iterations for r in runs if not r.measured) / 3600
+    measured = sum(bool(r.measured) for r in runs)
+    doc: dict[str, Any] = {
+        "gpu": {"name": device.name, "from": device_source, "fp32_tflops": device.fp32,
+                "tf32_tflops": device.tf32, "half_tflops": device.half,
+                "memory_gb": device.memory_gb, "bandwidth_gbs": device.bandwidth_gbs},
+        "model": {"efficiency": EFFICIENCY, "measured_runs": measured,
+                  "modelled_runs": len(runs) - measured},
+        "grids": [], "cells": sum(len(g.cells) for g in grids), "runs": len(runs),
+        "gpu_hours": total, "gpu_hours_at_peak": floor,
+        "gpu_hours_tf32": sum(r.hours for r in as_tf32.values()),
+        "layer_eflop": sum(r.work.layer * r.recipe.train.iterations for r in runs) / 1e18,
+        "head_eflop": sum(r.work.head * r.recipe.train.iterations for r in runs) / 1e18,
+        "scored": sorted({f"{r.work.scored:g} ({r.work.scored_source})" for r in runs
+                          if r.work.scored_source != "task"}),
+    }
+    for cost in costs:
+        grid_keys = {run_key(c.recipe) for c in cost.grid.cells}
+        entry = {"grid": cost.grid.name, "cells": len(cost.grid.cells), "runs": len(cost.runs),
+                 "shared": cost.shared, "gpu_hours": cost.hours,
+                 "memory_bytes": max((r.memory for r in cost.runs), default=0),
+                 "claims": [c.id for c in parsed if served[c.id] & grid_keys]}
+        cfg = validate_table(SlurmConfig, {**cost.grid.slurm.model_dump(exclude_unset=True),
+                                           **(slurm or {})}, "--slurm options", "slurm")
+        entry["wall_hours"] = local_wall(cost.runs, gpus, runs_per_gpu)
+        if executor == "slurm":
+            entry["slurm"] = slurm_view(cost.runs, cfg)
+        doc["grids"].append(entry)
+    doc["wall_hours"] = local_wall(runs, gpus, runs_per_gpu)
+    if executor == "slurm":
+        doc["slurm"] = {k: sum(g["slurm"][k] for g in doc["grids"])
+                        for k in ("jobs", "over_limit", "requeues", "gpu_hours_charged")}
+    budgeted = None
+    if budget is not None:
+        effects = observed_effects(parsed, observed) if observed else {}
+        budgeted = within_budget(parsed, unique, table, budget, seeds, effect, effects)
+        n = seeds or 5
+        doc["budget"] = {
+            "hours": budget, "modelled_hours": budgeted.cost, "runs": len(budgeted.chosen),
+            "seeds": budgeted.seeds_source, "seeds_shown": n,
+            "detectable_effect_sd": {"difference": detectable_effect(n, 2),
+                                     "threshold": detectable_effect(n, 1)},
+            "decided": [c.id for c in budgeted.decided],
+            "seeds_per_claim": {k: {"seeds": n, "effect": how, "effect_sd": effects.get(k,
+                                                                                       effect)}
+                                for k, (n, how) in budgeted.seeds_per_claim.items()},
+            "left_out": [{"id": c.id, "why": why} for c, why in budgeted.left_out]}
+        if write is not None:
+            doc["budget"]["written"] = [str(p) for p in
+                                        write_plan(budgeted, grids, write, claims_path, device)]
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        _print(doc, executor, gpus, runs_per_gpu, write)
+    return doc
+
+
+def _print(doc: dict[str, Any], executor: str, gpus: int, runs_per_gpu: int,
+           write: Path | None) -> None:
+    g = doc["gpu"]
+    table = Table(title=f"plan on {g['name']} ({g['from']})")
+    columns = ["grid", "cells", "runs", "shared", "GPU-hours", "memory/run", "claims"]
+    if executor == "slurm":
+        columns[5:5] = ["jobs", "limit", "over limit", "requeues"]
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("grid", "claims") else "right",
+                         overflow="fold")
+    for entry in doc["grids"]:
+        row = [entry["grid"], str(entry["cells"]), str(entry["runs"]), str(entry["shared"]),
+               _h(entry["gpu_hours"]) if entry["runs"] else "-",
+               _gb(entry["memory_bytes"]) if entry["runs"] else "-",
+               ", ".join(c.split("-")[0] for c in entry["claims"]) or "-"]
+        if executor == "slurm":
+            s = entry["slurm"]
+            row[5:5] = [str(s["jobs"]), f"{s['time_limit_min']} min", str(s["over_limit"]),
+                        str(s["requeues"])]
+        table.add_row(*row)
+    print_table(table)
+    model = doc["model"]
+    how = (f"modelled: FLOPs at the datasheet's peak rates (fp32 {g['fp32_tflops']:g}, TF32 "
+           f"{g['tf32_tflops']:g} TFLOP/s) x an assumed efficiency, cuDNN's recurrent "
+           f"layers {EFFICIENCY['cudnn']:g} (TF32, torch's default), matmuls (heads, S4D) "
+           f"{EFFICIENCY['matmul']:g} (fp32)")
+    if model["measured_runs"]:
+        how = (f"{model['measured_runs']} run(s) measured by `sweep --estimate` on this GPU "
+               f"(or extrapolated from its measured shapes by FLOPs), "
+               f"{model['modelled_runs']} {how}")
+    console.print(
+        f"{doc['runs']} unique runs of {doc['cells']} cells (a run shared by grids counted "
+        f"once); {_h(doc['gpu_hours'])} on {g['name']} ({how}); at the peak "
+        f"rates, a floor: {_h(doc['gpu_hours_at_peak'])}. Recurrent layers "
+        f"{doc['layer_eflop']:,.3g} EFLOP, heads {doc['head_eflop']:,.3g} EFLOP.",
+        highlight=False, soft_wrap=True)
+    for entry in doc["grids"]:
+        if entry["memory_bytes"] > g["memory_gb"] * 1e9:
+            console.print(f"[yellow]warning:[/] {entry['grid']}: a run needs "
+                          f"{_gb(entry['memory_bytes'])}, more than the {g['memory_gb']:g} GB "
+                          f"of {g['name']}", highlight=False)
+    for scored in doc["scored"]:
+        console.print(f"language model: {scored} scored positions a sequence", highlight=False)
+    console.print(f"train.precision = \"tf32\" (heads in TF32): {_h(doc['gpu_hours_tf32'])} "
+                  f"(saves {_h(doc['gpu_hours'] - doc['gpu_hours_tf32'])})",
+                  highlight=False)
+    if executor == "slurm":
+        s = doc["slurm"]
+        console.print(f"slurm: {s['jobs']} jobs (one run each), {_h(s['gpu_hours_charged'])} "
+                      f"charged; {s['over_limit']} run(s) exceed their job's time "
+                      f"limit and rely on requeue ({s['requeues']} requeues expected)",
+                      highlight=False)
+    else:
+        console.print(f"wall time on {gpus} GPU(s), {runs_per_gpu} run(s) a GPU: "
+                      f"{_h(doc['wall_hours'])} (runs sharing a GPU share its throughput)",
+                      highlight=False)
+    budget = doc.get("budget")
+    if budget is None:
+        return
+    effect = budget["detectable_effect_sd"]
+    console.print(f"budget {budget['hours']:g} GPU-hours: {budget['runs']} runs, "
+                  f"{_h(budget['modelled_hours'])} modelled; seeds: {budget['seeds']}; at "
+                  f"{budget['seeds_shown']} seeds a cell a one-sided Welch t at 95% decides "
+                  f"with 80% power a difference of {effect['difference']:.2g} sd, a threshold "
+                  f"{effect['threshold']:.2g} sd away", highlight=False, soft_wrap=True)
+    console.print(f"decided ({len(budget['decided'])}): {', '.join(budget['decided']) or '-'}",
+                  highlight=False, soft_wrap=True)
+    for claim_id, chosen in budget["seeds_per_claim"].items():
+        console.print(f"  {claim_id}: {chosen['seeds']} seeds a cell for {chosen['effect_sd']:.2g} "
+                      f"sd ({chosen['effect']})", highlight=False)
+    for item in budget["left_out"]:
+        console.print(f"left out: {item['id']}: {item['why']}", highlight=False, soft_wrap=True)
+    if write is not None:
+        console.print(f"wrote {write / PLAN_FILE} and {len(budget['written'])} grid file(s): "
+                      f"`perencode sweep FILE` each, then `perencode verify RUNS --plan "
+                      f"{write / PLAN_FILE}`", highlight=False, soft_wrap=True)
+
+
+# --------------------------------------------------------------------------------------
+# REPRODUCE.md's cost section
+# --------------------------------------------------------------------------------------
+
+SECTION_BEGIN = "<!-- perencode plan: generated by tools/cost_section.py, do not edit -->"
+SECTION_END = "<!-- perencode plan: end -->"
+
+
+def cost_section(paths: list[Path], gpu_name: str = "a100",
+                 budgets: tuple[float, ...] = (24, 100, 500),
+                 claims: str | Path = defaults.CLAIMS) -> str:
+    """The markdown of `plan` for the whole of `paths` and each budget, as REPRODUCE.md
+    shows it (between SECTION_BEGIN and SECTION_END); paths as given, relative ones
+    printed as given."""
+    grids = [load_grid(p) for p in grid_files(paths)]
+    device = gpu(gpu_name)
+    sized: dict[str, tuple[Work, int]] = {}
+    # No measurement is read (a runs root that cannot exist): the section is the model's.
+    nowhere = Path("/nonexistent/perencode-plan")
+    costs, unique = cost_runs(grids, device, nowhere, sized=sized)
+    _, tf32 = cost_runs(grids, device, nowhere, precision="tf32", sized=sized)
+    parsed = load_claims(claims_file(claims))
+    table = runs_table(unique, grids)
+    index = {c.id: c for c in parsed}
+    served = {c.id: claim_runs(c, table, index) for c in parsed}
+    runs = list(unique.values())
+    total = sum(r.hours for r in runs)
+    floor = sum(modelled_seconds(r.work, device, r.recipe.train.precision, PEAK)
+                * r.recipe.train.iterations for r in runs) / 3600
+    command = f"perencode plan {' '.join(str(p) for p in paths)} --gpu {gpu_name}"
+    lines = [SECTION_BEGIN, "", f"`{command}` (modelled: {device.name}, datasheet peak rates "
+             f"fp32 {device.fp32:g} and TF32 {device.tf32:g} TFLOP/s, assumed efficiency "
+             f"{EFFICIENCY['cudnn']:g} for cuDNN's recurrent layers in TF32 and "
+             f"{EFFICIENCY['matmul']:g} for the fp32 matmuls of the heads and the S4D):",
+             "",
+             "| grid | cells | runs trained | GPU-hours | memory a run | claims its cells serve |",
+             "|---|---|---|---|---|---|"]
+    for cost in costs:
+        keys = {run_key(c.recipe) for c in cost.grid.cells}
+        ids = [c.id.split("-")[0] for c in parsed if served[c.id] & keys]
+        trained = (str(len(cost.runs)) if not cost.shared else
+                   f"{len(cost.runs)} ({cost.shared} shared)")
+        lines.append(f"| `{cost.grid.name}` | {len(cost.grid.cells)} | {trained} | "
+                     f"{_h(cost.hours) if cost.runs else '-'} | "
+                     f"{_gb(max(r.memory for r in cost.runs)) if cost.runs else '-'} | "
+                     f"{', '.join(ids) or '-'} |")
+    layer = sum(r.work.layer * r.recipe.train.iterations for r in runs) / 1e18
+    head = sum(r.work.head * r.recipe.train.iterations for r in runs) / 1e18
+    scored = sorted({f"{r.work.scored:g} a sequence ({r.work.scored_source.split(':')[0]})"
+                     for r in runs if r.work.scored_source != "task"})
+    lines += [f"| all | {sum(len(g.cells) for g in grids)} | {len(runs)} | {_h(total)} | | |",
+              "", f"At the peak rates (a floor no run beats): {_h(floor)}. With "
+              f"`train.precision = \"tf32\"` (the heads' matmuls in TF32): "
+              f"{_h(sum(r.hours for r in tf32.values()))}. Recurrent layers {layer:,.0f} "
+              f"EFLOP, heads {head:,.0f} EFLOP. Language model's scored positions: "
+              f"{'; '.join(scored) or '-'}.", "",
+              "| budget | runs | GPU-hours used | claims decided | left out |",
+              "|---|---|---|---|---|"]
+    for hours in budgets:
+        b = within_budget(parsed, unique, table, hours, None, None)
+        lines.append(f"| {hours:g} | {len(b.chosen)} | {_h(b.cost)} | {len(b.decided)}: "
+                     f"{', '.join(c.id.split('-')[0] for c in b.decided) or '-'} | "
+                     f"{len(b.left_out)} |")
+    lines += ["", SECTION_END]
+    return "\n".join(lines) + "\n"
+
+
+def with_section(text: str, section: str) -> str:
+    """`text` (REPRODUCE.md) with its generated cost section replaced by `section`."""
+    start, end = text.find(SECTION_BEGIN), text.find(SECTION_END)
+    if start < 0 or end < start:
+        raise UserError(f"no section between '{SECTION_BEGIN}' and '{SECTION_END}'")
+    return text[:start] + section + text[end + len(SECTION_END) + 1:]
