@@ -289,7 +289,7 @@ def flat(text: str) -> str:
 def test_a_global_option_after_the_command_says_where_it_goes(cli):
     code, text = cli("eval", "runs/x", "--plugin", "my_pe.py")
     assert code == 2 and "No such option: --plugin: it is an option of perencode itself, " \
-        "given before the command: perencode --plugin FILE_OR_MODULE eval ..." in flat(text)
+        "given before the command: perencode --plugin PLUGIN eval ..." in flat(text)
     code, text = cli("eval", "runs/x", "--plugn", "my_pe.py")  # any other: click's own line
     assert code == 2 and "No such option: --plugn" in flat(text) and "itself" not in text
 
