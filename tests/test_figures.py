@@ -317,6 +317,7 @@ def test_unfinished_runs_in_results_are_named(paper_like, tmp_path, capsys):
     assert f"{paper_like}/unfinished" in err
     table = pd.read_csv(tmp_path / "results.csv")
     assert list(table.loc[~table["complete"], "run"]) == [str(paper_like / "unfinished")]
+    assert "origin" not in table.columns  # a folder of this machine, only for grouping
 
 
 def test_a_sweeps_runs_are_split_alike_with_or_without_other_sweeps():

@@ -301,5 +301,8 @@ def results_table(results: Results) -> pd.DataFrame:
     varying = [c for c in results.recipe_columns if c in IDENTITY
                or (c not in BOOKKEEPING and df[c].nunique(dropna=False) > 1)]
     names = short_names(varying)
-    metrics = [c for c in df.columns if c not in results.recipe_columns and c != "run"]
+    # origin (the folder of a run's sweep) groups figures; as an absolute path of this
+    # machine it has no place in a table a reviewer shares (`run` names the run)
+    metrics = [c for c in df.columns if c not in results.recipe_columns
+               and c not in ("run", ORIGIN)]
     return df[["run", *varying, *metrics]].rename(columns=names)
