@@ -54,11 +54,17 @@ $(INSTALL_STAMP): pyproject.toml
 
 install: $(INSTALL_STAMP)
 
+# The suite runs on a worker per core (pytest-xdist; TEST_WORKERS=0 runs it in one process):
+# each worker starts with its share of the tests in file order and takes from the others'
+# when it runs out, so a module's tests mostly stay together and its fixtures are built once.
+TEST_WORKERS ?= auto
+PYTEST_PARALLEL = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal)
+
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_PARALLEL)
 
 test-fast: install
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
 lint: install
 	$(PY) -m ruff check perencode tests

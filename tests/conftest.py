@@ -1,13 +1,15 @@
 """Shared test helpers: the repository root, the one tiny recipe (as a dict, a TOML file, `--set`
 overrides, a `perencode train` command line), the in-process CLI, console-output checks, a
-tmpfs and the processes a command spawned."""
+tmpfs and the processes a command spawned, and what a test session builds once for every
+xdist worker (`built_once`: the tiny finished runs, the paper trees, their drawings)."""
 
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # The suite tests the package's own kinds, isolated from plugins installed beside it (the
@@ -19,6 +21,7 @@ os.environ.pop("PERENCODE_PLUGINS", None)
 
 import pytest
 import tomli_w
+from filelock import FileLock
 import torch
 import typer.main
 import typer.testing
@@ -26,6 +29,7 @@ from fake_runs import paper_like_runs
 from typer.testing import CliRunner
 
 from perencode.cli import app
+from perencode.commands.sweep.local import launch as LAUNCH
 from perencode.config.recipe import apply_overrides, foreign_options, read_toml
 
 torch.set_num_threads(1)
@@ -194,10 +198,67 @@ def subprocess_env() -> dict:
 PYTHON = sys.executable
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _forked_children(request):
+    """In a module marked `forked_children`, the sweep's children are forks of the test
+    process (tests/forked.py) instead of new interpreters; a test of such a module that is
+    about the child itself takes `real_children`."""
+    if request.node.get_closest_marker("forked_children") is None:
+        yield
+        return
+    import forked
+
+    from perencode.commands.sweep import local, slurm
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local, "launch", forked.launch)
+        patch.setattr(slurm, "launch", forked.launch)
+        yield
+
+
+@pytest.fixture
+def real_children(monkeypatch):
+    """The sweep's children as new `perencode` processes, in a module of forked ones."""
+    from perencode.commands.sweep import local, slurm
+    monkeypatch.setattr(local, "launch", LAUNCH)
+    monkeypatch.setattr(slurm, "launch", LAUNCH)
+
+
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """The folder `name`, made by `build(folder)` once per test session however many xdist
+    workers run it: the first worker to ask builds it under a file lock while the others
+    wait, then all share it. Read it as it is; a test that changes it works on a copy
+    (`copy_of`)."""
+    base = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # pytest-N/popen-gwK: the run's folder, shared by its workers
+    folder = base / "built-once" / name
+    done = folder.with_name(f"{name}.done")
+    folder.parent.mkdir(exist_ok=True)
+    with FileLock(str(folder.with_name(f"{name}.lock"))):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            build(folder)
+            done.touch()
+    return folder
+
+
+def copy_of(folder: Path, to: Path) -> Path:
+    """`folder` copied to `to` (links kept as links): a built-once folder a test may change."""
+    shutil.copytree(folder, to, symlinks=True)
+    return to
+
+
+@pytest.fixture(scope="session")
+def paper_like_shared(tmp_path_factory) -> Path:
+    """tests/fake_runs.py's stand-in for the paper's grids, built once per session: read
+    only (`paper_like` is a copy of it a module may change)."""
+    return built_once(tmp_path_factory, "paper-like", paper_like_runs)
+
+
 @pytest.fixture(scope="module")
-def paper_like(tmp_path_factory) -> Path:
-    """tests/fake_runs.py's stand-in for the paper's grids, built once per module."""
-    return paper_like_runs(tmp_path_factory.mktemp("runs"))
+def paper_like(paper_like_shared, tmp_path_factory) -> Path:
+    """A module's own copy of the paper-like tree (tests/fake_runs.py)."""
+    return copy_of(paper_like_shared, tmp_path_factory.mktemp("paper-like") / "runs")
 
 
 def unfinish(run_dir: Path) -> None:

@@ -34,6 +34,8 @@ AXES = """
 "encoding.kind" = ["none", "sinusoidal"]
 "train.seed" = [111, 222]
 """
+# The children are forks (tests/forked.py) but where the child itself is tested.
+pytestmark = pytest.mark.forked_children
 CELLS = [f"vocab_size={k}/encoding={e}/seed={s}" for k in (8, 16)
          for e in ("none", "sinusoidal") for s in (111, 222)]
 
@@ -326,7 +328,7 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
 
 
 def test_children_run_the_installed_perencode_not_a_checkout_in_the_working_dir(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, real_children):
     """A container started with a checkout mounted at its working directory, or the
     rehearsal's export: the sweep's children must run the package their parent runs."""
     from perencode.commands.sweep.local import launch, perencode_command, thread_env
