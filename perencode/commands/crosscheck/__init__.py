@@ -51,7 +51,7 @@ from perencode.commands.crosscheck.report import (
     lines,
     write,
 )
-from perencode.commands.crosscheck.seeds import check_seeds
+from perencode.commands.crosscheck.seeds import check_seeds, check_stream
 from perencode.common import defaults
 from perencode.common.console import console
 from perencode.common.device import resolve_device
@@ -86,6 +86,8 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Comparison]]], ...] 
      tasks.check_variable_length),
     ("seeds", "held-out sets and training streams per seed", "data.dataset, data.dataloader",
      check_seeds),
+    ("training stream", "the first batches a run trains on, through Session.step",
+     "train_palindrome.Learner.__call__", check_stream),
     ("predecessor", "predecessor query", "data.dataset, their test", tasks.check_predecessor),
     ("dual_frequency", "dual-frequency reverse", "data.dataset, their test",
      tasks.check_dual_frequency),
