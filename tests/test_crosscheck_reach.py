@@ -341,3 +341,22 @@ def test_predecessor_scored_through_session_evaluate_and_a_wrong_target_disagree
     checks = by_name(tasks.check_predecessor(authors))
     assert checks["predecessor: targets"].verdict == DISAGREE
     assert checks["predecessor: sampling"].verdict == AGREE
+
+
+@needs_authors
+def test_lm_preparation_with_a_looser_heading_rule_disagrees(authors, monkeypatch):
+    """lm-prepare in this process (the check runs the CLI; the agreement is
+    test_crosscheck's group test), with headings taken as any line whose first non-blank
+    character is '=': the near misses their rule keeps are dropped."""
+    from perencode.commands import lm_prepare
+    from perencode.commands.crosscheck import lm
+
+    def in_process(source, out):
+        lm_prepare.prepare(str(source), out, vocab_size=lm.PREP_VOCAB,
+                           max_tokens=lm.PREP_MAX_TOKENS, threads=1, progress=False)
+
+    monkeypatch.setattr(lm_prepare, "is_paragraph",
+                        lambda line: line.strip() != "" and not line.lstrip().startswith("="))
+    (check,) = lm.check_preparation(authors, prepare=in_process)
+    assert check.verdict == DISAGREE
+    assert "train: 243 paragraphs ours, 249 theirs" in check.reason, check.reason

@@ -96,6 +96,8 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Comparison]]], ...] 
     ("stability triplets", "the S4D's triplets with a prefix", "test_jacobian_palindrome_ssm",
      gradient_stability.check_triplets),
     ("language model", "vocabulary layout, batches, perplexity", "train_lm.py", lm.check_lm),
+    ("language model preparation", "lm-prepare's paragraphs and the pieces kept of each",
+     "preprocess_wikitext.py, train_lm.py", lm.check_preparation),
     ("recipes", "defaults and paper grids against their command lines",
      "replication.sh, their argparse defaults", recipes.check_recipes),
 )
