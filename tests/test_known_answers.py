@@ -107,6 +107,9 @@ def test_s4d_stability_target_is_step_23_of_106():
         out = last(torch.view_as_complex(moved.view(-1, *z.shape, 2)))  # [2 * 2HN, H]
         by_hand = ((out[:len(flat)] - out[len(flat):]) / (2 * eps)).T  # [H, 2HN]
     assert torch.allclose(jac[0], by_hand, atol=1e-7)
+    # The planted slip of one step (the state after 22 inputs, t = 22) is told apart.
+    early, _ = s4d_jacobians(model, row, prefix - 1)
+    assert not torch.allclose(early[0], by_hand, atol=1e-4)
 
 
 # -- Damerau-Levenshtein distance on variable-length rows ------------------------------
@@ -134,3 +137,6 @@ def test_dl_distance_of_variable_length_rows_reads_each_row_to_its_own_length():
                                                                           4: 3.0}
     assert scores["token_accuracy"] == pytest.approx((2 + 1 + 0) / 9)
     assert scores["sequence_accuracy"] == pytest.approx(1 / 3)
+    # The planted slip: the distance over the padded width (junk outputs and -1 targets
+    # counted) gives 2, 2, 3, not 0, 1, 3.
+    assert [dl_distance(p.tolist(), q.tolist()) for p, q in zip(pred, t)] == [2, 2, 3]
