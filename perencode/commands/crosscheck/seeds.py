@@ -17,7 +17,7 @@ from torch import Tensor
 
 from perencode.commands.crosscheck.authors import Authors
 from perencode.commands.crosscheck.report import AGREE, DISAGREE, Comparison
-from perencode.commands.crosscheck.tasks import Log
+from perencode.commands.crosscheck.tasks import Z_TOL, Log, _z
 from perencode.config.recipe import Recipe
 from perencode.training import session
 
@@ -101,7 +101,9 @@ def our_stream(seed: int = STREAM_SEED) -> tuple[Tensor, list[Tensor]]:
 
 def their_stream(authors: Authors, seed: int = STREAM_SEED) -> tuple[Tensor, list[Tensor]]:
     """The same from their own loop: train_palindrome.Learner.__call__ (their loader, their
-    Learner.train with its reseeding before every iteration) with a recorder for a step."""
+    Learner.train with its reseeding before every iteration) with a recorder for a step.
+    num_workers=0 draws their rows in the main process, where the reseeding reaches them
+    (their runs used a worker process: other random numbers, the same distribution)."""
     dataset_module = authors.module("data.dataset")
     module = authors.script("train_palindrome.py")
     rows: list[Tensor] = []
@@ -135,7 +137,6 @@ def check_stream(authors: Authors) -> list[Comparison]:
     """The first batches of a run's training stream against their loop's: as many, all
     distinct, no row drawn twice, none held out (K^L = 16^8: a repeat is a fault), and the
     same draws (token frequency at each position, two-sample z)."""
-    from perencode.commands.crosscheck.tasks import Z_TOL, _z
     ours_held, ours_b = our_stream()
     their_held, their_b = their_stream(authors)
     mine, other = _stream_facts(ours_held, ours_b), _stream_facts(their_held, their_b)
@@ -155,7 +156,8 @@ def check_stream(authors: Authors) -> list[Comparison]:
         f"{other['distinct batches']:g}, rows drawn twice {mine['rows drawn twice or more']:g}/"
         f"{other['rows drawn twice or more']:g} (ours/theirs); token at each position: "
         f"largest two-sample z {z:.1f}", "train_palindrome.Learner.__call__ "
-        "(data.dataloader.get_data_loader, utils.training_template.Learner.train)",
+        "(data.dataloader.get_data_loader with num_workers=0, its rows drawn in the main "
+        "process; utils.training_template.Learner.train)",
         Z_TOL, {"fp32": z + (math.inf if wrong else 0.0), "fp64": z + (math.inf if wrong else 0.0)},
         unit="largest two-sample z (inf: a count differs)", reason="; ".join(wrong))
     return [check.settle()]
