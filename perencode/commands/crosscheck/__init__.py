@@ -51,7 +51,7 @@ from perencode.commands.crosscheck.report import (
     lines,
     write,
 )
-from perencode.commands.crosscheck.seeds import check_seeds
+from perencode.commands.crosscheck.seeds import check_seeds, check_stream
 from perencode.common import defaults
 from perencode.common.console import console
 from perencode.common.device import resolve_device
@@ -86,6 +86,8 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Comparison]]], ...] 
      tasks.check_variable_length),
     ("seeds", "held-out sets and training streams per seed", "data.dataset, data.dataloader",
      check_seeds),
+    ("training stream", "the first batches a run trains on, through Session.step",
+     "train_palindrome.Learner.__call__", check_stream),
     ("predecessor", "predecessor query", "data.dataset, their test", tasks.check_predecessor),
     ("dual_frequency", "dual-frequency reverse", "data.dataset, their test",
      tasks.check_dual_frequency),
@@ -94,6 +96,8 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Comparison]]], ...] 
     ("stability triplets", "the S4D's triplets with a prefix", "test_jacobian_palindrome_ssm",
      gradient_stability.check_triplets),
     ("language model", "vocabulary layout, batches, perplexity", "train_lm.py", lm.check_lm),
+    ("language model preparation", "lm-prepare's paragraphs and the pieces kept of each",
+     "preprocess_wikitext.py, train_lm.py", lm.check_preparation),
     ("recipes", "defaults and paper grids against their command lines",
      "replication.sh, their argparse defaults", recipes.check_recipes),
 )

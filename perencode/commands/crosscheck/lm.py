@@ -18,22 +18,32 @@ without it (not a central check).
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import functools
 import importlib.util
+import io
+import os
+import random
+import subprocess
 import sys
+import tempfile
 import types
 from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+import perencode
 from perencode.commands.crosscheck.authors import Authors, NotRun
 from perencode.commands.crosscheck.models import DTYPES, their_state_dict
 from perencode.commands.crosscheck.report import Comparison, numeric
 from perencode.commands.crosscheck.tasks import Log
 from perencode.config.recipe import EncodingConfig
-from perencode.kinds.lm_data import Split
+from perencode.kinds.lm_data import SPLITS, Split, load
 from perencode.kinds.models.rnn import RecurrentModel
 from perencode.kinds.tasks.lm import LanguageModelConfig, LanguageModelTask, model_ids, shapes
 from perencode.training import session
@@ -167,3 +177,131 @@ def check_lm(authors: Authors) -> list[Comparison]:
                                  "train_lm.py's torchtext vocab", verdict="not run",
                                  reason=str(exc)))
     return checks
+
+
+# -- the preparation: lm-prepare against their preprocess_wikitext.py and train_lm.py ----
+
+# A small WikiText-shaped corpus: SentencePiece pieces, the longest input (--max-tokens).
+PREP_VOCAB, PREP_MAX_TOKENS = 64, 12
+# Lines that tell a heading rule from its near misses: their preprocess_wikitext.py drops
+# blank lines (strip() == "") and lines starting with " =", nothing else.
+EDGE_LINES = (" = Heading = ", " = = Section = = ", " = = = Deep = = = ", " =", "", " ",
+              "\t \t", "=no space before = kept ", "  = two spaces before = kept ",
+              " a = inside = kept ", " . ")
+
+
+def write_corpus(folder: Path, seed: int = 0) -> None:
+    """wiki.{train,valid,test}.raw in `folder`: headings, blank lines, paragraphs of made-up
+    words (some longer than PREP_MAX_TOKENS pieces, some of one piece) and EDGE_LINES."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    syllables = ["ka", "to", "ri", "mu", "sen", "la", "po", "dra", "ne", "vo"]
+    words = ["".join(rng.choices(syllables, k=rng.randint(1, 3))) for _ in range(200)]
+    for split, n in {"train": 240, "valid": 30, "test": 30}.items():
+        lines = [" ", f" = {split.title()} = ", " "]
+        for i in range(n):
+            if i % 10 == 5:
+                lines.append(EDGE_LINES[i // 10 % len(EDGE_LINES)])
+            size = rng.choice([1, 2, 5, 9, 20, 30])
+            lines += [" " + " ".join(rng.choices(words, k=size)) + " . ", " "]
+        lines += list(EDGE_LINES)
+        (folder / f"wiki.{split}.raw").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _prepare_with_cli(source: Path, out: Path) -> None:
+    """`perencode lm-prepare` as a user runs it, in its own process (a command does not
+    import another), with this perencode first on the path."""
+    root = str(Path(perencode.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run(
+        [sys.executable, "-m", "perencode", "lm-prepare", "--source", str(source), "--out",
+         str(out), "--vocab-size", str(PREP_VOCAB), "--max-tokens", str(PREP_MAX_TOKENS),
+         "--threads", "1", "--no-progress"], capture_output=True, text=True, env=env,
+        timeout=600)
+    if done.returncode:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"perencode lm-prepare exited {done.returncode}: {tail[0]}")
+
+
+def their_truncation(authors: Authors, max_length: int) -> int:
+    """The sequence length train_lm.py hands its Learner for `--max_length`: the expression
+    it passes as `max_length=` (`args.max_length+1`), read from the script and evaluated
+    with that argument (its __main__ block cannot run without torchtext)."""
+    tree = ast.parse((authors.repo.code / "train_lm.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "learner":
+            for kw in node.keywords:
+                if kw.arg == "max_length":
+                    code = compile(ast.Expression(kw.value), "train_lm.py", "eval")
+                    value = eval(code, {"__builtins__": {}},
+                                 {"args": types.SimpleNamespace(max_length=max_length)})
+                    return int(value)
+    raise ValueError("train_lm.py: no `learner(..., max_length=...)` call found")
+
+
+def _head(paragraphs: list[list[int]], at: int) -> str:
+    """Paragraph `at`'s first pieces, for a reason line."""
+    if at >= len(paragraphs):
+        return "-"
+    ids = paragraphs[at]
+    return str(ids[:6])[:-1] + (", ...]" if len(ids) > 6 else "]")
+
+
+def check_preparation(authors: Authors,
+                      prepare: Callable[[Path, Path], None] = _prepare_with_cli
+                      ) -> list[Comparison]:
+    """lm-prepare on a generated WikiText-shaped corpus against their preprocess_wikitext.py
+    (run): the paragraphs of each split, in order, after blank lines and headings are
+    dropped; then the pieces kept of each (their Truncate(max_length + 1), the length
+    train_lm.py passes, evaluated from its source). Their tokenizer training, vocabulary and
+    padding are torchtext's (check_vocabulary)."""
+    import sentencepiece as spm
+
+    module = authors.script("preprocess_wikitext.py")
+    with tempfile.TemporaryDirectory(prefix="perencode-crosscheck-") as tmp:
+        folder = Path(tmp)
+        write_corpus(folder / "raw")
+        prepare(folder / "raw", folder / "prepared")
+        splits = load(folder / "prepared", PREP_VOCAB, PREP_MAX_TOKENS)
+        sp = spm.SentencePieceProcessor(model_file=str(folder / "prepared" /
+                                                       "sentencepiece.model"))
+        keep = their_truncation(authors, PREP_MAX_TOKENS)
+        theirs: dict[str, list[str]] = {}
+        for split in SPLITS:
+            saved = folder / "theirs" / f"wiki.{split}.raw"
+            with contextlib.redirect_stdout(io.StringIO()):
+                module.main(str(folder / "raw" / f"wiki.{split}.raw"), str(saved))
+            # LineReader (torchdata) hands each line without its newline to the tokenizer.
+            theirs[split] = saved.read_text(encoding="utf-8").split("\n")[:-1]
+        raw_lines = {split: (folder / "raw" / f"wiki.{split}.raw").read_text(
+            encoding="utf-8").split("\n")[:-1] for split in SPLITS}
+    wrong, shown, short, truncated = [], [], 0, 0
+    for split in SPLITS:
+        pieces = sp.encode(theirs[split], out_type=int)
+        kept = [ids[:keep] for ids in pieces if len(ids) >= 2]
+        short += len(pieces) - len(kept)
+        truncated += sum(len(ids) > keep for ids in pieces)
+        ours = [splits[split].tokens[a:b].tolist() for a, b in
+                zip(splits[split].offsets[:-1], splits[split].offsets[1:])]
+        differ = [i for i, (a, b) in enumerate(zip(ours, kept)) if a != b]
+        if len(ours) != len(kept) or differ:
+            at = differ[0] if differ else min(len(ours), len(kept))
+            wrong.append(f"{split}: {len(ours)} paragraphs ours, {len(kept)} theirs; first "
+                         f"differing paragraph {at}: ours {_head(ours, at)}, theirs "
+                         f"{_head(kept, at)}")
+        shown.append(f"{split} {len(kept)} of {len(raw_lines[split])} lines")
+    check = Comparison(
+        "language model: preparation", f"lm-prepare on a generated WikiText-shaped corpus "
+        f"(headings, blank lines, {len(EDGE_LINES)} edge lines: headings, blanks and near "
+        "misses of the heading rule): the "
+        f"paragraphs of each split in order and the pieces kept of each ({keep} = their "
+        f"max_length + 1 for --max-tokens {PREP_MAX_TOKENS}; {truncated} truncated); "
+        + ", ".join(shown), "preprocess_wikitext.main (run); train_lm.py's max_length "
+        "expression (evaluated); the pieces by our SentencePiece model",
+        {"fp32": 0.0, "fp64": 0.0}, {"fp32": float(len(wrong)), "fp64": float(len(wrong))},
+        unit="splits that differ", reason="; ".join(wrong),
+        difference=f"paragraphs of fewer than 2 pieces ({short} here) are left out by "
+        "lm-prepare; theirs are padded rows with no scored target").settle()
+    return [check]

@@ -16,10 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from perencode.commands.crosscheck.authors import Authors
-from perencode.commands.crosscheck.report import Comparison, numeric
+from perencode.commands.crosscheck.report import DISAGREE, Comparison, numeric
 from perencode.config.recipe import EncodingConfig, Recipe
 from perencode.kinds import encoding
-from perencode.kinds.models import SequenceModel
+from perencode.kinds.models import SequenceModel, build_model
 from perencode.kinds.models.rnn import RecurrentModel
 from perencode.kinds.models.s4d import S4DModel
 from perencode.kinds.shapes import Shapes
@@ -59,13 +59,26 @@ def ours(arch: str, form: str, num_embeddings: int = K + 1) -> SequenceModel:
     return RecurrentModel(arch, shapes, E, H, cfg)
 
 
-def theirs(authors: Authors, arch: str, form: str) -> nn.Module:
-    kwargs = dict(embed_size=E, time_encoding=None if form == "none" else "concat",
+def from_recipe(arch: str, form: str, mode: str, embed: int, hidden: int) -> SequenceModel:
+    """Our model as `perencode train` builds it: from a recipe's [model] and [encoding]
+    tables (build_model), sized by the reverse task's shapes."""
+    recipe = Recipe.model_validate({
+        "task": {"name": "reverse", "vocab_size": K, "length": L, "held_out": 4},
+        "model": {"arch": arch, "hidden_size": hidden, "embed_size": embed,
+                  **({"d_state": D_STATE} if arch == "s4d" else {})},
+        "encoding": {"kind": form, "mode": mode}})
+    shapes = Shapes(num_embeddings=K + 1, num_classes=K, steps=2 * L, outputs=L)
+    return build_model(recipe, shapes)
+
+
+def theirs(authors: Authors, arch: str, form: str, mode: str = "concat", embed: int = E,
+           hidden: int = H) -> nn.Module:
+    kwargs = dict(embed_size=embed, time_encoding=None if form == "none" else mode,
                   time_encoding_form=FORMS[form] or "sinusoidal", max_length=2 * L,
                   learnable_padding_token=True)
     if arch == "s4d":
-        return authors.module("model.ssm").SSM(K, H, **kwargs)
-    return authors.module("model.rnn").RNN(K, H, arch.upper(), **kwargs)
+        return authors.module("model.ssm").SSM(K, hidden, **kwargs)
+    return authors.module("model.rnn").RNN(K, hidden, arch.upper(), **kwargs)
 
 
 def their_name(name: str) -> str:
@@ -157,27 +170,60 @@ def check_encodings(authors: Authors) -> list[Comparison]:
     return checks
 
 
+# Embedding and hidden sizes that differ (E != H): a model that swaps them builds the other
+# shapes, and the strict load into theirs fails.
+E_APART, H_APART = 8, 12
+# (architecture, encoding, mode) built from a recipe with E != H: every architecture, and
+# `add` for every encoding that allows it (duplicate is concat only).
+APART = ([(a, "sinusoidal", "concat") for a in ("gru", "lstm", "s4d")]
+         + [("gru", f, "add") for f in ("sinusoidal", "random", "learnable")]
+         + [("lstm", "learnable", "add"), ("s4d", "sinusoidal", "add")])
+
+
+def pair_apart(authors: Authors, arch: str, form: str, mode: str, seed: int
+               ) -> tuple[SequenceModel, nn.Module]:
+    """(ours built from a recipe with E != H and `mode`, theirs) with the same weights."""
+    torch.manual_seed(seed)
+    mine = from_recipe(arch, form, mode, E_APART, H_APART)
+    other = theirs(authors, arch, form, mode, E_APART, H_APART)
+    other.load_state_dict(their_state_dict(mine, other), strict=True)
+    return mine.eval(), other.eval()
+
+
 def check_forward(authors: Authors) -> list[Comparison]:
-    cases = [(a, f) for a in ("gru", "lstm", "s4d") for f in ("none", "sinusoidal")]
-    cases += [("gru", "random"), ("gru", "learnable"), ("gru", "duplicate")]
+    cases = [(a, f, "concat") for a in ("gru", "lstm", "s4d") for f in ("none", "sinusoidal")]
+    cases += [("gru", "random", "concat"), ("gru", "learnable", "concat"),
+              ("gru", "duplicate", "concat")]
     tokens = _tokens(1)
     checks: list[Comparison] = []
-    for arch, form in cases:
-        mine, other = pair(authors, arch, form, seed=len(checks))
+    for arch, form, mode in cases + [(a, f, m) for a, f, m in APART]:
+        apart = len(checks) >= len(cases)
+        name = f"forward: {arch} {form}" + (" add" * (mode == "add") + " E!=H" if apart else "")
+        theirs_run = f"model.{'ssm.SSM' if arch == 's4d' else 'rnn.RNN'}.forward"
+        sizes = (f"E={E_APART} != H={H_APART}, built from a recipe (build_model), mode "
+                 f"{mode}" if apart else f"E=H={E}")
+        compared = f"logits [{BATCH}, {2 * L}, {K}] on the same weights (K={K}, L={L}, {sizes})"
+        try:
+            if apart:
+                mine, other = pair_apart(authors, arch, form, mode, seed=len(checks))
+            else:
+                mine, other = pair(authors, arch, form, seed=len(checks))
+        except RuntimeError as exc:  # our shapes are not theirs: strict loading fails
+            first = str(exc).split("\n\t")[1:2] or [str(exc)]
+            checks.append(Comparison(name, compared, theirs_run, verdict=DISAGREE,
+                                     reason=f"our weights do not fit their model: {first[0]}"))
+            continue
         errors = {}
-        for name, dtype in DTYPES.items():
+        for precision, dtype in DTYPES.items():
             mine, other = mine.to(dtype), other.to(dtype)
             with torch.no_grad():
                 a = mine.head(mine(tokens))
                 b = other(tokens)
-            errors[name] = float((a - b).abs().max())
+            errors[precision] = float((a - b).abs().max())
         # fp64: the sinusoidal tables are fp32-computed on both sides (check above).
         fp64 = 1e-7 if form == "sinusoidal" else 1e-10
-        checks.append(numeric(
-            f"forward: {arch} {form}", f"logits [{BATCH}, {2 * L}, {K}] on the same weights "
-            f"(K={K}, L={L}, E=H={E})",
-            f"model.{'ssm.SSM' if arch == 's4d' else 'rnn.RNN'}.forward",
-            {"fp32": 1e-5, "fp64": fp64}, errors))
+        checks.append(numeric(name, compared, theirs_run, {"fp32": 1e-5, "fp64": fp64},
+                              errors))
     return checks
 
 

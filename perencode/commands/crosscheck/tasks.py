@@ -159,6 +159,18 @@ def _ours(task, predictions_of: Callable[[list], list]):
     return batches, predictions, scores
 
 
+def _session_scores(task, held_out: Tensor,
+                    answer: Callable[[Tensor], tuple[list[int], list[int]] | None]) -> dict:
+    """Session.evaluate's scores of an oracle answering `answer(input row)`, on the task's
+    recipe with `held_out` as its held-out rows; "unknown": rows the oracle could not
+    answer."""
+    oracle = Oracle(task.K, answer=answer)
+    recipe = Recipe.model_validate({"task": task.cfg.model_dump(), "train": {"seed": SEED}})
+    session = Session(recipe, torch.device("cpu"), cast(SequenceModel, OracleModel(oracle)))
+    session.task.held_out = held_out
+    return session.evaluate() | {"unknown": oracle.unknown}
+
+
 def _predicted(make_pred: Callable[[Tensor], Tensor], batches: list) -> list[Tensor]:
     """Predictions made from each batch's targets (exact, or corrupted)."""
     return [make_pred(b.output_targets) for b in batches]
@@ -423,32 +435,52 @@ def check_predecessor(authors: Authors) -> list[Comparison]:
             return None
         return [row.shape[0] - 1], [int(row[int(where[0]) - 1])]
 
+    def corrupted(row: Tensor) -> tuple[list[int], list[int]] | None:
+        """The predecessor, but one past it in about a third of the rows."""
+        found = predecessor_of_query(row)
+        if found is None or int(row.sum()) % 3:
+            return found
+        return found[0], [(found[1][0] + 1) % K]
+
     module = authors.script("train_predecessor_query.py")
     x = task.held_out[:, :L]
-    oracle = Oracle(K, answer=predecessor_of_query)
-    learner = _learner(module, oracle, K)
-    with torch.random.fork_rng():
-        torch.manual_seed(3)
-        with torch.no_grad():
-            learner.test(x)
-            learner.test(x)
-    theirs_acc = learner.logger.number(r"Test accuracy")
-    batch = next(task.held_out_batches(10**6))
-    # Every held-out row has its query (the task draws it so): no None to index here.
-    ours_acc = float(torch.tensor([predecessor_of_query(r)[1][0]  # type: ignore[index]
-                                   for r in batch.inputs])
-                     .eq(batch.targets).double().mean())
-    err = abs(1 - theirs_acc) + abs(1 - ours_acc) + (math.inf if oracle.unknown else 0.0)
-    checks.append(numeric(
-        "predecessor: targets", "both score the token before the queried one as correct "
-        "(accuracy 1 on each side)", "train_predecessor_query.Learner.test",
-        SCORE_TOL, {"fp32": err, "fp64": err}, unit="|1 - accuracy| summed"))
+    twice: list[Tensor] = []  # the inputs of two calls of their test
+    for label, answer in (("targets", predecessor_of_query), ("scoring", corrupted)):
+        oracle = Oracle(K, answer=answer)
+        learner = _learner(module, oracle, K)
+        with torch.random.fork_rng():
+            torch.manual_seed(3)
+            with torch.no_grad():
+                learner.test(x)
+                if label == "targets":
+                    learner.test(x)  # a second call: its queries are re-drawn (below)
+                    twice = oracle.inputs
+        theirs_acc = learner.logger.number(r"Test accuracy")
+        # Ours on the very rows their test built (x, then the queried token): the query's
+        # 0-based index joins x as our rows hold it, and Session.evaluate scores them.
+        built = oracle.inputs[0]  # [N, L + 1]
+        query = (built[:, :L] == built[:, L:]).long().argmax(1)  # [N]
+        ours = _session_scores(task, torch.cat([built[:, :L], query[:, None]], 1), answer)
+        unknown = math.inf if oracle.unknown or ours["unknown"] else 0.0
+        if label == "targets":
+            err = abs(1 - theirs_acc) + abs(1 - ours["accuracy"]) + unknown
+            compared, unit = ("both score the token before the queried one as correct "
+                              "(accuracy 1 on each side; ours through Session.evaluate on the "
+                              "rows their test built)", "|1 - accuracy| summed")
+        else:
+            err = abs(ours["accuracy"] - theirs_acc) + unknown
+            compared, unit = (f"accuracy {ours['accuracy']:.4f} of the same predictions (a "
+                              "third one past the predecessor) on the rows their test built, "
+                              "ours through Session.evaluate", "max |ours - theirs|")
+        checks.append(numeric(
+            f"predecessor: {label}", compared, "train_predecessor_query.Learner.test",
+            SCORE_TOL, {"fp32": err, "fp64": err}, unit=unit))
     # Documented difference: their test re-draws the queries at every call; ours are fixed.
-    first, second = (i[:, -1] for i in oracle.inputs[:2])
+    first, second = (i[:, -1] for i in twice[:2])
     again = make(TaskConfig.of(name="predecessor", vocab_size=K, length=L, held_out=64), seed=SEED)
     theirs_redraw = bool((first != second).any())
     ours_fixed = bool(torch.equal(again.held_out, task.held_out))
-    their_q = {int(((r[:-1] == r[-1]).nonzero())[0]) for r in oracle.inputs[0]}
+    their_q = {int(((r[:-1] == r[-1]).nonzero())[0]) for r in twice[0]}
     ours_q = {int(q) for q in task.held_out[:, L]}
     same_range = their_q == ours_q == set(range(1, L))
     err = 0.0 if (theirs_redraw and ours_fixed and same_range) else math.inf
@@ -471,6 +503,119 @@ def _replication_value(authors: Authors, name: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def _rare_structure_check(ours_rows: Tensor, their_rows: Tensor, K: int, L: int
+                          ) -> Comparison:
+    """How RARE and FREQUENT tokens mix within rows, not only their overall share: the
+    number of RARE tokens per row (Binomial(L, rarity) when each token is RARE on its own
+    coin; a coin per row gives 0 or L), which token is drawn at each position, and the
+    RARE/FREQUENT pattern of each pair of neighbouring positions."""
+    def rare_count(rows: Tensor) -> Tensor:
+        return (rows >= K // 2).sum(1)  # [N], 0..L
+
+    def token_at(rows: Tensor) -> Tensor:
+        return rows + K * torch.arange(L)  # [N, L], a bin per (position, token)
+
+    def neighbours(rows: Tensor) -> Tensor:
+        rare = (rows >= K // 2).long()
+        return 4 * torch.arange(L - 1) + 2 * rare[:, :-1] + rare[:, 1:]  # [N, L - 1]
+
+    stats = {"RARE tokens per row": (rare_count, L + 1),
+             "token at each position": (token_at, K * L),
+             "RARE/FREQUENT pattern of neighbours": (neighbours, 4 * (L - 1))}
+    zs = {what: _z(f(ours_rows), f(their_rows), bins) for what, (f, bins) in stats.items()}
+    z = max(zs.values())
+    return numeric(
+        "dual_frequency: rows' structure", f"{DRAWS} training rows: "
+        + "; ".join(f"{what} (largest z {v:.1f})" for what, v in zs.items()),
+        "data.dataset.FreqentVSRare.__getitem__", Z_TOL, {"fp32": z, "fp64": z},
+        unit="largest two-sample z")
+
+
+def paper_bands(L: int) -> list[tuple[int, int]]:
+    """The Fig. 3 caption's quarters of the target positions, 1-based and inclusive (1-16,
+    17-32, 33-48, 49-64 at L = 64), read off the positions alone."""
+    return [(q * L // 4 + 1, (q + 1) * L // 4) for q in range(4)]
+
+
+def _band_accuracy_check(by_band: list[dict], theirs_at: dict, L: int,
+                         unknown: float) -> Comparison:
+    """Our per-band accuracies against the mean of their per-position lines over each of
+    the caption's quarters; the bands' spans are the caption's, not the ones ours reports
+    (a band one position off reports itself consistently)."""
+    errs, wrong = [], []
+    quarters = paper_bands(L)
+    for tr, dr in [(t, d) for t in ("frequent", "rare") for d in ("frequent", "rare")]:
+        rows = [r for r in by_band if r["target"] == tr and r["disturbants"] == dr]
+        spans = [(r["first"], r["last"]) for r in rows]
+        if spans != quarters:
+            wrong.append(f"{tr}/{dr}: bands {spans}, the caption's {quarters}")
+        for row, (first, last) in zip(rows, quarters):
+            span = range(first, last + 1)
+            theirs = sum(theirs_at[(tr, dr, t)] for t in span) / len(span)
+            errs.append(abs(row["accuracy"] - theirs))
+    err = (max(errs) if errs else math.inf) + unknown + (math.inf if wrong else 0.0)
+    return numeric(
+        "dual_frequency: by band", f"target-token accuracy per condition and band (the "
+        f"caption's quarters of L={L}: {', '.join(f'{a}-{b}' for a, b in quarters)}; 1-16 ... "
+        "49-64 at L=64), same corrupted predictions", "train_palindrome_dual-freq.Learner."
+        "test, its per-position accuracies averaged over each quarter", SCORE_TOL,
+        {"fp32": err, "fp64": err}, reason="; ".join(wrong))
+
+
+def _band_membership_check(task, module, K: int, L: int, held: Tensor) -> Comparison:
+    """Band membership position by position: for each target position p, predictions right
+    only on the rows whose target sits at p. Their test must then log accuracy 1 at exactly
+    one position per condition (their 0-based t = p - 1), and ours must put all of its hits
+    in the band of the caption's quarter holding t + 1."""
+    quarters = paper_bands(L)
+    wrong = []
+    cells = task.cells  # [N, 3]: target rare, disturbants rare, position (1-based)
+    for p in range(1, L + 1):
+        at_p = cells[:, 2] == p
+
+        def only_at_p(batches: list, at_p: Tensor = at_p) -> list[Tensor]:
+            return [torch.where(at_p[:, None], b.output_targets, (b.output_targets + 1) % K)
+                    for b in batches]
+
+        batches, preds, ours = _ours(task, only_at_p)
+        oracle = Oracle(K, _answers(batches, preds))
+        learner = _learner(module, oracle, K)
+        with torch.no_grad():
+            learner.test(held.contiguous())
+        if oracle.unknown:
+            wrong.append(f"p={p}: {oracle.unknown} rows their test built are not ours")
+        hit_lines = []  # (target, disturbants, 0-based t) of their lines with a hit
+        for line in learner.logger.lines:
+            m = re.search(r"(\w+) tokens input at t=(\d+) surrounded by (\w+) token "
+                          r"\(token\)\s*:?\s*([-+0-9.eE]+)", line)
+            if m and float(m.group(4)) > 0:
+                hit_lines.append((m.group(1), m.group(3), int(m.group(2))))
+        theirs_t = {(tr, dr): t for tr, dr, t in hit_lines}
+        for tr, dr in [(t, d) for t in ("frequent", "rare") for d in ("frequent", "rare")]:
+            ts = [t for a, b, t in hit_lines if (a, b) == (tr, dr)]
+            if ts != [p - 1]:
+                wrong.append(f"p={p} {tr}/{dr}: their lines with hits at t={ts} (0-based)")
+                continue
+            quarter = next(q for q in quarters if q[0] <= theirs_t[(tr, dr)] + 1 <= q[1])
+            hit_bands = [(r["first"], r["last"]) for r in ours["by_band"]
+                         if r["target"] == tr and r["disturbants"] == dr and r["accuracy"] > 0]
+            if hit_bands != [quarter]:
+                wrong.append(f"p={p} {tr}/{dr}: ours in bands {hit_bands}, their line t={p - 1} "
+                             f"in the caption's {quarter[0]}-{quarter[1]}")
+    check = Comparison(
+        "dual_frequency: band membership", f"for each target position 1..{L}, predictions "
+        "right only there: the one position their test logs as hit (0-based t) and the band "
+        "ours scores it in, against the caption's quarters ("
+        + ", ".join(f"{a}-{b}" for a, b in quarters) + ")",
+        "train_palindrome_dual-freq.Learner.test, its per-position lines",
+        {"fp32": 0.0, "fp64": 0.0}, {"fp32": float(len(wrong)), "fp64": float(len(wrong))},
+        unit="positions placed differently")
+    if wrong:
+        check.verdict, check.reason = "disagree", "; ".join(wrong[:4]) + (
+            f" and {len(wrong) - 4} more" if len(wrong) > 4 else "")
+    return check
+
+
 def check_dual_frequency(authors: Authors) -> list[Comparison]:
     dataset = authors.module("data.dataset")
     K, L, per = 8, 8, 2
@@ -489,6 +634,7 @@ def check_dual_frequency(authors: Authors) -> list[Comparison]:
         "dual_frequency", ours_rows, their_rows, K, f"token frequencies of {DRAWS} training "
         f"rows (ours: rarity {cfg.rarity}; theirs: {theirs.rarity}, replication.sh)",
         "data.dataset.FreqentVSRare.__getitem__")]
+    checks.append(_rare_structure_check(ours_rows, their_rows, K, L))
     # K = 4, L = 2: the 8 structured rows are half of the chance of a draw (dense).
     dense_cfg = TaskConfig.of(name="dual_frequency", vocab_size=4, length=2, held_out_per_cell=1)
     checks.append(_dense_sampling_check(
@@ -577,20 +723,6 @@ def check_dual_frequency(authors: Authors) -> list[Comparison]:
             "train_palindrome_dual-freq.Learner.test", SCORE_TOL,
             {"fp32": max(errs) + unknown, "fp64": max(errs) + unknown}))
         if label == "scoring":
-            # Their test logs positions, not bands: a band's accuracy is the mean of its
-            # positions' (each holds `per` sequences).
-            band_errs, bands = [], []
-            for row in ours["by_band"]:
-                span = range(row["first"], row["last"] + 1)
-                theirs_band = sum(theirs_at[(row["target"], row["disturbants"], t)]
-                                  for t in span) / len(span)
-                band_errs.append(abs(row["accuracy"] - theirs_band))
-                bands.append(row["band"])
-            err = (max(band_errs) if band_errs else math.inf) + unknown
-            checks.append(numeric(
-                "dual_frequency: by band", f"target-token accuracy per condition and band "
-                f"({', '.join(dict.fromkeys(bands))} of L={L}; 1-16 ... 49-64 at L=64), same "
-                "corrupted predictions", "train_palindrome_dual-freq.Learner.test, its "
-                "per-position accuracies averaged over each band", SCORE_TOL,
-                {"fp32": err, "fp64": err}))
+            checks.append(_band_accuracy_check(ours["by_band"], theirs_at, L, unknown))
+    checks.append(_band_membership_check(task, module, K, L, ours5))
     return checks
