@@ -663,6 +663,39 @@ def _near(claim: Claim, cell: tuple, values: np.ndarray, bounded: bool) -> Score
 RANK = {FAIL: 0, INCONCLUSIVE: 1, PASS: 2}
 
 
+def _edge(claim: Claim, present: list) -> Any:
+    """The value of `by[0]` a `cells = "first"` / `"last"` claim is about: the smallest /
+    largest value its `where` lists for that column, else of the values the runs have
+    (the union of both groups' cells for a difference)."""
+    named = claim.where.get(claim.by[0])
+    pool = named if isinstance(named, list) and named else (
+        [named] if named is not None and not isinstance(named, (dict, list)) else present)
+    return (min if claim.cells == "first" else max)(pool)
+
+
+def _missing_edge(claim: Claim, edge: Any, groups: dict[str, list[tuple]]) -> str:
+    """The reason a `first` / `last` claim is not run when a group has no cell at its edge
+    (or, over several `by` columns, the groups' cells there differ); "" when all are there.
+    `groups`: group name ("" for a claim of one group) -> the cells it has."""
+    at = {g: {c for c in cells if c[0] == edge} for g, cells in groups.items()}
+    every = set().union(*at.values())
+    where = f"{short_key(claim.by[0])}={_text(edge)}"
+    for g, cells in at.items():
+        if not every or not cells or cells != every:
+            who = f"group {g}" if g else "the claim"
+            lacking = sorted(every - cells, key=str) if cells else []
+            has = _shown(_values(pd.Series([c[0] for c in groups[g]], dtype=object))) or \
+                "none"
+            what = ("no finished run" if not cells else
+                    f"no finished run in cell {_describe(claim.by, lacking[0])}")
+            named = "the claim's" if isinstance(claim.where.get(claim.by[0]), list) else \
+                "the runs'"
+            return (f"cells = '{claim.cells}': {what} of {who} at {where} ({named} "
+                    f"{claim.cells} value of {claim.by[0]}; {who} has {has}): never decided "
+                    "at another value")
+    return ""
+
+
 def _verdict(claim: Claim, scored: list[Scored]) -> Outcome:
     """Combine the cells. 'all' passes when every cell passes (an intersection of tests at
     alpha each keeps alpha) and fails when one fails at alpha / k (Bonferroni over the k
@@ -671,8 +704,11 @@ def _verdict(claim: Claim, scored: list[Scored]) -> Outcome:
     the one that decides (the worst for 'all', the best for 'any')."""
     chosen = scored
     if claim.cells in ("first", "last") and claim.by:
-        edge = (scored[0] if claim.cells == "first" else scored[-1]).cell[0]
+        edge = _edge(claim, [s.cell[0] for s in scored])
         chosen = [s for s in scored if s.cell[0] == edge]
+        if not chosen:
+            return Outcome(claim, NOT_RUN, note=_missing_edge(
+                claim, edge, {"": [s.cell for s in scored]}))
     k = len(chosen)
     pass_cells, fail_cells = (k, 1) if claim.cells == "any" else (1, k)
     verdicts = [_verdict_of(s, pass_cells, fail_cells) for s in chosen]
@@ -749,8 +785,14 @@ def _difference(claim: Claim, rows: pd.DataFrame, done: dict[str, Outcome],
         return Outcome(claim, NOT_RUN, note=because(found, missing) or
                        f"no finished run in group {missing}", excluded=found)
     b_cells = dict(_cells(b, claim.by))
+    a_cells = dict(_cells(a, claim.by))
+    if claim.cells in ("first", "last") and claim.by:
+        edge = _edge(claim, [c[0] for c in (*a_cells, *b_cells)])
+        missing = _missing_edge(claim, edge, {"a": list(a_cells), "b": list(b_cells)})
+        if missing:
+            return Outcome(claim, NOT_RUN, note=missing)
     scored = [_compare(claim, cell, vals, b_cells[cell], bounded)
-              for cell, vals in _cells(a, claim.by) if cell in b_cells]
+              for cell, vals in a_cells.items() if cell in b_cells]
     if not scored:
         return Outcome(claim, NOT_RUN, note="groups a and b share no cell")
     if claim.than is not None:
@@ -775,8 +817,11 @@ def _than(claim: Claim, scored: list[Scored], other: Outcome | None,
     holds, conservatively)."""
     chosen = scored
     if claim.cells in ("first", "last") and claim.by:
-        edge = (scored[0] if claim.cells == "first" else scored[-1]).cell[0]
+        edge = _edge(claim, [s.cell[0] for s in scored])
         chosen = [s for s in scored if s.cell[0] == edge]
+        if not chosen:
+            return Outcome(claim, NOT_RUN, note=_missing_edge(
+                claim, edge, {"": [s.cell for s in scored]}))
     if len(chosen) > 1:
         raise UserError(f"claim {claim.id}: with `than`, the claim must decide in one cell "
                         "(set cells = 'first' or 'last' over one `by` column, or narrow "
