@@ -264,4 +264,5 @@ def test_bounds_of_a_bounded_metric_stay_in_its_range():
     near_one = mean_test([0.99, 0.985, 0.995], 0.95, bounded=True)
     assert near_one.high == 1.0 and 0.95 < near_one.low < 0.99
     assert mean_test([0.99, 0.97, 1.0], 0.95).high > 1.0  # unbounded: as computed
-    assert difference_test([0.0, 0.5, 1.0], [1.0, 0.5, 0.0], bounded=True).low == -1.0
+    assert difference_test([0.0, 0.5, 1.0], [1.0, 0.5, 0.0], alpha=0.005,
+                           bounded=True).low == -1.0

@@ -64,9 +64,11 @@ def test_the_edge_is_the_claims_own_list_when_it_names_one(lopsided_runs, tmp_pa
     assert last.note.startswith("cells = 'last': no finished run of group a at "
                                 "vocab_size=4096 (the claim's last value of task.vocab_size; "
                                 "group a has 32, 1024)")
-    threshold = text.replace('test = "difference"', 'test = "threshold"\nvalue = 0.8').replace(
-        '"task.name" = "reverse"', '"task.name" = "reverse", "encoding.kind" = "sinusoidal"').replace(
-        'a = { "encoding.kind" = "sinusoidal" }\nb = { "encoding.kind" = "none" }\n', "")
+    threshold = text.replace('test = "difference"', 'test = "threshold"\nvalue = 0.8')
+    threshold = threshold.replace('"task.name" = "reverse"', '"task.name" = "reverse", '
+                                  '"encoding.kind" = "sinusoidal"')
+    threshold = threshold.replace('a = { "encoding.kind" = "sinusoidal" }\n'
+                                  'b = { "encoding.kind" = "none" }\n', "")
     (one,) = check_claims([lopsided_runs], write(tmp_path, threshold)).outcomes
     assert one.verdict == "not run" and "no finished run of the claim at vocab_size=4096" \
         in one.note
