@@ -598,18 +598,29 @@ def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcom
                       for cell, vals in _cells(values, claim.by)]
             outcome = _verdict(claim, scored) if scored else Outcome(
                 claim, NOT_RUN, note=f"no matching run has a value of {claim.metric}")
+    without = 0
     if outcome.verdict != NOT_RUN:  # a difference rests on its groups' runs alone
-        outcome.runs = sorted(set(_groups(rows, claim, source)[0]["run"]))
-    return _count_diverged(outcome, results)
+        grouped = _groups(rows, claim, source)[0]
+        outcome.runs = sorted(set(grouped["run"]))
+        valued = pd.to_numeric(grouped[claim.metric], errors="coerce").notna()
+        without = grouped.loc[~grouped["run"].isin(grouped.loc[valued, "run"]), "run"].nunique()
+    return _count_diverged(outcome, results, without)
 
 
-def _count_diverged(outcome: Outcome, results: Results) -> Outcome:
+def _count_diverged(outcome: Outcome, results: Results, without: int = 0) -> Outcome:
     """Name the diverged runs of the claim's cells (the `where` fields of the runs table
-    they match): counted there, never as numbers."""
+    they match): counted there, never as numbers. A decided claim counts them on its
+    verdict's line (`method`), with the finished runs that lack a value of the metric
+    (`without`): both left out before the test."""
     diverged = results.diverged()
     where = {k: v for k, v in outcome.claim.where.items() if k in diverged.columns}
     found = len(select(diverged, where, f"claim {outcome.claim.id}")) if len(diverged) else 0
-    if found:
+    if outcome.verdict != NOT_RUN and (found or without):
+        left = [f"{found} diverged run{'s' * (found != 1)}"] * bool(found) + [
+            f"{without} finished run{'s' * (without != 1)} without a value of "
+            f"{outcome.claim.metric}"] * bool(without)
+        outcome.method += f"; left out before the test: {' and '.join(left)}"
+    elif found:
         said = f"{found} diverged run(s) match, counted without a value"
         outcome.note = f"{outcome.note}; {said}" if outcome.note else said
     return outcome
