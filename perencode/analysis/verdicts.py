@@ -955,8 +955,10 @@ def _difference(claim: Claim, rows: pd.DataFrame, done: dict[str, Outcome],
     if a.empty or b.empty:
         missing = "a" if a.empty else "b"
         found = excluded(rows, getattr(claim, missing), source)
-        return Outcome(claim, NOT_RUN, note=because(found, missing) or
-                       f"no finished run in group {missing}", excluded=found)
+        some = not select(rows, getattr(claim, missing), source).empty
+        return Outcome(claim, NOT_RUN, note=because(found, missing) or (
+            f"no run of group {missing} has a value of {claim.metric}" if some else
+            f"no finished run in group {missing}"), excluded=found)
     b_cells = dict(_cells(b, claim.by))
     a_cells = dict(_cells(a, claim.by))
     if claim.cells in ("first", "last") and claim.by:
