@@ -112,7 +112,7 @@ def test_a_seed_stuck_on_a_plateau_is_named_with_the_other_readings(tmp_path):
                                    "split between a plateau and success")
     assert o.shape.startswith("shape: group a: 1 of 3 seeds split off from the others (0.17 "
                               "vs 0.985-0.99: a plateau?): the t-test's level does not hold")
-    assert "without the outlying seeds pass (p = " in o.shape
+    assert "without the outlying seeds pass (p = 8.9e-06)" in o.shape  # as docs/claims.md shows
     assert o.shape.endswith("distribution-free (exact rank test, on most seeds) inconclusive "
                             "(p = 0.35)")
     from perencode.analysis.verdicts import reproduced
@@ -238,3 +238,13 @@ def test_the_quick_demos_numbers_in_the_docs_are_what_verify_prints():
     assert tool.q2_sentence(q2) == ("PE minus vanilla +0.087, one-sided Welch t at alpha = "
                                     "0.05: p = 0.014, lower bound +0.035 (pass)")
     assert tool.q2_sentence(q2) in readme
+
+
+def test_a_claim_with_one_run_a_group_is_not_counted_among_the_tests(tmp_path):
+    root = _runs(tmp_path / "runs", {(32, "sinusoidal"): (0.97,), (32, "none"): (0.5,)})
+    checked = check_claims([root], write(tmp_path, DIFFERENCE))
+    (o,) = checked.outcomes
+    assert o.verdict == "inconclusive" and not o.tested and math.isnan(o.p_holm)
+    assert checked.multiplicity() == ""
+    assert checked.summary() == ("1 claims; 1 concern the 2 finished runs given: 0 pass, 0 "
+                                 "fail, 1 inconclusive.")

@@ -801,6 +801,8 @@ def _verdict(claim: Claim, scored: list[Scored]) -> Outcome:
     # one does (the smallest, times k: Bonferroni); it passes when p_claim <= alpha.
     p_cells = [s.p_pass for s in chosen]
     outcome.p_claim = max(p_cells) if claim.cells != "any" else min(1.0, k * min(p_cells))
+    if all(s.method == NO_TEST or s.note == ONE_SEED for s in chosen):
+        outcome.p_claim = math.nan  # nothing tested: not counted among the tests
     return _explain(outcome, pick, k, claim.cells)
 
 
@@ -1183,7 +1185,8 @@ class Checked:
 
     def summary(self) -> str:
         """'49 claims; 4 concern the 12 finished runs given: 2 pass, 1 fail, 1 inconclusive;
-        45 not run (reasons below).'"""
+        45 not run (reasons below).' and `multiplicity`; the pass / fail / inconclusive
+        counts are of the claims (tested or not run for lack of seeds), descriptions apart."""
         runs = self.results.runs
         finished = int(runs["complete"].sum())
         diverged = int((runs["status"] == "diverged").sum())
@@ -1197,10 +1200,11 @@ class Checked:
         verdicts = ", ".join(f"{sum(o.verdict == v for o in claims)} {v}"
                              for v in (PASS, FAIL, INCONCLUSIVE))
         left = len(self.outcomes) - len(decided)
+        multiplicity = self.multiplicity()
         return (f"{len(self.outcomes)} claims; {len(decided)} concern the {given}"
                 + (f": {verdicts}" if decided else "")
                 + (f"; {left} not run (reasons below)" if left else "") + "."
-                + (f" {self.multiplicity()}" if decided else ""))
+                + (f" {multiplicity}" if multiplicity else ""))
 
     def multiplicity(self) -> str:
         """How many of the passes could be chance: the passes that stay passes with the
