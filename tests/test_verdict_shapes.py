@@ -110,8 +110,9 @@ def test_a_seed_stuck_on_a_plateau_is_named_with_the_other_readings(tmp_path):
     assert o.quantity == "the mean over seeds of a minus that of b"
     assert o.assumption.startswith("each group near-normal, or both of one shape; not seeds "
                                    "split between a plateau and success")
-    assert o.shape.startswith("shape: group a: 1 of 3 seeds split off from the others (0.17 "
-                              "vs 0.985-0.99: a plateau?): the t-test's level does not hold")
+    assert o.shape.startswith("shape: group a: 1 of 3 seeds set apart from the others by "
+                              "Dixon's Q test (0.17 vs 0.985-0.99: a plateau beside success, "
+                              "or an outlier): the t-test's level does not hold")
     assert "without the outlying seeds pass (p = 8.9e-06)" in o.shape  # as docs/claims.md shows
     assert o.shape.endswith("distribution-free (exact rank test, on most seeds) inconclusive "
                             "(p = 0.35)")
@@ -128,7 +129,7 @@ def test_seeds_at_exactly_one_are_named_and_the_median_reading_given(tmp_path):
              'test = "threshold"\nvalue = 0.9\n')
     (o,) = check_claims([root], write(tmp_path, claim)).outcomes
     assert "4 of 5 seeds exactly at a bound (0 or 1)" in o.shape
-    assert "1 of 5 seeds split off from the others (0.8 vs 1-1: a plateau?)" in o.shape
+    assert "1 of 5 seeds set apart from the others by Dixon's Q test (0.8 vs 1-1" in o.shape
     assert o.shape.endswith("distribution-free (sign test of the median, on most seeds) "
                             "inconclusive (p = 0.19)")
     # The claim may choose the median: the exact sign test decides, at the full alpha.

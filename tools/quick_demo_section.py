@@ -77,6 +77,15 @@ def q2_sentence(o: Outcome) -> str:
             f"p = {_p(o.p)}, lower bound {o.low:+.3f} ({o.verdict})")
 
 
+def said(o: Outcome) -> str:
+    """The shape verify names on a verdict's line, and its other readings, if any."""
+    if not o.shape:
+        return ""
+    finding = o.shape.removeprefix("shape: ").split(": the t-test's level", 1)[0]
+    readings = o.shape.split("reads the mean; ", 1)[1]
+    return f"; verify's line names the runs' shape ({finding}) and reads it {readings}"
+
+
 def section(text: str) -> str:
     v = verdicts(text)
     q1, q2, q3, q4 = (v[i] for i in ("q1-small-vocabulary-solved",
@@ -92,7 +101,7 @@ def section(text: str) -> str:
         f"accuracy): {q1.verdict}; one-sided {level:.1%} lower bounds {van['bounds'][0]:.3f} "
         f"for vanilla (mean {van['value']:.3f}, p = {_p(van['p'])}) and "
         f"{pe['bounds'][0]:.3f} for PE (mean {pe['value']:.3f}, p = {_p(pe['p'])}). q2, "
-        f"{q2_sentence(q2)}. q3, the vanilla GRU drops by {-q3.value:.2f} from K = 32 to "
+        f"{q2_sentence(q2)}{said(q2)}. q3, the vanilla GRU drops by {-q3.value:.2f} from K = 32 to "
         f"1,024 (Welch t of the two ends at alpha = {q3.alpha:.3g}: p = {_p(q3.p)}, "
         f"{q3.verdict}). q4 (DL distance) is not regenerated here: only the mean DL "
         f"distances were recorded, not the seeds' ({q4.verdict}: {q4.note}). Over the "

@@ -855,18 +855,21 @@ def _shape(claim: Claim, pick: Scored, verdict: str) -> str:
     if pick.test is None or pick.method.startswith("exact") or pick.method == NO_TEST or \
             claim.test not in ("threshold", "difference", "trend") or claim.cells == "any":
         return ""
-    names = ("a", "b") if claim.test == "difference" else (
-        (f"{claim.along} last", f"{claim.along} first") if claim.test == "trend" else ("",))
+    names = ("group a", "group b") if claim.test == "difference" else (
+        (f"the last {short_key(str(claim.along))}", f"the first {short_key(str(claim.along))}")
+        if claim.test == "trend" else ("",))
     bounded = pick.test.bounded
     found, kept = [], []
     for name, values in zip(names, pick.groups):
-        who = f"group {name}: " if name else ""
+        who = f"{name}: " if name else ""
         split = outliers(values)
         if split:
             rest = np.delete(values, split)
-            found.append(f"{who}{len(split)} of {len(values)} seeds split off from the "
-                         f"others ({_shown([round(float(values[i]), 4) for i in split])} "
-                         f"vs {float(rest.min()):.4g}-{float(rest.max()):.4g}: a plateau?)")
+            found.append(f"{who}{len(split)} of {len(values)} seeds set apart from the "
+                         f"others by Dixon's Q test ("
+                         f"{_shown([round(float(values[i]), 4) for i in split])} vs "
+                         f"{float(rest.min()):.4g}-{float(rest.max()):.4g}: a plateau beside "
+                         "success, or an outlier)")
         piled = at_bound(values) if bounded else 0
         if piled:
             found.append(f"{who}{piled} of {len(values)} seeds exactly at a bound (0 or 1)")
