@@ -6,9 +6,11 @@ repository has no plotting code, so the percentile bootstrap of the mean is our 
 (REPRODUCE.md says so). It redraws the paper's figures; it is not a test.
 
 Verdicts (`perencode verify`): one-sided t-tests whose level holds at the seed counts used
-here (Student's t for a mean, Welch's t for a difference; exact tests for constant cells;
-a conservative rule for metrics bounded in [0, 1]), and the seeds that would decide an
-inconclusive one.
+here on near-normal runs (Student's t for a mean, Welch's t for a difference; exact tests
+for constant cells; a conservative rule for a threshold on a metric bounded in [0, 1]), the
+distribution-free sign and rank tests (a claim's `statistic = "median"`, and the other
+reading of runs whose shape breaks a t-test: `outliers`, `at_bound`), and the seeds that
+would decide an inconclusive one.
 """
 
 from __future__ import annotations

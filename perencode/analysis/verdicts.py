@@ -16,8 +16,11 @@ and table columns), the metric, the cells it holds in (`by`, `cells`) and a test
 The statistic is taken over runs (one value per run: the mean of its matching rows, weighted
 by `n` where the table has it), i.e. over seeds. A verdict on a mean is a one-sided test at
 the claim's level (perencode.analysis.stats: Student's t against a threshold, Welch's t for a
-difference or a trend, exact tests for constant cells, a conservative rule for metrics in
-[0, 1]; docs/claims.md#statistics): pass when the test of the claim rejects its negation,
+difference or a trend, exact tests for constant cells, a conservative rule for a threshold
+on a metric in [0, 1]; statistic = "median": the exact sign or rank test;
+docs/claims.md#statistics), naming the quantity it tests, the assumption behind its level
+and whether the runs' shape contradicts it, with Holm and Benjamini-Hochberg adjusted p over
+the claims of one call: pass when the test of the claim rejects its negation,
 fail when the test of the opposite rejects the claim, inconclusive otherwise or when a group
 has one run, with the runs per group that would decide it (a power calculation). Each
 verdict names its method, runs per group, alpha and p, with the paper's percentile-bootstrap
