@@ -381,7 +381,7 @@ def sign_test(values: Values, threshold: float) -> tuple[float, float]:
 
 
 def rank_test(a: Values, b: Values, threshold: float = 0.0,
-              most: int = 200_000) -> tuple[float, float]:
+              most: int = 20_000) -> tuple[float, float]:
     """(p_above, p_below): the exact permutation test of the Mann-Whitney statistic of
     a - threshold against b: "a seed of a (less the threshold) beats a seed of b more often
     than not", for any shape (ties count a half). Every split of the pooled seeds is
