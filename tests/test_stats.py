@@ -8,7 +8,16 @@ import math
 import numpy as np
 import pytest
 
-from perencode.analysis.stats import bootstrap_ci, bootstrap_diff_ci
+from perencode.analysis.stats import (
+    at_bound,
+    bootstrap_ci,
+    bootstrap_diff_ci,
+    difference_p_values,
+    difference_test,
+    mean_p_values,
+    mean_test,
+    outliers,
+)
 
 
 def test_two_values_known_percentiles():
@@ -129,12 +138,17 @@ def test_seeds_to_decide():
 
 
 # -- the verdict statistics: their level, measured by simulation ---------------------------
-# A verdict passes a claim "quantity > threshold" when the one-sided test rejects at alpha
-# (0.05): under a null at the boundary, a pass is a type-I error and must happen at most
-# alpha + 2.5 points of the time (equivalently the one-sided bound covers the truth at least
-# 92.5% of the time), at 3 and at 5 seeds per group, for normal data and for metrics bounded
-# in [0, 1] near their bounds. The paper's percentile bootstrap, run through the same rule,
-# does not hold its level.
+# A verdict passes a claim "quantity > threshold" when the one-sided test rejects at the
+# alpha the output states: 0.05 for a difference (Welch), 0.025 for a threshold on a metric
+# in [0, 1] (Student's t with the variance at the threshold), 0.05 for the exact tests of
+# constant cells. Under a null at the boundary, "false pass" is the claim "> truth" passing
+# and "false fail" the claim ">= truth" (true there) failing; each must stay within alpha +
+# 2.5 points on the shapes where docs/claims.md says the level holds. MEASURED states the
+# rates (4,000 draws, these seeds: the tests check them to a point). On the shapes that
+# break every test at these seed counts (issue 55's audit: seeds stuck on a plateau, most
+# seeds at exactly 1.0, a skewed group beside a tight one) the level is stated as broken,
+# and the tests check what the output does about it: the runs' shape is said on the
+# verdict's line whenever the draw shows it (stats.outliers, stats.at_bound).
 
 ALPHA, TOLERANCE, DRAWS = 0.05, 0.025, 4000
 
@@ -155,68 +169,192 @@ def _solved_often(rng, mean_rest, size, solved=0.3):
     return np.where(rng.random(size) < solved, 1.0, rest)
 
 
-def _rejects(p, exact, bounded):
-    alpha = np.where(exact, ALPHA, ALPHA / 2 if bounded else ALPHA)
-    return p <= alpha
+def _stuck(rng, size, stuck=0.1, good=0.99, plateau=0.17):
+    """This paper's usual outcome: solved on most seeds, stuck on the last-token plateau
+    (about 1/L) on some."""
+    return np.where(rng.random(size) < stuck, _beta(rng, plateau, 400, size),
+                    _beta(rng, good, 300, size))
 
 
-# name -> (draw(rng, size), true mean, bounded)
+def _at_one(rng, size, share=0.8, rest=0.75):
+    """Most seeds at exactly 1.0 (mean 0.95 with the defaults)."""
+    return np.where(rng.random(size) < share, 1.0, _beta(rng, rest, 20, size))
+
+
+def _rejects(p, exact, alpha):
+    return p <= np.where(exact, ALPHA, alpha)
+
+
+# name -> (draw(rng, size), true mean); threshold tests of a metric in [0, 1] except normal
 ONE_SAMPLE = {
-    "normal": (lambda rng, size: rng.normal(0.5, 0.05, size), 0.5, False),
-    "beta(19, 1), mean 0.95": (lambda rng, size: _beta(rng, 0.95, 20, size), 0.95, True),
-    "beta(99, 1), mean 0.99": (lambda rng, size: _beta(rng, 0.99, 100, size), 0.99, True),
-    "beta(1, 19), mean 0.05": (lambda rng, size: _beta(rng, 0.05, 20, size), 0.05, True),
-    "beta(9, 1), mean 0.9": (lambda rng, size: _beta(rng, 0.9, 10, size), 0.9, True),
-    "proportion, mean 0.97": (lambda rng, size: _proportion(rng, 0.97, 30, size), 0.97, True),
+    "normal": (lambda rng, size: rng.normal(0.5, 0.05, size), 0.5),
+    "beta(19, 1), mean 0.95": (lambda rng, size: _beta(rng, 0.95, 20, size), 0.95),
+    "beta(99, 1), mean 0.99": (lambda rng, size: _beta(rng, 0.99, 100, size), 0.99),
+    "beta(1, 19), mean 0.05": (lambda rng, size: _beta(rng, 0.05, 20, size), 0.05),
+    "beta(9, 1), mean 0.9": (lambda rng, size: _beta(rng, 0.9, 10, size), 0.9),
+    "proportion, mean 0.97": (lambda rng, size: _proportion(rng, 0.97, 30, size), 0.97),
     "solved 30%, else mean 0.9": (lambda rng, size: _solved_often(rng, 0.9, size),
-                                  0.3 + 0.7 * 0.9, True),
+                                  0.3 + 0.7 * 0.9),
 }
+ONE_SAMPLE_BREAKS = {
+    "80% of seeds at 1.0, mean 0.95": (_at_one, 0.8 + 0.2 * 0.75),
+    "10% stuck at 0.17, else 0.99": (_stuck, 0.1 * 0.17 + 0.9 * 0.99),
+}
+
+# name -> (draw a, draw b, true difference); Welch's t at the full alpha
+TWO_SAMPLE = {
+    "normal, equal spread": (lambda rng, size: rng.normal(0.3, 0.05, size),
+                             lambda rng, size: rng.normal(0.2, 0.05, size), 0.1),
+    "normal, spread 10x apart": (lambda rng, size: rng.normal(0.3, 0.1, size),
+                                 lambda rng, size: rng.normal(0.2, 0.01, size), 0.1),
+    "beta near 1, same shape": (lambda rng, size: _beta(rng, 0.95, 20, size),
+                                lambda rng, size: _beta(rng, 0.95, 20, size), 0.0),
+    "beta 0.99 vs 0.9": (lambda rng, size: _beta(rng, 0.99, 50, size),
+                         lambda rng, size: _beta(rng, 0.9, 50, size), 0.09),
+    "beta 0.1 vs 0.02": (lambda rng, size: _beta(rng, 0.1, 30, size),
+                         lambda rng, size: _beta(rng, 0.02, 30, size), 0.08),
+    "proportions 0.97 vs 0.9": (lambda rng, size: _proportion(rng, 0.97, 30, size),
+                                lambda rng, size: _proportion(rng, 0.9, 30, size), 0.07),
+    "solved often, both": (lambda rng, size: _solved_often(rng, 0.9, size, solved=0.6),
+                           lambda rng, size: _solved_often(rng, 0.9, size, solved=0.6), 0.0),
+    "10% stuck, both": (_stuck, _stuck, 0.0),
+}
+TWO_SAMPLE_BREAKS = {
+    "80% at 1.0 beside a tight 0.95": (_at_one, lambda rng, size: _beta(rng, 0.95, 2000, size),
+                                       0.0),
+    "10% stuck beside a tight group": (_stuck, lambda rng, size: _beta(
+        rng, 0.1 * 0.17 + 0.9 * 0.99, 3000, size), 0.0),
+    "beta 0.95 skewed beside a tight 0.95": (lambda rng, size: _beta(rng, 0.95, 20, size),
+                                             lambda rng, size: _beta(rng, 0.95, 300, size),
+                                             0.0),
+}
+
+# (shape, n) -> (false pass, false fail), measured with the draws below
+MEASURED: dict[tuple[str, int], tuple[float, float]] = {
+    ('normal', 3): (0.056, 0.056),
+    ('beta(19, 1), mean 0.95', 3): (0.051, 0.005),
+    ('beta(99, 1), mean 0.99', 3): (0.048, 0.006),
+    ('beta(1, 19), mean 0.05', 3): (0.007, 0.043),
+    ('beta(9, 1), mean 0.9', 3): (0.041, 0.009),
+    ('proportion, mean 0.97', 3): (0.047, 0.005),
+    ('solved 30%, else mean 0.9', 3): (0.002, 0.025),
+    ('80% of seeds at 1.0, mean 0.95', 3): (0.000, 0.006),
+    ('10% stuck at 0.17, else 0.99', 3): (0.693, 0.001),
+    ('normal, equal spread', 3): (0.046, 0.045),
+    ('normal, spread 10x apart', 3): (0.059, 0.046),
+    ('beta near 1, same shape', 3): (0.026, 0.029),
+    ('beta 0.99 vs 0.9', 3): (0.038, 0.070),
+    ('beta 0.1 vs 0.02', 3): (0.030, 0.068),
+    ('proportions 0.97 vs 0.9', 3): (0.036, 0.057),
+    ('solved often, both', 3): (0.021, 0.019),
+    ('10% stuck, both', 3): (0.019, 0.018),
+    ('80% at 1.0 beside a tight 0.95', 3): (0.517, 0.005),
+    ('10% stuck beside a tight group', 3): (0.729, 0.002),
+    ('beta 0.95 skewed beside a tight 0.95', 3): (0.144, 0.015),
+    ('normal', 5): (0.050, 0.041),
+    ('beta(19, 1), mean 0.95', 5): (0.054, 0.005),
+    ('beta(99, 1), mean 0.99', 5): (0.058, 0.004),
+    ('beta(1, 19), mean 0.05', 5): (0.004, 0.058),
+    ('beta(9, 1), mean 0.9', 5): (0.053, 0.006),
+    ('proportion, mean 0.97', 5): (0.059, 0.004),
+    ('solved 30%, else mean 0.9', 5): (0.006, 0.024),
+    ('80% of seeds at 1.0, mean 0.95', 5): (0.325, 0.001),
+    ('10% stuck at 0.17, else 0.99', 5): (0.586, 0.001),
+    ('normal, equal spread', 5): (0.052, 0.046),
+    ('normal, spread 10x apart', 5): (0.052, 0.046),
+    ('beta near 1, same shape', 5): (0.040, 0.034),
+    ('beta 0.99 vs 0.9', 5): (0.031, 0.075),
+    ('beta 0.1 vs 0.02', 5): (0.026, 0.070),
+    ('proportions 0.97 vs 0.9', 5): (0.030, 0.063),
+    ('solved often, both', 5): (0.035, 0.036),
+    ('10% stuck, both', 5): (0.019, 0.016),
+    ('80% at 1.0 beside a tight 0.95', 5): (0.337, 0.006),
+    ('10% stuck beside a tight group', 5): (0.596, 0.000),
+    ('beta 0.95 skewed beside a tight 0.95', 5): (0.144, 0.012),
+}
+
+
+def _one_sample(name, n):
+    draw, mean = {**ONE_SAMPLE, **ONE_SAMPLE_BREAKS}[name]
+    x = draw(np.random.default_rng(n), (DRAWS, n))
+    bounded = name != "normal"
+    p_above, p_below, exact = mean_p_values(x, mean, bounded)
+    alpha = ALPHA / 2 if bounded else ALPHA
+    return x, _rejects(p_above, exact, alpha), _rejects(p_below, exact, alpha)
+
+
+def _two_sample(name, n):
+    draw_a, draw_b, difference = {**TWO_SAMPLE, **TWO_SAMPLE_BREAKS}[name]
+    rng = np.random.default_rng(10 + n)
+    a, b = draw_a(rng, (DRAWS, n)), draw_b(rng, (DRAWS, n))
+    p_above, p_below, exact = difference_p_values(a, b, difference)
+    return (a, b), _rejects(p_above, exact, ALPHA), _rejects(p_below, exact, ALPHA)
 
 
 @pytest.mark.parametrize("n", [3, 5])
 @pytest.mark.parametrize("name", list(ONE_SAMPLE))
 def test_threshold_verdicts_hold_their_level(name, n):
-    from perencode.analysis.stats import mean_p_values
-
-    draw, mean, bounded = ONE_SAMPLE[name]
-    rng = np.random.default_rng(n)
-    x = draw(rng, (DRAWS, n))
-    p_above, p_below, exact = mean_p_values(x, mean, bounded)
-    for p in (p_above, p_below):  # claims "> mean" and "< mean": both false
-        assert _rejects(p, exact, bounded).mean() <= ALPHA + TOLERANCE
-
-
-# name -> (draw a, draw b, true difference, bounded)
-TWO_SAMPLE = {
-    "normal, equal spread": (lambda rng, size: rng.normal(0.3, 0.05, size),
-                             lambda rng, size: rng.normal(0.2, 0.05, size), 0.1, False),
-    "normal, spread 10x apart": (lambda rng, size: rng.normal(0.3, 0.1, size),
-                                 lambda rng, size: rng.normal(0.2, 0.01, size), 0.1, False),
-    "beta near 1, same shape": (lambda rng, size: _beta(rng, 0.95, 20, size),
-                                lambda rng, size: _beta(rng, 0.95, 20, size), 0.0, True),
-    "beta 0.99 vs 0.9": (lambda rng, size: _beta(rng, 0.99, 50, size),
-                         lambda rng, size: _beta(rng, 0.9, 50, size), 0.09, True),
-    "beta 0.1 vs 0.02": (lambda rng, size: _beta(rng, 0.1, 30, size),
-                         lambda rng, size: _beta(rng, 0.02, 30, size), 0.08, True),
-    "proportions 0.97 vs 0.9": (lambda rng, size: _proportion(rng, 0.97, 30, size),
-                                lambda rng, size: _proportion(rng, 0.9, 30, size), 0.07, True),
-    "solved often, both": (lambda rng, size: _solved_often(rng, 0.9, size, solved=0.6),
-                           lambda rng, size: _solved_often(rng, 0.9, size, solved=0.6), 0.0,
-                           True),
-}
+    _, false_pass, false_fail = _one_sample(name, n)
+    rates = (false_pass.mean(), false_fail.mean())
+    assert max(rates) <= ALPHA + TOLERANCE
+    assert rates == pytest.approx(MEASURED[(name, n)], abs=0.01)
 
 
 @pytest.mark.parametrize("n", [3, 5])
 @pytest.mark.parametrize("name", list(TWO_SAMPLE))
 def test_difference_verdicts_hold_their_level(name, n):
-    from perencode.analysis.stats import difference_p_values
+    _, false_pass, false_fail = _two_sample(name, n)
+    rates = (false_pass.mean(), false_fail.mean())
+    assert max(rates) <= ALPHA + TOLERANCE
+    assert rates == pytest.approx(MEASURED[(name, n)], abs=0.01)
 
-    draw_a, draw_b, difference, bounded = TWO_SAMPLE[name]
-    rng = np.random.default_rng(10 + n)
-    a, b = draw_a(rng, (DRAWS, n)), draw_b(rng, (DRAWS, n))
-    p_above, p_below, exact = difference_p_values(a, b, difference)
-    for p in (p_above, p_below):
-        assert _rejects(p, exact, bounded).mean() <= ALPHA + TOLERANCE
+
+def _shown(*groups):
+    """Per draw: the verdict's line names the shape (a seed split off, a seed at a bound)."""
+    return np.array([any(outliers(g[i]) or at_bound(g[i]) for g in groups)
+                     for i in range(len(groups[0]))])
+
+
+# (shape, n) -> share of the false passes (either side) whose runs showed the shape
+SHOWN: dict[tuple[str, int], float] = {
+    ('80% of seeds at 1.0, mean 0.95', 3): 0.00,
+    ('10% stuck at 0.17, else 0.99', 3): 0.05,
+    ('80% at 1.0 beside a tight 0.95', 3): 0.99,
+    ('10% stuck beside a tight group', 3): 0.11,
+    ('beta 0.95 skewed beside a tight 0.95', 3): 0.12,
+    ('80% of seeds at 1.0, mean 0.95', 5): 1.00,
+    ('10% stuck at 0.17, else 0.99', 5): 0.08,
+    ('80% at 1.0 beside a tight 0.95', 5): 1.00,
+    ('10% stuck beside a tight group', 5): 0.12,
+    ('beta 0.95 skewed beside a tight 0.95', 5): 0.15,
+}
+
+
+@pytest.mark.parametrize("n", [3, 5])
+@pytest.mark.parametrize("name", list(ONE_SAMPLE_BREAKS) + list(TWO_SAMPLE_BREAKS))
+def test_shapes_that_break_the_level_are_said_when_the_runs_show_them(name, n):
+    """No test holds the level on these shapes at 3-5 seeds (docs/claims.md#shapes): the
+    rates are stated, and a false pass comes with the shape said on its line whenever the
+    draw shows a seed split off or at a bound; the stuck shapes' other false passes are
+    draws that never saw a stuck seed (a failure mode of probability p goes unseen in n
+    seeds with probability (1 - p)^n: 0.9^3 = 73%). A skewed group beside a tight one is
+    not detected (SHOWN: 12-15%, by chance): docs/claims.md lists it as not covered."""
+    groups, false_pass, false_fail = (_one_sample if name in ONE_SAMPLE_BREAKS
+                                      else _two_sample)(name, n)
+    groups = groups if isinstance(groups, tuple) else (groups,)
+    rates = (false_pass.mean(), false_fail.mean())
+    # The level is broken, and the docs say so; at 3 seeds the sign test of a cell all at
+    # 1.0 (p = 1/8) cannot pass, so most seeds at 1.0 break it from 5 seeds on.
+    assert (max(rates) > ALPHA + TOLERANCE) == ((name, n) != ("80% of seeds at 1.0, mean 0.95",
+                                                              3))
+    assert rates == pytest.approx(MEASURED[(name, n)], abs=0.01)
+    wrong = false_pass | false_fail
+    shown = _shown(*groups)
+    assert (shown & wrong).sum() / wrong.sum() == pytest.approx(SHOWN[(name, n)], abs=0.02)
+    if "stuck" in name:  # the unseen ones: every seed of a group on one side of 0.5
+        unseen = wrong & ~shown
+        assert all(((g[unseen] > 0.5).all(axis=1) | (g[unseen] < 0.5).all(axis=1)).all()
+                   for g in groups)
 
 
 def _bootstrap_diffs(a, b, resamples=1000, seed=0):
@@ -264,7 +402,8 @@ def test_bounds_of_a_bounded_metric_stay_in_its_range():
     near_one = mean_test([0.99, 0.985, 0.995], 0.95, bounded=True)
     assert near_one.high == 1.0 and 0.95 < near_one.low < 0.99
     assert mean_test([0.99, 0.97, 1.0], 0.95).high > 1.0  # unbounded: as computed
-    assert difference_test([0.0, 0.5, 1.0], [1.0, 0.5, 0.0], bounded=True).low == -1.0
+    assert difference_test([0.0, 0.5, 1.0], [1.0, 0.5, 0.0], alpha=0.005,
+                           bounded=True).low == -1.0
 
 
 def test_welch_at_the_full_alpha_keeps_the_power_halving_cost():

@@ -16,8 +16,11 @@ and table columns), the metric, the cells it holds in (`by`, `cells`) and a test
 The statistic is taken over runs (one value per run: the mean of its matching rows, weighted
 by `n` where the table has it), i.e. over seeds. A verdict on a mean is a one-sided test at
 the claim's level (perencode.analysis.stats: Student's t against a threshold, Welch's t for a
-difference or a trend, exact tests for constant cells, a conservative rule for metrics in
-[0, 1]; docs/claims.md#statistics): pass when the test of the claim rejects its negation,
+difference or a trend, exact tests for constant cells, a conservative rule for a threshold
+on a metric in [0, 1]; statistic = "median": the exact sign or rank test;
+docs/claims.md#statistics), naming the quantity it tests, the assumption behind its level
+and whether the runs' shape contradicts it, with Holm and Benjamini-Hochberg adjusted p over
+the claims of one call: pass when the test of the claim rejects its negation,
 fail when the test of the opposite rejects the claim, inconclusive otherwise or when a group
 has one run, with the runs per group that would decide it (a power calculation). Each
 verdict names its method, runs per group, alpha and p, with the paper's percentile-bootstrap
@@ -46,11 +49,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from perencode.analysis.results import Results, collect
 from perencode.analysis.stats import (
     HypothesisTest,
+    at_bound,
     bootstrap_ci,
     bootstrap_diff_ci,
     difference_test,
     mean_test,
+    outliers,
+    rank_test,
     seeds_to_decide,
+    sign_test,
 )
 from perencode.common import defaults
 from perencode.common.errors import UserError
@@ -74,7 +81,11 @@ class Claim(BaseModel):
     where: dict[str, Any] = Field({}, description="Filters: column = value | [values] | "
                                   "{min, max, not, missing}.")
     metric: str = Field(description="The column compared.")
-    statistic: Literal["mean", "min", "max"] = Field("mean", description="Over runs (seeds).")
+    statistic: Literal["mean", "median", "min", "max"] = Field(
+        "mean", description="Over runs (seeds). mean: a t-test of the mean; median: the "
+        "distribution-free reading, 'on most seeds' (the exact sign test of a threshold, the "
+        "exact rank test of a difference or trend); min / max: a description of these "
+        "seeds, no test.")
     by: list[str] = Field([], description="Columns whose values make the cells.")
     cells: Literal["all", "any", "first", "last"] = Field(
         "all", description="Cells that must pass: all, any, or all of those at the "
@@ -108,6 +119,13 @@ class Claim(BaseModel):
             raise ValueError(f"field 'along': test = '{self.test}' needs `along`")
         if self.test == "lowest" and self.expect is None:
             raise ValueError("field 'expect': test = 'lowest' needs `expect`")
+        if self.statistic == "median" and self.test not in ("threshold", "difference",
+                                                            "trend"):
+            raise ValueError("field 'statistic': 'median' applies to test = 'threshold', "
+                             "'difference' and 'trend'")
+        if self.than is not None and self.statistic == "median":
+            raise ValueError("field 'than': compares differences of means (statistic = "
+                             "'mean')")
         if self.than is not None and self.test != "difference":
             raise ValueError("field 'than': applies to test = 'difference' only")
         return self
@@ -376,6 +394,8 @@ VERDICTS = (PASS, FAIL, INCONCLUSIVE, NOT_RUN)
 ONE_SEED = "one run per group: no spread to test with, so no verdict"
 POWER = 0.8  # of the seeds-to-decide calculation
 NO_TEST = "no test"  # a cell's method where nothing could be tested
+SIGN_TEST = "exact sign test of the median"
+RANK_TEST = "exact rank test (Mann-Whitney, permutations)"
 
 
 def three_way(holds, low: float, high: float) -> str:
@@ -443,6 +463,24 @@ class Outcome:
     bootstrap: tuple[float, float] | None = None        # the paper's 95% CI, for comparison
     seeds_to_decide: int | None = None
     deciding: Scored | None = None   # the cell that decided (`than` reads it)
+    quantity: str = ""               # what the verdict is about: the mean, the median, ...
+    assumption: str = ""             # under which the stated level holds
+    shape: str = ""                  # these runs contradict the assumption: how, and the
+    #                                  verdicts without the outlying seeds / distribution-free
+    p_claim: float = math.nan        # p-value of the claim as a whole (its cells combined)
+    p_holm: float = math.nan         # p_claim adjusted over the call's tests (Holm)
+    q_bh: float = math.nan           # p_claim's Benjamini-Hochberg q over the same tests
+
+    @property
+    def description(self) -> bool:
+        """min / max over the seeds: a statement about these seeds, decided without a test."""
+        return self.verdict != NOT_RUN and self.claim.statistic in ("min", "max")
+
+    @property
+    def tested(self) -> bool:
+        """Decided by a test with a p-value (counted in the multiplicity adjustment)."""
+        return self.verdict != NOT_RUN and not self.description and not math.isnan(
+            self.p_claim)
 
     def as_dict(self) -> dict:
         c = self.claim
@@ -458,13 +496,25 @@ class Outcome:
                 "alpha": number(self.alpha), "p": number(self.p),
                 "bootstrap95": None if self.bootstrap is None else list(self.bootstrap),
                 "seeds_to_decide": self.seeds_to_decide,
+                "quantity": self.quantity, "assumption": self.assumption,
+                "shape": self.shape, "description": self.description,
+                "p_claim": number(self.p_claim), "p_holm": number(self.p_holm),
+                "q_bh": number(self.q_bh),
                 "coverage": self.coverage, "note": self.note, "cells": self.cells,
                 "excluded": self.excluded, "runs": self.runs}
 
 
-def _fmt(value: float, low: float, high: float) -> str:
+def _fmt(value: float, low: float, high: float, alpha: float = math.nan) -> str:
+    """'0.972 [0.951, 0.993] (each end one-sided 97.5%)': the bounds' level said."""
     text = f"{value:.4g}"
-    return text if math.isnan(low) else f"{text} [{low:.4g}, {high:.4g}]"
+    if math.isnan(low):
+        return text
+    level = "" if math.isnan(alpha) else f" (each end one-sided {_percent(1 - alpha)})"
+    return f"{text} [{low:.4g}, {high:.4g}]{level}"
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.4g}%"
 
 
 def _describe(keys: list[str], cell: tuple) -> str:
@@ -551,18 +601,29 @@ def evaluate(claim: Claim, results: Results, done: dict[str, Outcome]) -> Outcom
                       for cell, vals in _cells(values, claim.by)]
             outcome = _verdict(claim, scored) if scored else Outcome(
                 claim, NOT_RUN, note=f"no matching run has a value of {claim.metric}")
+    without = 0
     if outcome.verdict != NOT_RUN:  # a difference rests on its groups' runs alone
-        outcome.runs = sorted(set(_groups(rows, claim, source)[0]["run"]))
-    return _count_diverged(outcome, results)
+        grouped = _groups(rows, claim, source)[0]
+        outcome.runs = sorted(set(grouped["run"]))
+        valued = pd.to_numeric(grouped[claim.metric], errors="coerce").notna()
+        without = grouped.loc[~grouped["run"].isin(grouped.loc[valued, "run"]), "run"].nunique()
+    return _count_diverged(outcome, results, without)
 
 
-def _count_diverged(outcome: Outcome, results: Results) -> Outcome:
+def _count_diverged(outcome: Outcome, results: Results, without: int = 0) -> Outcome:
     """Name the diverged runs of the claim's cells (the `where` fields of the runs table
-    they match): counted there, never as numbers."""
+    they match): counted there, never as numbers. A decided claim counts them on its
+    verdict's line (`method`), with the finished runs that lack a value of the metric
+    (`without`): both left out before the test."""
     diverged = results.diverged()
     where = {k: v for k, v in outcome.claim.where.items() if k in diverged.columns}
     found = len(select(diverged, where, f"claim {outcome.claim.id}")) if len(diverged) else 0
-    if found:
+    if outcome.verdict != NOT_RUN and (found or without):
+        left = [f"{found} diverged run{'s' * (found != 1)}"] * bool(found) + [
+            f"{without} finished run{'s' * (without != 1)} without a value of "
+            f"{outcome.claim.metric}"] * bool(without)
+        outcome.method += f"; left out before the test: {' and '.join(left)}"
+    elif found:
         said = f"{found} diverged run(s) match, counted without a value"
         outcome.note = f"{outcome.note}; {said}" if outcome.note else said
     return outcome
@@ -605,6 +666,12 @@ def _from_test(claim: Claim, cell: tuple, test: HypothesisTest,
 def _threshold(claim: Claim, cell: tuple, values: np.ndarray, bounded: bool) -> Scored:
     """statistic(values) OP value: Student's t for the mean (perencode.analysis.stats.mean_test)."""
     up = claim.op in (">", ">=")
+    if claim.statistic == "median":
+        v = float(np.median(values))
+        above, below = sign_test(values, claim.value)
+        return Scored(cell, v, math.nan, math.nan, above if up else below,
+                      below if up else above, _alpha(claim), SIGN_TEST, (len(values),),
+                      (v - claim.value) * (1 if up else -1), (values,))
     if claim.statistic != "mean":
         v = float(getattr(np, claim.statistic)(values))
         return _observed(claim, cell, v, OPS[claim.op](v, claim.value), (len(values),),
@@ -622,6 +689,12 @@ def _compare(claim: Claim, cell: tuple, a: np.ndarray, b: np.ndarray,
     """statistic(a) - statistic(b) OP value: Welch's t for means
     (perencode.analysis.stats.difference_test)."""
     up = claim.op in (">", ">=")
+    if claim.statistic == "median":
+        d = float(np.median(a) - np.median(b))
+        above, below = rank_test(a, b, claim.value)
+        return Scored(cell, d, math.nan, math.nan, above if up else below,
+                      below if up else above, _alpha(claim), RANK_TEST, (len(a), len(b)),
+                      (d - claim.value) * (1 if up else -1), (a, b))
     if claim.statistic != "mean":
         stat = getattr(np, claim.statistic)
         d = float(stat(a) - stat(b))
@@ -663,6 +736,39 @@ def _near(claim: Claim, cell: tuple, values: np.ndarray, bounded: bool) -> Score
 RANK = {FAIL: 0, INCONCLUSIVE: 1, PASS: 2}
 
 
+def _edge(claim: Claim, present: list) -> Any:
+    """The value of `by[0]` a `cells = "first"` / `"last"` claim is about: the smallest /
+    largest value its `where` lists for that column, else of the values the runs have
+    (the union of both groups' cells for a difference)."""
+    named = claim.where.get(claim.by[0])
+    pool = named if isinstance(named, list) and named else (
+        [named] if named is not None and not isinstance(named, (dict, list)) else present)
+    return (min if claim.cells == "first" else max)(pool)
+
+
+def _missing_edge(claim: Claim, edge: Any, groups: dict[str, list[tuple]]) -> str:
+    """The reason a `first` / `last` claim is not run when a group has no cell at its edge
+    (or, over several `by` columns, the groups' cells there differ); "" when all are there.
+    `groups`: group name ("" for a claim of one group) -> the cells it has."""
+    at = {g: {c for c in cells if c[0] == edge} for g, cells in groups.items()}
+    every = set().union(*at.values())
+    where = f"{short_key(claim.by[0])}={_text(edge)}"
+    for g, cells in at.items():
+        if not every or not cells or cells != every:
+            who = f"group {g}" if g else "the claim"
+            lacking = sorted(every - cells, key=str) if cells else []
+            has = _shown(_values(pd.Series([c[0] for c in groups[g]], dtype=object))) or \
+                "none"
+            what = ("no finished run" if not cells else
+                    f"no finished run in cell {_describe(claim.by, lacking[0])}")
+            named = "the claim's" if isinstance(claim.where.get(claim.by[0]), list) else \
+                "the runs'"
+            return (f"cells = '{claim.cells}': {what} of {who} at {where} ({named} "
+                    f"{claim.cells} value of {claim.by[0]}; {who} has {has}): never decided "
+                    "at another value")
+    return ""
+
+
 def _verdict(claim: Claim, scored: list[Scored]) -> Outcome:
     """Combine the cells. 'all' passes when every cell passes (an intersection of tests at
     alpha each keeps alpha) and fails when one fails at alpha / k (Bonferroni over the k
@@ -671,8 +777,11 @@ def _verdict(claim: Claim, scored: list[Scored]) -> Outcome:
     the one that decides (the worst for 'all', the best for 'any')."""
     chosen = scored
     if claim.cells in ("first", "last") and claim.by:
-        edge = (scored[0] if claim.cells == "first" else scored[-1]).cell[0]
+        edge = _edge(claim, [s.cell[0] for s in scored])
         chosen = [s for s in scored if s.cell[0] == edge]
+        if not chosen:
+            return Outcome(claim, NOT_RUN, note=_missing_edge(
+                claim, edge, {"": [s.cell for s in scored]}))
     k = len(chosen)
     pass_cells, fail_cells = (k, 1) if claim.cells == "any" else (1, k)
     verdicts = [_verdict_of(s, pass_cells, fail_cells) for s in chosen]
@@ -687,10 +796,107 @@ def _verdict(claim: Claim, scored: list[Scored]) -> Outcome:
                 "verdict": _verdict_of(s, pass_cells, fail_cells) if id(s) in deciding else "-"}
                for s in scored]
     outcome = Outcome(claim, verdict, pick.value, pick.low, pick.high,
-                      _fmt(pick.value, pick.low, pick.high) + (f" ({where})" if where else ""),
+                      _fmt(pick.value, pick.low, pick.high, pick.alpha)
+                      + (f" ({where})" if where else ""),
                       _coverage(claim, [s.cell for s in scored]), note=pick.note,
                       cells=details)
+    # The claim's own p-value: 'all' holds when every cell does (the largest p), 'any' when
+    # one does (the smallest, times k: Bonferroni); it passes when p_claim <= alpha.
+    p_cells = [s.p_pass for s in chosen]
+    outcome.p_claim = max(p_cells) if claim.cells != "any" else min(1.0, k * min(p_cells))
+    if all(s.method == NO_TEST or s.note == ONE_SEED for s in chosen):
+        outcome.p_claim = math.nan  # nothing tested: not counted among the tests
     return _explain(outcome, pick, k, claim.cells)
+
+
+NEAR_NORMAL = ("seeds near-normal, or skewed as accuracies near a bound are; not seeds "
+               "split between a plateau and success, nor piled at a bound")
+EXACT = "none on the seeds' shape: exact for any distribution of independent seeds"
+
+
+def _quantity(claim: Claim, pick: Scored) -> tuple[str, str]:
+    """What the verdict is about, and the assumption under which its level holds."""
+    two = len(pick.n) == 2
+    if claim.statistic in ("min", "max"):
+        return (f"the {claim.statistic} over these seeds (a description)",
+                "none: no test, a statement about these seeds")
+    if pick.method in (SIGN_TEST, RANK_TEST):
+        return ("on most seeds: a seed of a beats a seed of b more often than not" if two
+                else "the median over seeds: most seeds on the claimed side", EXACT)
+    if pick.method.startswith("exact sign test"):
+        return ("the median over seeds (every seed scored the same: no spread for a test of "
+                "the mean)", EXACT)
+    if pick.method.startswith("exact permutation test"):
+        return "the two groups (each constant: no spread for a test of the means)", EXACT
+    if pick.note == ONE_SEED or pick.method == NO_TEST:
+        return "the mean over seeds", "no test: one run per group"
+    if claim.test == "trend":
+        what = f"the mean at the last value of {claim.along} minus the mean at the first"
+    elif claim.test == "lowest":
+        what = f"the mean at each other value of {claim.along} minus at {claim.expect}"
+    elif two:
+        what = "the mean over seeds of a minus that of b" if claim.test == "difference" \
+            else "the means over seeds"
+    else:
+        what = "the mean over seeds"
+    assumption = NEAR_NORMAL if not two else (
+        "each group near-normal, or both of one shape; not seeds split between a plateau "
+        "and success, nor a group piled at a bound or skewed beside a tight one")
+    return what, assumption
+
+
+def _decide(p_pass: float, p_fail: float, alpha: float) -> str:
+    return PASS if p_pass <= alpha else FAIL if p_fail <= alpha else INCONCLUSIVE
+
+
+def _shape(claim: Claim, pick: Scored, verdict: str) -> str:
+    """Whether the runs contradict a t-test's assumption, said with the other readings: the
+    seeds Dixon's Q test splits off (a plateau beside success), the seeds exactly at 0 or 1
+    (a bound); then the verdict without the outlying seeds and the distribution-free
+    verdict (sign test of the median, exact rank test of a difference), each at the
+    claim's alpha."""
+    if pick.test is None or pick.method.startswith("exact") or pick.method == NO_TEST or \
+            claim.test not in ("threshold", "difference", "trend") or claim.cells == "any":
+        return ""
+    names = ("group a", "group b") if claim.test == "difference" else (
+        (f"the last {short_key(str(claim.along))}", f"the first {short_key(str(claim.along))}")
+        if claim.test == "trend" else ("",))
+    bounded = pick.test.bounded
+    found, kept = [], []
+    for name, values in zip(names, pick.groups):
+        who = f"{name}: " if name else ""
+        split = outliers(values)
+        if split:
+            rest = np.delete(values, split)
+            found.append(f"{who}{len(split)} of {len(values)} seeds set apart from the "
+                         f"others by Dixon's Q test ("
+                         f"{_shown([round(float(values[i]), 4) for i in split])} vs "
+                         f"{float(rest.min()):.4g}-{float(rest.max()):.4g}: a plateau beside "
+                         "success, or an outlier)")
+        piled = at_bound(values) if bounded else 0
+        if piled:
+            found.append(f"{who}{piled} of {len(values)} seeds exactly at a bound (0 or 1)")
+        kept.append(np.delete(values, split) if split else values)
+    if not found:
+        return ""
+    up = claim.op in (">", ">=")
+    alpha = _alpha(claim)
+    readings = []
+    if any(len(k) != len(g) for k, g in zip(kept, pick.groups)) and min(map(len, kept)) >= 2:
+        test = (mean_test(kept[0], claim.value, alpha, bounded) if len(kept) == 1 else
+                difference_test(kept[0], kept[1], claim.value, alpha, bounded))
+        p_pass, p_fail = (test.p_above, test.p_below) if up else (test.p_below, test.p_above)
+        readings.append(f"without the outlying seeds {_decide(p_pass, p_fail, test.alpha)} "
+                        f"(p = {p_pass:.2g})")
+    above, below = (sign_test(pick.groups[0], claim.value) if len(pick.groups) == 1 else
+                    rank_test(pick.groups[0], pick.groups[1], claim.value))
+    p_pass, p_fail = (above, below) if up else (below, above)
+    free = "sign test of the median" if len(pick.groups) == 1 else "exact rank test"
+    readings.append(f"distribution-free ({free}, on most seeds) {_decide(p_pass, p_fail, alpha)}"
+                    f" (p = {p_pass:.2g})")
+    return (f"shape: {'; '.join(found)}: the t-test's level does not hold for such runs "
+            f"(docs/claims.md#shapes); this verdict '{verdict}' reads the mean; "
+            + "; ".join(readings))
 
 
 def _explain(outcome: Outcome, pick: Scored, k: int, cells: str) -> Outcome:
@@ -710,13 +916,24 @@ def _explain(outcome: Outcome, pick: Scored, k: int, cells: str) -> Outcome:
     elif pick.method == NO_TEST:  # e.g. lowest: no run at the expected value
         outcome.method, outcome.p = f"no test: {pick.note}", math.nan
     else:
-        parts = [pick.method, "one-sided", f"alpha = {pick.alpha:.3g}"]
-        if pick.test is not None and pick.test.bounded and not pick.method.startswith("exact"):
-            parts[-1] += " (metric in [0, 1]: halved)"
+        method = pick.method
+        if claim.test == "trend":
+            method = (f"{method} of the mean at the last value of {claim.along} minus at the "
+                      "first (two ends; the values between are not tested)")
+        parts = [method, "one-sided", f"alpha = {pick.alpha:.3g}"]
+        if pick.test is not None and pick.test.bounded and len(pick.n) == 1 and \
+                not pick.method.startswith("exact"):
+            parts[-1] += " (a threshold on a metric in [0, 1]: halved)"
         parts += [f"n = {n}", f"p = {outcome.p:.2g}"]
         if k > 1:
-            parts.append(f"{k} cells: {'pass' if cells == 'any' else 'fail'} at alpha / {k}")
+            parts.append(
+                f"{k} cells: passes when one passes at alpha / {k} (Bonferroni), fails when "
+                "every one fails" if cells == "any" else
+                f"{k} cells: passes when every one passes at alpha, fails when one fails at "
+                f"alpha / {k} (Bonferroni)")
         outcome.method = ", ".join(parts)
+    outcome.quantity, outcome.assumption = _quantity(claim, pick)
+    outcome.shape = _shape(claim, pick, outcome.verdict)
     if claim.statistic == "mean" and len(pick.groups) in (1, 2) and all(
             len(g) for g in pick.groups) and claim.test != "lowest":
         ci = bootstrap_ci(pick.groups[0]) if len(pick.groups) == 1 else bootstrap_diff_ci(
@@ -746,11 +963,19 @@ def _difference(claim: Claim, rows: pd.DataFrame, done: dict[str, Outcome],
     if a.empty or b.empty:
         missing = "a" if a.empty else "b"
         found = excluded(rows, getattr(claim, missing), source)
-        return Outcome(claim, NOT_RUN, note=because(found, missing) or
-                       f"no finished run in group {missing}", excluded=found)
+        some = not select(rows, getattr(claim, missing), source).empty
+        return Outcome(claim, NOT_RUN, note=because(found, missing) or (
+            f"no run of group {missing} has a value of {claim.metric}" if some else
+            f"no finished run in group {missing}"), excluded=found)
     b_cells = dict(_cells(b, claim.by))
+    a_cells = dict(_cells(a, claim.by))
+    if claim.cells in ("first", "last") and claim.by:
+        edge = _edge(claim, [c[0] for c in (*a_cells, *b_cells)])
+        missing = _missing_edge(claim, edge, {"a": list(a_cells), "b": list(b_cells)})
+        if missing:
+            return Outcome(claim, NOT_RUN, note=missing)
     scored = [_compare(claim, cell, vals, b_cells[cell], bounded)
-              for cell, vals in _cells(a, claim.by) if cell in b_cells]
+              for cell, vals in a_cells.items() if cell in b_cells]
     if not scored:
         return Outcome(claim, NOT_RUN, note="groups a and b share no cell")
     if claim.than is not None:
@@ -775,8 +1000,11 @@ def _than(claim: Claim, scored: list[Scored], other: Outcome | None,
     holds, conservatively)."""
     chosen = scored
     if claim.cells in ("first", "last") and claim.by:
-        edge = (scored[0] if claim.cells == "first" else scored[-1]).cell[0]
+        edge = _edge(claim, [s.cell[0] for s in scored])
         chosen = [s for s in scored if s.cell[0] == edge]
+        if not chosen:
+            return Outcome(claim, NOT_RUN, note=_missing_edge(
+                claim, edge, {"": [s.cell for s in scored]}))
     if len(chosen) > 1:
         raise UserError(f"claim {claim.id}: with `than`, the claim must decide in one cell "
                         "(set cells = 'first' or 'last' over one `by` column, or narrow "
@@ -788,18 +1016,23 @@ def _than(claim: Claim, scored: list[Scored], other: Outcome | None,
     d, v = pick.value, abs(pick.value) - abs(theirs.value)
     alpha = _alpha(claim) / 4
     one_seed = pick.note == ONE_SEED or theirs.note == ONE_SEED
+    p_claim = math.nan
     if claim.statistic != "mean" or one_seed:
         low = high = v
         method = (f"observed {claim.statistic} over the seeds (no test)" if not one_seed
                   else "no test: one run per group")
     else:
-        mine_t, their_t = (difference_test(s.groups[0], s.groups[1], 0.0, alpha, bounded)
-                           for s in (pick, theirs))
-        mine = _abs_interval(*((mine_t.estimate,) * 2 if mine_t.method.startswith("exact")
-                               else (mine_t.low, mine_t.high)))
-        their = _abs_interval(*((their_t.estimate,) * 2 if their_t.method.startswith("exact")
-                                else (their_t.low, their_t.high)))
-        low, high = mine[0] - their[1], mine[1] - their[0]
+        def interval(at: float) -> tuple[float, float, HypothesisTest]:
+            mine_t, their_t = (difference_test(s.groups[0], s.groups[1], 0.0, at, bounded)
+                               for s in (pick, theirs))
+            mine = _abs_interval(*((mine_t.estimate,) * 2 if mine_t.method.startswith(
+                "exact") else (mine_t.low, mine_t.high)))
+            their = _abs_interval(*((their_t.estimate,) * 2 if their_t.method.startswith(
+                "exact") else (their_t.low, their_t.high)))
+            return mine[0] - their[1], mine[1] - their[0], mine_t
+
+        low, high, mine_t = interval(alpha)
+        p_claim = _than_p(lambda at: interval(at / 4)[:2], claim)
         method = (f"{mine_t.method} bounds of both differences at alpha / 4 = "
                   f"{mine_t.alpha:.3g} per end, combined (Bonferroni), n = "
                   f"{' + '.join(map(str, pick.n))} and {' + '.join(map(str, theirs.n))}")
@@ -810,7 +1043,32 @@ def _than(claim: Claim, scored: list[Scored], other: Outcome | None,
                    shown=f"|{d:.4g}|{' (' + where + ')' if where else ''} - "
                    f"|{theirs.value:.4g}| ({claim.than}) = {_fmt(v, low, high)}",
                    note=ONE_SEED if one_seed else "", method=method,
-                   n=[*pick.n, *theirs.n], alpha=_alpha(claim))
+                   n=[*pick.n, *theirs.n], alpha=_alpha(claim), p=p_claim,
+                   quantity="|this claim's difference of means| - |that claim's|",
+                   assumption="each group near-normal (Welch bounds of both differences)",
+                   p_claim=p_claim)
+
+
+def _than_p(bounds, claim: Claim) -> float:
+    """The smallest alpha at which the combined bounds (`bounds(alpha)`: low, high) lie
+    on the claimed side: the claim's p-value, by bisection on log alpha (the bounds widen
+    as alpha falls). 1 when they never do."""
+    holds = lambda x: OPS[claim.op](x, claim.value)  # noqa: E731
+    up = claim.op in (">", ">=")
+
+    def passes(at: float) -> bool:
+        low, high = bounds(at)
+        return holds(low) if up else holds(high)
+
+    if not passes(0.999):
+        return 1.0
+    lo, hi = math.log(1e-12), math.log(0.999)  # passes(exp(hi)); maybe not at exp(lo)
+    if passes(math.exp(lo)):
+        return 1e-12
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if passes(math.exp(mid)) else (mid, hi)
+    return math.exp(hi)
 
 
 def _lowest(claim: Claim, cell: tuple, series: dict, bounded: bool) -> Scored:
@@ -867,25 +1125,51 @@ def _along(claim: Claim, values: pd.DataFrame, bounded: bool) -> Outcome:
     return outcome
 
 
-RULE = ("Verdicts are one-sided tests at each claim's level (default 95%: alpha = 0.05 on "
-        "each side): pass when the test of the claim rejects its negation, fail when the "
-        "test of the opposite rejects the claim, inconclusive otherwise. Means over seeds: "
-        "Student's t against a threshold, Welch's t for a difference or a trend (last minus "
-        "first value); constant cells: the exact sign or permutation test; metrics in "
-        "[0, 1]: alpha halved, and a threshold's variance taken at the threshold (skew near "
-        "a bound). Several cells: 'all' passes when every cell passes and fails when one "
-        "fails at alpha / k (Bonferroni); 'any' the reverse. Reproduced: value [one-sided "
-        "1 - alpha bounds] in the deciding cell; the paper's 95% percentile bootstrap "
-        "(10,000 resamples) is shown beside it for comparison and decides nothing. min/max "
-        "over seeds are statements about these seeds and decide on the value itself. "
-        "Inconclusive: the runs per group that would decide it (power calculation). "
-        "Figures' error bars follow the paper: the 95% percentile bootstrap of the mean over "
-        "seeds.")
+RULE = ("Verdicts are one-sided tests at each claim's level: alpha = 1 - level on the "
+        "claimed side (default level 95%: alpha = 0.05; sides = 'two' splits it), and half "
+        "of that for a threshold on a metric in [0, 1] (an accuracy: 0.025 by default, the "
+        "skew of a mean near a bound). Pass when the test of the claim rejects its negation, "
+        "fail when the test of the opposite rejects the claim, inconclusive otherwise. Each "
+        "verdict names the quantity it tests and the assumption under which its level holds "
+        "(docs/claims.md#statistics). Means over seeds: Student's t against a threshold (the "
+        "variance of a metric in [0, 1] taken at the threshold), Welch's t for a difference "
+        "or for 'trend' (the mean at the last value of `along` minus at the first; the "
+        "values between are not tested); constant cells: the exact sign test (a median) or "
+        "permutation test; statistic = 'median': the exact sign or rank test, for any shape. "
+        "Runs that contradict a t-test's assumption (seeds split off by Dixon's Q test, "
+        "seeds at exactly 0 or 1) are named on the verdict's line with the verdict without "
+        "those seeds and the distribution-free one. Several cells: 'all' passes when every "
+        "cell passes at alpha and fails when one fails at alpha / k (Bonferroni); 'any' the "
+        "reverse; 'first' / 'last' decide at the edge the claim names (never at another "
+        "value). Reproduced: value [low, high], each end a one-sided (1 - alpha) bound, its "
+        "level said. Multiplicity: p_holm (Holm, family-wise) and q_bh (Benjamini-Hochberg, "
+        "false-discovery rate) adjust each tested claim's p over the claims of this call. "
+        "min / max over seeds describe these seeds, decide on the value itself and are "
+        "counted apart. Inconclusive: the runs per group that would decide it (power "
+        "calculation). The paper's 95% percentile bootstrap (10,000 resamples) is shown "
+        "beside each verdict for comparison and decides nothing; the figures' error bars "
+        "follow it.")
+
+
+def tested(o: Outcome) -> str:
+    """What a verdict tests, for people: 'the mean over seeds; level holds if: ...'."""
+    if not o.quantity:
+        return "-"
+    if o.description:
+        return f"{o.quantity}: no test, no level"
+    return f"{o.quantity}; level holds if: {o.assumption}"
+
+
+def adjusted(o: Outcome) -> str:
+    """'p 0.0024, Holm 0.0096, BH q 0.0048' for a tested claim, '-' otherwise."""
+    if not o.tested:
+        return "-"
+    return f"p {o.p_claim:.2g}, Holm {o.p_holm:.2g}, BH q {o.q_bh:.2g}"
 
 
 def reproduced(o: Outcome) -> str:
     """The reproduced value for people: value [bounds] (deciding cell) (coverage; note)."""
-    extra = "; ".join(x for x in (o.coverage, o.note) if x)
+    extra = "; ".join(x for x in (o.coverage, o.note, o.shape) if x)
     return (o.shown or "-") + (f" ({extra})" if extra else "")
 
 
@@ -907,7 +1191,8 @@ class Checked:
 
     def summary(self) -> str:
         """'49 claims; 4 concern the 12 finished runs given: 2 pass, 1 fail, 1 inconclusive;
-        45 not run (reasons below).'"""
+        45 not run (reasons below).' and `multiplicity`; the pass / fail / inconclusive
+        counts are of the claims (tested or not run for lack of seeds), descriptions apart."""
         runs = self.results.runs
         finished = int(runs["complete"].sum())
         diverged = int((runs["status"] == "diverged").sum())
@@ -917,12 +1202,42 @@ class Checked:
         given = f"{finished} finished run{'s' * (finished != 1)} given" + (
             f" ({others})" if others else "")
         decided = self.decided
-        verdicts = ", ".join(f"{sum(o.verdict == v for o in decided)} {v}"
+        claims = [o for o in decided if not o.description]
+        verdicts = ", ".join(f"{sum(o.verdict == v for o in claims)} {v}"
                              for v in (PASS, FAIL, INCONCLUSIVE))
         left = len(self.outcomes) - len(decided)
+        multiplicity = self.multiplicity()
         return (f"{len(self.outcomes)} claims; {len(decided)} concern the {given}"
                 + (f": {verdicts}" if decided else "")
-                + (f"; {left} not run (reasons below)" if left else "") + ".")
+                + (f"; {left} not run (reasons below)" if left else "") + "."
+                + (f" {multiplicity}" if multiplicity else ""))
+
+    def multiplicity(self) -> str:
+        """How many of the passes could be chance: the passes that stay passes with the
+        family-wise error held (Holm) and with the false-discovery rate held
+        (Benjamini-Hochberg) over this call's tests, the false passes expected if every
+        tested claim were false at its boundary; the descriptions counted apart."""
+        tests = [o for o in self.decided if o.tested]
+        passes = [o for o in tests if o.verdict == PASS]
+        holm = sum(o.p_holm <= o.alpha for o in passes)
+        bh = sum(o.q_bh <= o.alpha for o in passes)
+        said = []
+        if tests:
+            said.append(
+                f"Of the {len(tests)} tested claims' {len(passes)} passes, {holm} remain with "
+                f"the family-wise error held at each claim's alpha (Holm) and {bh} with the "
+                f"false-discovery rate held (Benjamini-Hochberg); were every tested claim "
+                f"false at its boundary, {sum(o.alpha for o in tests):.2g} false passes "
+                "would be expected by chance.")
+        descriptions = [o for o in self.decided if o.description]
+        if descriptions:
+            said.append(
+                f"{len(descriptions)} description{'s' * (len(descriptions) != 1)} of these "
+                f"seeds without a test (min / max), counted apart: "
+                f"{sum(o.verdict == PASS for o in descriptions)} hold"
+                f"{'s' * (sum(o.verdict == PASS for o in descriptions) == 1)}, "
+                f"{sum(o.verdict == FAIL for o in descriptions)} do not.")
+        return " ".join(said)
 
     def not_run(self) -> list[tuple[str, list[Outcome]]]:
         """The claims not run grouped by their reason, the largest group first."""
@@ -956,7 +1271,28 @@ def check_claims(runs: list[Path], claims: str | Path = defaults.CLAIMS,
             raise UserError(f"{claims_path}: claim {claim.id} could not be evaluated "
                             f"({type(exc).__name__}: {exc}); please report it with the "
                             "claims file") from exc
-    return Checked(claims_path, [done[c.id] for c in parsed], results)
+    outcomes = [done[c.id] for c in parsed]
+    adjust(outcomes)
+    return Checked(claims_path, outcomes, results)
+
+
+def adjust(outcomes: list[Outcome]) -> None:
+    """Holm's step-down adjusted p (family-wise error) and the Benjamini-Hochberg q
+    (false-discovery rate) of each tested claim's p_claim, over the tested claims of one
+    call; the others keep NaN."""
+    tests = [o for o in outcomes if o.tested]
+    m = len(tests)
+    if not m:
+        return
+    order = sorted(tests, key=lambda o: o.p_claim)
+    running = 0.0
+    for i, o in enumerate(order):
+        running = max(running, min(1.0, (m - i) * o.p_claim))
+        o.p_holm = running
+    running = 1.0
+    for i in range(m - 1, -1, -1):
+        running = min(running, min(1.0, m * order[i].p_claim / (i + 1)))
+        order[i].q_bh = running
 
 
 def outside_plan(checked: Checked, plan: Path) -> None:

@@ -42,9 +42,11 @@ from perencode.analysis.verdicts import (
     RULE,
     Checked,
     Outcome,
+    adjusted,
     check_claims,
     paper_interval,
     reproduced,
+    tested,
 )
 from perencode.common import defaults
 from perencode.common.console import console
@@ -230,7 +232,9 @@ def _claims_table(outcomes: list[Outcome], framing: str = "paper") -> str:
     rows = "".join(
         f"<tr><td><b>{_e(o.claim.id)}</b><br>{_e(o.claim.statement)}</td>"
         + (f"<td>{_e(o.claim.paper)}</td>" if paper else "")
-        + f"<td>{_e(reproduced(o))}</td><td>{_e(o.method)}</td><td>{_e(paper_interval(o))}</td>"
+        + f"<td>{_e(reproduced(o))}</td><td>{_e(o.method)}<br><i>tests</i> {_e(tested(o))}"
+        + (f"<br>{_e(adjusted(o))}" if o.tested else "")
+        + f"</td><td>{_e(paper_interval(o))}</td>"
         f"<td>{_badge(o.verdict)}</td></tr>" for o in outcomes)
     measured = "measured" if framing == OWN else "reproduced"
     return ('<table class="claims"><tr><th>claim</th>' + ("<th>paper</th>" if paper else "")

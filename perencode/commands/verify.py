@@ -22,11 +22,13 @@ from perencode.analysis.verdicts import (
     RULE,
     Checked,
     Outcome,
+    adjusted,
     check_claims,
     claims_file,
     outside_plan,
     paper_interval,
     reproduced,
+    tested,
 )
 from perencode.common import defaults
 from perencode.common.console import console, results
@@ -50,11 +52,13 @@ def report_markdown(checked: Checked, run_paths: list[Path]) -> str:
     lines = [f"# Claims of {checked.claims_path} checked against "
              f"{', '.join(map(str, run_paths))}", "", checked.summary(), "", RULE, ""]
     if checked.decided:
-        lines += ["| claim | statement | paper | reproduced [one-sided bounds] | decided by | "
-                  "paper's bootstrap 95% CI | verdict |", "|---|---|---|---|---|---|---|"]
+        lines += ["| claim | statement | paper | reproduced [one-sided bounds] | tests | "
+                  "decided by | p of the claim (Holm, BH q) | paper's bootstrap 95% CI | "
+                  "verdict |", "|---|---|---|---|---|---|---|---|---|"]
         for o in in_report_order(checked.decided):
-            cells = (o.claim.id, o.claim.statement, o.claim.paper, reproduced(o), o.method,
-                     paper_interval(o), o.verdict)
+            cells = (o.claim.id, o.claim.statement, o.claim.paper, reproduced(o), tested(o),
+                     o.method, adjusted(o), paper_interval(o),
+                     f"{o.verdict} (description)" if o.description else o.verdict)
             lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
         lines.append("")
     groups = checked.not_run()
@@ -107,12 +111,14 @@ def _print(checked: Checked) -> None:
     results.print(checked.summary(), highlight=False)
     if checked.decided:
         table = Table(title=f"claims of {checked.claims_path}")
-        for col in ("claim", "paper", "reproduced [one-sided bounds]", "decided by",
-                    "verdict"):
+        for col in ("claim", "paper", "reproduced [one-sided bounds]", "tests; decided by",
+                    "p (Holm, BH q)", "verdict"):
             table.add_column(col, overflow="fold")
         for o in in_report_order(checked.decided):
-            table.add_row(f"{o.claim.id}: {o.claim.statement}", o.claim.paper,
-                          reproduced(o), o.method, f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}")
+            table.add_row(escape(f"{o.claim.id}: {o.claim.statement}"), escape(o.claim.paper),
+                          escape(reproduced(o)), escape(f"{tested(o)}; {o.method}"),
+                          adjusted(o), f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}"
+                          + (" (description)" if o.description else ""))
         results.print(table)
     for reason, group in checked.not_run():
         results.print(f"[yellow]not run[/] ({len(group)}): {escape(reason)}\n    "
