@@ -95,6 +95,9 @@ class Claim(BaseModel):
                              "difference this one's is compared with (in magnitude).")
     level: float = Field(0.95, gt=0.5, lt=1.0, description="The verdict's confidence: a pass "
                          "or a fail is a test at alpha = 1 - level (docs/claims.md#statistics).")
+    priority: int = Field(2, ge=1, description="`perencode plan --budget`: the order claims "
+                          "are planned in, 1 first (the paper's headline, Fig. 2); within a "
+                          "priority, the claims decided per GPU-hour.")
     sides: Literal["one", "two"] = Field(
         "one", description="one: pass and fail are each one-sided tests at 1 - level (the "
         "claim's op names its side); two: at (1 - level) / 2 each, as 'a two-sided "
