@@ -13,6 +13,7 @@ from conftest import ROOT, finished_run, run_cli
 from test_plan import AXES, CLAIMS, TINY
 
 from perencode.analysis import cost
+from perencode.analysis.verdicts import load_claims
 from perencode.commands.plan import (
     claim_runs,
     cost_runs,
@@ -22,7 +23,6 @@ from perencode.commands.plan import (
     size_claim,
     within_budget,
 )
-from perencode.analysis.verdicts import load_claims
 from perencode.config.grid import load_grid
 
 A100 = cost.gpu("a100")
@@ -128,14 +128,16 @@ def test_observed_runs_that_inform_no_claim_are_said(tiny, tmp_path):
     assert note.startswith(f"--observed {other}: 2 finished run(s)") and "inform no claim" in note
 
 
-def test_the_plans_lines_fit_in_100_columns(tiny, monkeypatch):
-    grid, claims = tiny
-    monkeypatch.setenv("COLUMNS", "100")
-    code, text = run_cli("plan", grid, "--gpu", "a100", "--claims", claims, "--budget", "1")
+def test_the_plans_tables_fit_in_100_columns():
+    """The probe: the table was 150 columns wide. The longest grid name and the longest list
+    of claims of the paper's grids, with a budget's table of claims."""
+    code, text = run_cli("plan", ROOT / "recipes/paper/fig14_lstm_pe_variants_variable_length.toml",
+                         ROOT / "recipes/paper/fig12_lstm_double_vanilla.toml", "--gpu", "a100",
+                         "--budget", "500")
     assert code == 0, text
-    table_lines = [line for line in text.splitlines() if line[:1] in "┏┃┡│└╇┗━─"
-                   or "│" in line]
-    assert table_lines and max(len(line) for line in table_lines) <= 100, text
+    tables = [line for line in text.splitlines() if set(line) & set("┃│┏└┡")]
+    assert len(tables) > 10 and max(len(line) for line in tables) <= 100, text
+    assert "fig14_lstm_pe_variants_variable_length" in text  # not cut
 
 
 # -- selection: priority, then claims per GPU-hour; the greedy's gap to the optimum ----------

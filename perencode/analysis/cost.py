@@ -348,10 +348,11 @@ STARTUP_MINUTES = (1.0, 2.0, 5.0)
 # hundred timed iterations and the preflight): minutes, once a plan.
 GPU_CHECK_MINUTES = (5.0, 10.0, 20.0)
 # `perencode stability` a checkpoint (docs/stability.md, "Cost"): FLOP of the batched products
-# of the recurrent models (GRU 3e14, LSTM 4e14 at the paper's sizes: 1,024 triplets, D = 512);
-# the S4D is memory-bound: 3,072 Jacobians of 67 MB written and read.
-STABILITY_FLOP = {"gru": 3e14, "lstm": 4e14}
-STABILITY_S4D_BYTES = 2 * 3072 * 67e6
+# of a recurrent model (cuDNN's kind): 3e14 for the paper's GRU (1,575,936 layer parameters)
+# and 4e14 for its LSTM (2,101,248), both 1.9e8 a layer parameter (1,024 triplets); a model of
+# matmuls (the S4D) is memory-bound: 3,072 Jacobians of 67 MB written and read.
+STABILITY_FLOP_PER_PARAMETER = 3e14 / 1_575_936
+STABILITY_MATMUL_BYTES = 2 * 3072 * 67e6
 
 
 def stability_hours(recipe: Recipe, device: GPU,
@@ -360,11 +361,11 @@ def stability_hours(recipe: Recipe, device: GPU,
     models' products in fp32 at the matmul efficiency, the S4D at the memory bandwidth."""
     eff = (EFFICIENCY if efficiency is None else efficiency)["matmul"]
     n = recipe.train.iterations // recipe.train.checkpoint_every
-    arch = recipe.model.arch
-    if arch in STABILITY_FLOP:
-        seconds = STABILITY_FLOP[arch] / (device.fp32 * 1e12 * eff)
+    if registry.get("model", recipe.model.arch).tf32 == "cudnn":
+        flop = STABILITY_FLOP_PER_PARAMETER * layer_parameters(recipe)
+        seconds = flop / (device.fp32 * 1e12 * eff)
     else:
-        seconds = STABILITY_S4D_BYTES / (device.bandwidth_gbs * 1e9 * eff)
+        seconds = STABILITY_MATMUL_BYTES / (device.bandwidth_gbs * 1e9 * eff)
     return n * seconds / 3600
 
 

@@ -76,3 +76,19 @@ def share(look: int, looks: int, rule: str = RULE) -> float:
 
 def first_look_share(looks: int) -> float:
     return share(1, looks)
+
+
+def plan_shares(plan: dict) -> tuple[dict[str, float], str]:
+    """From a plan.json of `perencode plan --stages 2` (or its top-up): each of its claims'
+    share of alpha at this look, and the look in words ('look 2 of 2, Lan-DeMets
+    Pocock-type spending'); ({}, "") for a plan of one look. The claims a first look decided
+    (`settled`) keep that look's share: they were tested then and are not tested again on
+    more runs."""
+    looks = plan.get("looks") or {}
+    of, look = int(looks.get("of", 1)), int(looks.get("look", 1))
+    if of <= 1:
+        return {}, ""
+    rule = looks.get("rule", RULE)
+    shares = {cid: share(look, of, rule) for cid in plan.get("decided", [])}
+    shares.update({cid: share(1, of, rule) for cid in plan.get("settled", {})})
+    return shares, f"look {look} of {of}, {rule}"

@@ -942,11 +942,14 @@ class Checked:
 
 
 def check_claims(runs: list[Path], claims: str | Path = defaults.CLAIMS,
-                 results: Results | None = None, accept_code_change: bool = False) -> Checked:
+                 results: Results | None = None, accept_code_change: bool = False,
+                 alpha_shares: dict[str, float] | None = None) -> Checked:
     """Every claim of `claims` evaluated on the runs under `runs` (or on `results`, already
-    collected from them); nothing is written."""
+    collected from them); nothing is written. `alpha_shares`: by claim id, the share of its
+    alpha this look of a staged plan spends (perencode.analysis.sequential)."""
     claims_path = claims_file(claims)
-    parsed = load_claims(claims_path)
+    parsed = [c.model_copy(update={"level": 1 - (alpha_shares or {})[c.id] * (1 - c.level)})
+              if c.id in (alpha_shares or {}) else c for c in load_claims(claims_path)]
     results = collect([Path(p) for p in runs], "verify", accept_code_change) \
         if results is None else results
     done: dict[str, Outcome] = {}

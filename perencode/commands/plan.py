@@ -788,20 +788,21 @@ def _print(doc: dict[str, Any], executor: str, gpus: int, runs_per_gpu: int,
            write: Path | None) -> None:
     g = doc["gpu"]
     table = Table(title=f"plan on {g['name']} ({g['from']})")
-    columns = ["grid", "cells", "runs", "shared", "GPU-hours", "memory/run", "claims"]
+    # 100 columns: the claims fold onto more lines; runs/cells says what other grids train
+    columns = ["grid", "runs/cells", "GPU-hours", "memory", "claims"]
     if executor == "slurm":
-        columns[5:5] = ["jobs", "limit", "over limit", "requeues"]
+        columns[4:4] = ["jobs", "limit", "over", "requeues"]
     for col in columns:
         table.add_column(col, justify="left" if col in ("grid", "claims") else "right",
-                         overflow="fold")
+                         overflow="fold", max_width=17 if col == "claims" else None)
     for entry in doc["grids"]:
-        row = [entry["grid"], str(entry["cells"]), str(entry["runs"]), str(entry["shared"]),
+        row = [entry["grid"], f"{entry['runs']}/{entry['cells']}",
                _h(entry["gpu_hours"]) if entry["runs"] else "-",
                _gb(entry["memory_bytes"]) if entry["runs"] else "-",
                ", ".join(c.split("-")[0] for c in entry["claims"]) or "-"]
         if executor == "slurm":
             s = entry["slurm"]
-            row[5:5] = [str(s["jobs"]), f"{s['time_limit_min']} min", str(s["over_limit"]),
+            row[4:4] = [str(s["jobs"]), f"{s['time_limit_min']} min", str(s["over_limit"]),
                         str(s["requeues"])]
         table.add_row(*row)
     print_table(table)
