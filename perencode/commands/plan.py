@@ -435,13 +435,15 @@ def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFra
                   budget: float, seeds: int | None, effect: float | None,
                   observed: dict[str, float] | None = None, order: str = "priority",
                   executor: str = "local", cfg: SlurmConfig | None = None,
-                  device: GPU | None = None, alpha_scale: float = 1.0) -> Budgeted:
+                  device: GPU | None = None, alpha_scale: float = 1.0,
+                  done: set[str] | None = None) -> Budgeted:
     """The claims a budget decides, headline first: by the claims file's `priority` (the
     paper's Fig. 2 first), then within a priority the claim that costs the fewest hours
     more (claims decided per GPU-hour, runs shared by claims counted once), again and again
     until none fits (`order = "file"`: the file's order instead, the reviewer's own). A
     claim's cells get the seeds `size_claim` gives; every hour is priced (run_parts, the
-    stability analysis of the runs a stability claim reads, the GPU check once)."""
+    stability analysis of the runs a stability claim reads, the GPU check once). `done`:
+    the keys of runs trained already (a first stage's), which cost nothing more."""
     observed = observed or {}
     device = device or cost.gpu("a100")
     by_config: dict[str, list[Run]] = {}
@@ -479,8 +481,9 @@ def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFra
             continue
         wanted[claim.id] = (needed, sized)
 
-    chosen: set[str] = set()
-    analysed: set[tuple[str, str]] = set()
+    chosen: set[str] = set(done or ()) & set(unique)
+    analysed: set[tuple[str, str]] = {(k, "stability") for k in chosen}
+    trained_before = set(chosen)
 
     def marginal(cid: str, which: int = 1) -> float:
         need, _ = wanted[cid]
@@ -537,18 +540,20 @@ def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFra
             for key in wanted[claim.id][0]:
                 analyses.setdefault(key, set()).add(claim.table)
     sources = sorted({sized_all[c.id].source for c in decided})
+    used = set().union(*(wanted[c.id][0] for c in decided)) if decided else set()
     return Budgeted(budget, ", ".join(sources) or "-",
-                    {k: unique[k] for k in sorted(chosen)}, analyses, decided, left_out,
+                    {k: unique[k] for k in sorted(used | (chosen - trained_before))},
+                    analyses, decided, left_out,
                     priced.total(), {c.id: sized_all[c.id] for c in decided}, priced,
                     sorted(near, key=lambda x: x[1] - x[2]), order)
 
 
-def budget_doc(b: Budgeted, stages: int, notes: list[str]) -> dict[str, Any]:
+def budget_doc(b: Budgeted, stages: int, notes: list[str], at: int = 1) -> dict[str, Any]:
     """The budget's part of the plan's document."""
     low, mid, high = (b.priced.total(i) for i in range(3))
-    look = {"looks": stages, "look": 1, "rule": sequential.RULE,
+    look = {"looks": stages, "look": at, "rule": sequential.RULE,
             "fractions": sequential.look_fractions(stages),
-            "alpha_share": sequential.first_look_share(stages)}
+            "alpha_share": sequential.share(at, stages)}
     return {
         "hours": b.hours, "modelled_hours": mid, "range_hours": [low, high],
         "margin_hours": b.hours - mid, "over_budget_at_high": max(0.0, high - b.hours),
@@ -566,6 +571,33 @@ def budget_doc(b: Budgeted, stages: int, notes: list[str]) -> dict[str, Any]:
         "notes": notes,
         "measure_first": "perencode sweep GRID --estimate on one cell of each grid, on the "
                          "GPU the jobs get: its seconds per iteration replace the model here"}
+
+
+def first_stage(path: Path, claims: list[Claim], observed: list[Path],
+                claims_path: Path) -> tuple[dict[str, str], set[str], list[Claim]]:
+    """A top-up after the first stage of a plan of two looks (its plan.json at `path`, its
+    runs under `observed`): the claims that stage planned, verified on those runs at the
+    first look's alpha; those decided (pass or fail) are settled, the rest are planned
+    again at the second look, the first stage's runs counted as done (no hours)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        looks, planned, keys = data["looks"], data["decided"], data["run_keys"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"--top-up {path}: not a plan.json of `perencode plan --stages 2 "
+                        "--write`") from None
+    if looks.get("of") != 2 or looks.get("look") != 1:
+        raise UserError(f"--top-up {path}: look {looks.get('look')} of {looks.get('of')}; "
+                        "expected the first stage of a plan of two looks (--stages 2)")
+    if not observed:
+        raise UserError(f"--top-up {path}: give the first stage's runs with --observed RUNS")
+    from perencode.analysis.verdicts import FAIL, PASS, check_claims
+
+    shares = {cid: sequential.share(1, 2, looks.get("rule", sequential.RULE))
+              for cid in planned}
+    checked = check_claims(observed, claims_path, alpha_shares=shares)
+    settled = {o.claim.id: o.verdict for o in checked.outcomes
+               if o.claim.id in planned and o.verdict in (PASS, FAIL)}
+    return settled, set(keys), [c for c in claims if c.id in planned and c.id not in settled]
 
 
 def _clear_earlier(out: Path) -> None:
@@ -589,7 +621,8 @@ def _clear_earlier(out: Path) -> None:
 
 
 def write_plan(budgeted: Budgeted, grids: list[Grid], out: Path, claims_path: Path,
-               device: GPU, stages: int = 1) -> list[Path]:
+               device: GPU, stages: int = 1, look: int = 1,
+               settled: dict[str, str] | None = None) -> list[Path]:
     """Grid files of the chosen cells, one per source grid whose chosen cells form a
     product of axis values (else one per cell less its seed), and plan.json. A run is
     written in the first of its grids that runs the analyses its claims read (Fig. 5's
@@ -638,8 +671,9 @@ def write_plan(budgeted: Budgeted, grids: list[Grid], out: Path, claims_path: Pa
         "grids": [p.name for p in written],
         "decided": [c.id for c in budgeted.decided],
         "seeds_per_claim": {k: z.seeds for k, z in budgeted.seeds_per_claim.items()},
-        "looks": {"look": 1, "of": stages, "rule": sequential.RULE,
+        "looks": {"look": look, "of": stages, "rule": sequential.RULE,
                   "fractions": sequential.look_fractions(stages)},
+        "settled": settled or {}, "run_keys": sorted(budgeted.chosen),
         "left_out": [{"id": c.id, "why": why} for c, why in budgeted.left_out]})
     return written
 
@@ -690,7 +724,7 @@ def plan(paths: list[Path], gpu_name: str | None = None, claims: str | Path = de
          slurm: dict[str, Any] | None = None, runs_root: Path = defaults.RUNS,
          write: Path | None = None, as_json: bool = False,
          observed: list[Path] | None = None, order: str = "priority",
-         stages: int = 1) -> dict[str, Any]:
+         stages: int = 1, top_up: Path | None = None) -> dict[str, Any]:
     """The plan's document (what --json prints), printed for people unless `as_json`."""
     if executor not in ("local", "slurm"):
         raise UserError(f"--executor '{executor}': expected local or slurm")
@@ -770,13 +804,24 @@ def plan(paths: list[Path], gpu_name: str | None = None, claims: str | Path = de
                 notes.append(f"--observed {', '.join(map(str, observed))}: {informing}; "
                              "they inform no claim of " f"{claims_path.name}, so no seeds "
                              "follow from them")
-        scale = sequential.first_look_share(stages)
-        budgeted = within_budget(parsed, unique, table, budget, seeds, effect, effects,
-                                 order, executor, slurm_cfg, device, scale)
-        doc["budget"] = budget_doc(budgeted, stages, notes)
+        look = 1
+        settled: dict[str, str] = {}
+        done: set[str] = set()
+        planned = parsed
+        if top_up is not None:
+            look, stages = 2, 2
+            settled, done, planned = first_stage(top_up, parsed, observed or [], claims_path)
+        scale = sequential.share(look, stages)
+        budgeted = within_budget(planned, unique, table, budget, seeds, effect, effects,
+                                 order, executor, slurm_cfg, device, scale, done)
+        for cid, verdict in settled.items():
+            budgeted.left_out.append((index[cid], f"decided at look 1 of 2: {verdict}"))
+        doc["budget"] = budget_doc(budgeted, stages, notes, look)
+        if top_up is not None:
+            doc["budget"]["settled"] = settled
         if write is not None:
             doc["budget"]["written"] = [str(p) for p in write_plan(
-                budgeted, grids, write, claims_path, device, stages)]
+                budgeted, grids, write, claims_path, device, stages, look, settled)]
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
