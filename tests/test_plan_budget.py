@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, finished_run, run_cli
 from test_plan import AXES, CLAIMS, TINY
 
-from perencode.analysis import cost
+from perencode.analysis import cost, sequential
 from perencode.analysis.verdicts import load_claims
 from perencode.commands.plan import (
     claim_runs,
@@ -213,3 +213,79 @@ def test_the_greedy_selection_against_the_optimum_on_the_papers_claims():
     (fig2, count), best = _exact_best(claims, wanted, 24 - check)
     decided = [c.id for c in budget.decided]
     assert (sum(index[c].priority == 1 for c in decided), len(decided)) == (fig2, count), best
+
+
+# -- stages: plan -> sweep -> verify -> top-up -> sweep -> verify ------------------------------
+
+STAGED_AXES = """
+[grid]
+"task.vocab_size" = [8]
+"encoding.kind" = ["sinusoidal"]
+"train.seed" = [111, 222, 333, 444, 555, 666]
+"""
+STAGED_CLAIM = """
+[[claim]]
+id = "pe-learns"
+statement = "PE at K = 8: token accuracy above 0"
+where = { "task.name" = "reverse", "task.vocab_size" = 8, "encoding.kind" = "sinusoidal" }
+metric = "token_accuracy"
+test = "threshold"
+op = ">"
+value = 0.0
+"""
+
+
+@pytest.mark.slow
+def test_a_staged_plan_end_to_end_keeps_the_level_across_its_looks(tmp_path):
+    """A first stage of 2 seeds, verified at the first look's share of alpha; the top-up from
+    its runs plans the seeds the observed effect needs (or settles the claim); the second
+    verify decides over both stages at the second look's share: together the stated 5%."""
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + STAGED_AXES)
+    claims = tmp_path / "claims.toml"
+    claims.write_text(STAGED_CLAIM)
+    runs, first, second = tmp_path / "runs", tmp_path / "stage1", tmp_path / "stage2"
+    code, text = run_cli("plan", grid, "--gpu", "a100", "--claims", claims, "--budget", "1",
+                         "--stages", "2", "--seeds", "2", "--write", first)
+    assert code == 0, text
+    plan1 = json.loads((first / "plan.json").read_text())
+    assert plan1["looks"]["look"] == 1 and plan1["looks"]["of"] == 2
+    assert plan1["decided"] == ["pe-learns"] and len(plan1["run_keys"]) == 2
+    for name in plan1["grids"]:
+        code, text = run_cli("sweep", first / name, "--runs", runs, "--device", "cpu",
+                             "--no-progress")
+        assert code == 0, text
+    code, text = run_cli("verify", runs, "--claims", claims, "--out", tmp_path / "v1",
+                         "--plan", first / "plan.json")
+    assert code in (0, 1), text
+    [v1] = json.loads((tmp_path / "v1/verify.json").read_text())["results"]
+    share1 = sequential.share(1, 2)
+    assert v1["level"] == pytest.approx(1 - 0.05 * share1)
+    assert "look 1 of 2, Lan-DeMets Pocock-type spending" in v1["method"]
+    code, text = run_cli("plan", grid, "--gpu", "a100", "--claims", claims, "--budget", "1",
+                         "--top-up", first / "plan.json", "--observed", runs, "--json",
+                         "--write", second)
+    assert code == 0, text
+    budget = json.loads(text)["budget"]
+    plan2 = json.loads((second / "plan.json").read_text())
+    assert plan2["looks"]["look"] == 2
+    # two seeds cannot decide it at the first look's alpha (the sign test needs 6, a t test
+    # with one degree of freedom t > 20): the top-up plans what the observed effect needs
+    assert v1["verdict"] == "inconclusive" and budget["settled"] == {}, v1
+    assert "pe-learns" in budget["seeds_per_claim"], budget
+    sized = budget["seeds_per_claim"]["pe-learns"]
+    assert sized["source"] == "observed" and 2 < sized["seeds"] <= 6
+    assert set(plan1["run_keys"]) <= set(plan2["run_keys"])  # the first stage's runs reused
+    for name in plan2["grids"]:
+        code, text = run_cli("sweep", second / name, "--runs", runs, "--device", "cpu",
+                             "--no-progress")
+        assert code == 0, text
+    code, text = run_cli("verify", runs, "--claims", claims, "--out", tmp_path / "v2",
+                         "--plan", second / "plan.json")
+    assert code in (0, 1), text
+    [v2] = json.loads((tmp_path / "v2/verify.json").read_text())["results"]
+    assert v2["n"] == [sized["seeds"]]
+    assert v2["level"] == pytest.approx(1 - 0.05 * sequential.share(2, 2))
+    assert "look 2 of 2" in v2["method"]
+    # the two looks' alphas add up to the claim's stated 5%
+    assert (1 - v1["level"]) + (1 - v2["level"]) == pytest.approx(0.05)
