@@ -935,7 +935,7 @@ SECTION_END = "<!-- perencode plan: end -->"
 
 
 def cost_section(paths: list[Path], gpu_name: str = "a100",
-                 budgets: tuple[float, ...] = (24, 100, 500),
+                 budgets: tuple[float, ...] = (24, 100, 500, 1e9),
                  claims: str | Path = defaults.CLAIMS) -> str:
     """The markdown of `plan` for the whole of `paths` and each budget, as REPRODUCE.md
     shows it (between SECTION_BEGIN and SECTION_END); paths as given, relative ones
@@ -982,13 +982,30 @@ def cost_section(paths: list[Path], gpu_name: str = "a100",
               f"{_h(sum(r.hours for r in tf32.values()))}. Recurrent layers {layer:,.0f} "
               f"EFLOP, heads {head:,.0f} EFLOP. Language model's scored positions: "
               f"{'; '.join(scored) or '-'}.", "",
-              "| budget | runs | GPU-hours used | claims decided | left out |",
+              "What a budget decides (`perencode plan recipes/paper --gpu a100 --budget "
+              "HOURS`): every hour priced (training, held-out scoring, start-up, the "
+              "stability analysis of the runs a stability claim reads, the GPU check once), "
+              "the modelled figure within the budget, the range from the model's assumed "
+              "efficiencies (and, for the language model, its scored positions). Three plans "
+              "of the same claims: one look with each claim's seeds sized from its best source "
+              "(the default; with no effect known, the fewest its exact test decides with), "
+              "the first stage of two looks (`--stages 2`: a share of alpha at the first look, "
+              "so exact tests need more seeds; a top-up, `--top-up`, follows only for the "
+              "claims left undecided, at most to the grid's 5 seeds), and the paper's fixed 5 "
+              "seeds a cell (`--seeds 5`). Claims in planning order, Fig. 2 first.", "",
+              "| budget | plan | runs | GPU-hours (range) | claims decided |",
               "|---|---|---|---|---|"]
     for hours in budgets:
-        b = within_budget(parsed, unique, table, hours, None, None)
-        lines.append(f"| {hours:g} | {len(b.chosen)} | {_h(b.cost)} | {len(b.decided)}: "
-                     f"{', '.join(c.id.split('-')[0] for c in b.decided) or '-'} | "
-                     f"{len(b.left_out)} |")
+        for name, seeds, stages in (("one look, sized", None, 1),
+                                    ("first stage of two", None, 2),
+                                    ("5 seeds a cell", 5, 1)):
+            b = within_budget(parsed, unique, table, hours, seeds, None, device=device,
+                              alpha_scale=sequential.share(1, stages))
+            label = "whole paper" if hours >= 1e6 else f"{hours:g}"
+            lines.append(f"| {label} | {name} | {len(b.chosen)} | {_h(b.cost)} "
+                         f"({_h(b.priced.total(0))}-{_h(b.priced.total(2))}) | "
+                         f"{len(b.decided)}: "
+                         f"{', '.join(c.id.split('-')[0] for c in b.decided) or '-'} |")
     lines += ["", SECTION_END]
     return "\n".join(lines) + "\n"
 
