@@ -13,11 +13,15 @@ import pytest
 from conftest import ROOT, run_cli, tiny_recipe, tiny_toml
 
 from perencode.analysis import cost
+from perencode.analysis.verdicts import load_claims
 from perencode.commands.plan import (
     Run,
     cost_runs,
     cost_section,
     local_wall,
+    observed_effects,
+    run_parts,
+    size_claim,
     slurm_view,
     with_section,
 )
@@ -255,10 +259,13 @@ def test_plan_sweep_verify_marks_the_claims_outside_the_plan(tmp_path):
     claims = tmp_path / "claims.toml"
     claims.write_text(CLAIMS)
     _, unique = cost_runs([load_grid(grid)], A100, tmp_path / "runs")
-    most = max(r.hours for r in unique.values())
+    # the GPU check and two runs with their start-up and scoring, not three
+    most = max(sum(v[1] for v in run_parts(r, "local", None).values())
+               for r in unique.values())
     out = tmp_path / "plan"
     code, text = run_cli("plan", grid, "--gpu", "a100", "--claims", claims, "--budget",
-                         f"{2.5 * most!r}", "--write", out)
+                         f"{cost.GPU_CHECK_MINUTES[1] / 60 + 2.5 * most!r}", "--seeds", "2",
+                         "--write", out)
     assert code == 0, text
     written = json.loads((out / "plan.json").read_text())
     assert written["decided"] == ["small-pe"]
@@ -283,10 +290,15 @@ def test_plan_sweep_verify_marks_the_claims_outside_the_plan(tmp_path):
     code, text = run_cli("plan", grid, "--gpu", "a100", "--claims", claims, "--budget", "1",
                          "--observed", tmp_path / "runs", "--json")
     assert code == 0, text
-    chosen = json.loads(text)["budget"]["seeds_per_claim"]
-    assert list(chosen) == ["small-pe"] and chosen["small-pe"]["effect"] == "observed"
-    effect = chosen["small-pe"]["effect_sd"]
-    assert chosen["small-pe"]["seeds"] == cost.seeds_needed(effect, groups=1)
+    budget = json.loads(text)["budget"]
+    sized = {**budget["seeds_per_claim"], **{c["id"]: c for c in budget["left_out"]}}
+    assert "observed" in json.dumps(sized["small-pe"])  # sized from the runs, or said so
+    [claim] = [c for c in load_claims(claims) if c.id == "small-pe"]
+    effects, _ = observed_effects([claim], [tmp_path / "runs"])
+    expected = size_claim(claim, effects, None, None)
+    assert expected.source == "observed"
+    if "seeds" in sized["small-pe"]:
+        assert sized["small-pe"]["seeds"] == expected.seeds
 
 
 # -- the precision lever and REPRODUCE.md -------------------------------------------------------

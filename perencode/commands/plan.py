@@ -487,10 +487,13 @@ def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFra
 
     def marginal(cid: str, which: int = 1) -> float:
         need, _ = wanted[cid]
-        more = sum(sum(v[which] for v in parts_of[k].values()) for k in need - chosen)
+        # in key order, rounded: the same sum whatever the order of a set (ties between
+        # claims of equal cost go to the file's order, on every machine)
+        more = sum(sum(v[which] for v in parts_of[k].values()) for k in sorted(need - chosen))
         if index[cid].table == "stability":
-            more += sum(stab[k][which] for k in need if (k, "stability") not in analysed)
-        return more
+            more += sum(stab[k][which] for k in sorted(need)
+                        if (k, "stability") not in analysed)
+        return round(more, 9)
 
     decided: list[Claim] = []
     spent = priced.total()
