@@ -811,6 +811,17 @@ def plan_(
         "--observed", metavar="RUNS", help="--budget: finished runs whose effect sizes and "
         "spreads set the seeds each claim needs (others: --effect or --seeds). Repeatable.")
     ] = None,
+    order: Annotated[str, typer.Option(
+        "--order", help="--budget: priority (the claims file's priority, Fig. 2 first, then "
+        "the claims decided per GPU-hour) or file (the claims file's order, yours).")
+    ] = "priority",
+    stages: Annotated[int, typer.Option(
+        "--stages", help="--budget: 1 (one look) or 2 (this plan is a first stage; `verify "
+        "--plan` spends alpha across the looks, Lan-DeMets Pocock-type).")] = 1,
+    top_up: Annotated[Path | None, typer.Option(
+        "--top-up", metavar="PLAN", help="--budget: the plan.json of a first stage (--stages "
+        "2) whose runs --observed gives: its claims decided at the first look are settled, "
+        "the rest planned again from their observed effects at the second look.")] = None,
     as_json: Annotated[bool, json_flag("Print the plan as JSON.")] = False,
 ) -> None:
     """What grids cost in GPU-hours on a GPU, and which claims a budget decides."""
@@ -820,7 +831,8 @@ def plan_(
     plan(grids, gpu, claims=claims, budget=budget, seeds=seeds, effect=effect,
          executor=executor, gpus=gpus, runs_per_gpu=runs_per_gpu,
          slurm=slurm_overrides(slurm_options or []), runs_root=runs or defaults.RUNS,
-         write=write, as_json=as_json, observed=observed or [])
+         write=write, as_json=as_json, observed=observed or [], order=order, stages=stages,
+         top_up=top_up)
 
 
 @app.command()

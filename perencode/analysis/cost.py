@@ -196,6 +196,31 @@ def gpu(name: str) -> GPU:
     return GPUS[key]
 
 
+# WikiText-103 (Merity et al., 2017, "Pointer Sentinel Mixture Models", Table 1): word-level
+# tokens of each split and the articles of the training split; `lines`: rows of the `datasets`
+# library's wikitext-103-raw-v1 training split (its dataset card), empty and heading lines
+# included. docs/paper-facts.md#wikitext-103 records them and what follows from them.
+WIKITEXT103 = {"train_tokens": 103_227_021, "valid_tokens": 217_646, "test_tokens": 245_569,
+               "train_articles": 28_475, "train_lines": 1_801_350}
+# Paragraphs of the training split (lines that are neither empty nor a heading): every
+# paragraph and heading line is followed by an empty one, so at most half the lines; headings
+# are a sixth to a third of the rest (an assumption: not published). (low, modelled, high).
+TRAIN_PARAGRAPHS = (0.45e6, 0.6e6, 0.75e6)
+# SentencePiece pieces a WikiText token (32,768-piece unigram model): an assumption, (low,
+# modelled, high); the prepared manifest replaces the whole estimate.
+PIECES_PER_TOKEN = (1.05, 1.2, 1.4)
+
+
+def expected_lm_scored(max_length: int, which: int = 1) -> float:
+    """Scored positions of one WikiText-103 paragraph on average, before the corpus is
+    prepared: its pieces (tokens a paragraph x pieces a token), less the first (never
+    predicted), at most the input length. `which`: 0 the fewest, 1 modelled, 2 the most
+    (the fewest paragraphs, the most pieces a token)."""
+    paragraphs = TRAIN_PARAGRAPHS[2 - which]
+    pieces = WIKITEXT103["train_tokens"] / paragraphs * PIECES_PER_TOKEN[which]
+    return min(float(max_length), pieces - 1)
+
+
 def scored_outputs(recipe: Recipe) -> tuple[float, str]:
     """Scored outputs of one training sequence on average, and where the figure comes from:
     the prepared data's manifest where the task reads a corpus (paragraphs shorter than the
@@ -210,7 +235,9 @@ def scored_outputs(recipe: Recipe) -> tuple[float, str]:
         train = json.loads((Path(data) / "manifest.json").read_text())["splits"]["train"]
         return train["scored_tokens"] / train["sequences"], f"{data}/manifest.json"
     except (OSError, KeyError, TypeError, ZeroDivisionError, json.JSONDecodeError):
-        return float(s.outputs), f"upper bound: {data} not prepared"
+        return (expected_lm_scored(s.outputs),
+                f"expected from WikiText-103's published size: {data} not prepared (at most "
+                f"{s.outputs}, at least {expected_lm_scored(s.outputs, 0):.0f})")
 
 
 @dataclass(frozen=True)
@@ -272,7 +299,7 @@ PEAK = {"cudnn": 1.0, "matmul": 1.0}
 LEVEL, POWER = 0.95, 0.80
 
 
-def detectable_effect(n: int, groups: int = 2) -> float:
+def detectable_effect(n: int, groups: int = 2, alpha: float = 1 - LEVEL) -> float:
     """The smallest effect, in units of the seeds' standard deviation, that a one-sided t
     test at LEVEL decides with POWER from n seeds a group: two groups (a difference of
     means; Welch's df at equal n and spread is 2n - 2) or one (a mean against a threshold,
@@ -281,16 +308,81 @@ def detectable_effect(n: int, groups: int = 2) -> float:
     if n < 2:
         return math.inf
     df = groups * (n - 1)
-    return (t_quantile(LEVEL, df) + t_quantile(POWER, df)) * math.sqrt(groups / n)
+    return (t_quantile(1 - alpha, df) + t_quantile(POWER, df)) * math.sqrt(groups / n)
 
 
-def seeds_needed(effect: float, groups: int = 2, most: int = 100) -> int | None:
-    """Seeds a group that decide an effect of `effect` standard deviations at LEVEL with
-    POWER (detectable_effect); None if more than `most`."""
-    for n in range(2, most + 1):
-        if detectable_effect(n, groups) <= effect:
+def seeds_needed(effect: float, groups: int = 2, most: int = 100,
+                 alpha: float = 1 - LEVEL, floor: int | None = None) -> int | None:
+    """Seeds a group that decide an effect of `effect` standard deviations at `alpha` with
+    POWER (detectable_effect), never fewer than `floor` (default: what the exact test of a
+    constant cell needs at `alpha`, exact_minimum: a cell whose seeds agree is decided by
+    it); None if more than `most`."""
+    for n in range(exact_minimum(groups, alpha) if floor is None else floor, most + 1):
+        if detectable_effect(n, groups, alpha) <= effect:
             return n
     return None
+
+
+def exact_minimum(groups: int, alpha: float = 1 - LEVEL) -> int:
+    """The fewest seeds a group at which the verdicts' exact test of a constant cell can
+    decide at `alpha` (perencode.analysis.stats): the sign test, p = 2^-n, for one group
+    (5 at 0.05); the permutation test, p = 1 / C(2n, n), for two (3 at 0.05)."""
+    n = 2
+    while (0.5 ** n if groups == 1 else 1 / math.comb(2 * n, n)) > alpha + 1e-12:
+        n += 1
+    return n
+
+
+# --------------------------------------------------------------------------------------
+# The work beside training that a plan prices (`perencode plan --budget`)
+# --------------------------------------------------------------------------------------
+
+# The model's efficiencies are assumptions (EFFICIENCY): the range a plan states runs from
+# the first of each pair (slow) to the second (fast).
+EFFICIENCY_RANGE = {"cudnn": (0.15, 0.40), "matmul": (0.5, 0.9)}
+# A run's start on the GPU (python and torch imported, CUDA initialised, the task's data drawn,
+# the first iteration's cuDNN plans): minutes, (low, modelled, high). An assumption, not a
+# measurement; a requeued SLURM job starts again.
+STARTUP_MINUTES = (1.0, 2.0, 5.0)
+# `perencode sweep --estimate` on one cell of the GPU the jobs get, before the request (a few
+# hundred timed iterations and the preflight): minutes, once a plan.
+GPU_CHECK_MINUTES = (5.0, 10.0, 20.0)
+# `perencode stability` a checkpoint (docs/stability.md, "Cost"): FLOP of the batched products
+# of a recurrent model (cuDNN's kind): 3e14 for the paper's GRU (1,575,936 layer parameters)
+# and 4e14 for its LSTM (2,101,248), both 1.9e8 a layer parameter (1,024 triplets); a model of
+# matmuls (the S4D) is memory-bound: 3,072 Jacobians of 67 MB written and read.
+STABILITY_FLOP_PER_PARAMETER = 3e14 / 1_575_936
+STABILITY_MATMUL_BYTES = 2 * 3072 * 67e6
+
+
+def stability_hours(recipe: Recipe, device: GPU,
+                    efficiency: dict[str, float] | None = None) -> float:
+    """GPU-hours of `perencode stability` over every checkpoint a run keeps: the recurrent
+    models' products in fp32 at the matmul efficiency, the S4D at the memory bandwidth."""
+    eff = (EFFICIENCY if efficiency is None else efficiency)["matmul"]
+    n = recipe.train.iterations // recipe.train.checkpoint_every
+    if registry.get("model", recipe.model.arch).tf32 == "cudnn":
+        flop = STABILITY_FLOP_PER_PARAMETER * layer_parameters(recipe)
+        seconds = flop / (device.fp32 * 1e12 * eff)
+    else:
+        seconds = STABILITY_MATMUL_BYTES / (device.bandwidth_gbs * 1e9 * eff)
+    return n * seconds / 3600
+
+
+def evaluation_iterations(recipe: Recipe) -> float:
+    """A run's held-out scoring in training iterations (a forward pass is a third of one):
+    the periodic scoring (held_out_iterations) and the final one over the held-out
+    sequences; a language model's: its validation and test splits (WikiText-103's published
+    sizes) at each scoring, in batches of the training's sequences."""
+    periodic = held_out_iterations(recipe)
+    held_out = getattr(recipe.task, "held_out", None)
+    if periodic is not None and isinstance(held_out, int):
+        return periodic + held_out / recipe.train.batch_size / 3
+    every, n = recipe.train.eval_every, recipe.train.iterations
+    times = 1 + (0 if every is None else n // every - (n % every == 0))
+    scored, _ = scored_outputs(recipe)
+    tokens = WIKITEXT103["valid_tokens"] + WIKITEXT103["test_tokens"]
+    return times * tokens * PIECES_PER_TOKEN[1] / max(scored, 1.0) / recipe.train.batch_size / 3
 
 
 # --------------------------------------------------------------------------------------

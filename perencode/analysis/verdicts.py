@@ -106,6 +106,9 @@ class Claim(BaseModel):
                              "difference this one's is compared with (in magnitude).")
     level: float = Field(0.95, gt=0.5, lt=1.0, description="The verdict's confidence: a pass "
                          "or a fail is a test at alpha = 1 - level (docs/claims.md#statistics).")
+    priority: int = Field(2, ge=1, description="`perencode plan --budget`: the order claims "
+                          "are planned in, 1 first (the paper's headline, Fig. 2); within a "
+                          "priority, the claims decided per GPU-hour.")
     sides: Literal["one", "two"] = Field(
         "one", description="one: pass and fail are each one-sided tests at 1 - level (the "
         "claim's op names its side); two: at (1 - level) / 2 each, as 'a two-sided "
@@ -1254,11 +1257,14 @@ class Checked:
 
 
 def check_claims(runs: list[Path], claims: str | Path = defaults.CLAIMS,
-                 results: Results | None = None, accept_code_change: bool = False) -> Checked:
+                 results: Results | None = None, accept_code_change: bool = False,
+                 alpha_shares: dict[str, float] | None = None) -> Checked:
     """Every claim of `claims` evaluated on the runs under `runs` (or on `results`, already
-    collected from them); nothing is written."""
+    collected from them); nothing is written. `alpha_shares`: by claim id, the share of its
+    alpha this look of a staged plan spends (perencode.analysis.sequential)."""
     claims_path = claims_file(claims)
-    parsed = load_claims(claims_path)
+    parsed = [c.model_copy(update={"level": 1 - (alpha_shares or {})[c.id] * (1 - c.level)})
+              if c.id in (alpha_shares or {}) else c for c in load_claims(claims_path)]
     results = collect([Path(p) for p in runs], "verify", accept_code_change) \
         if results is None else results
     done: dict[str, Outcome] = {}

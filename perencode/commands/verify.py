@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
+from perencode.analysis import sequential
 from perencode.analysis.results import say_left_out
 from perencode.analysis.verdicts import (
     BUNDLED_CLAIMS,
@@ -77,6 +78,16 @@ def default_out(claims: str | Path) -> Path:
     return defaults.FIGURES if bundled else defaults.FIGURES / path.stem
 
 
+def staged(plan: Path) -> tuple[dict[str, float], str]:
+    """The alpha shares of a staged plan's look (sequential.plan_shares); a file that is no
+    plan.json is refused by outside_plan."""
+    try:
+        data = json.loads(Path(plan).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}, ""
+    return sequential.plan_shares(data) if isinstance(data, dict) else ({}, "")
+
+
 def verify_runs(runs: list[Path], claims: str | Path = defaults.CLAIMS,
                 out: Path | None = None, as_json: bool = False,
                 accept_code_change: bool = False, plan: Path | None = None) -> int:
@@ -85,7 +96,12 @@ def verify_runs(runs: list[Path], claims: str | Path = defaults.CLAIMS,
     verify.md and verify.json into `out` (None: `default_out`). Returns 1 if a claim fails
     (inconclusive and not run do not fail), else 0."""
     out = default_out(claims) if out is None else out
-    checked = check_claims(runs, claims, accept_code_change=accept_code_change)
+    shares, look = staged(plan) if plan is not None else ({}, "")
+    checked = check_claims(runs, claims, accept_code_change=accept_code_change,
+                           alpha_shares=shares)
+    for o in checked.outcomes:  # a staged plan's look: its share of the claim's alpha
+        if o.claim.id in shares and o.method:
+            o.method += f"; {look}: alpha x {shares[o.claim.id]:.3g}"
     if plan is not None:
         outside_plan(checked, plan)
     say_left_out(checked.results)
