@@ -21,11 +21,11 @@ os.environ.pop("PERENCODE_PLUGINS", None)
 
 import pytest
 import tomli_w
-from filelock import FileLock
 import torch
 import typer.main
 import typer.testing
 from fake_runs import paper_like_runs
+from filelock import FileLock
 from typer.testing import CliRunner
 
 from perencode.cli import app

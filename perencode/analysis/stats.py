@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import combinations
 from statistics import NormalDist
 
 import numpy as np
@@ -400,7 +401,6 @@ def rank_test(a: Values, b: Values, threshold: float = 0.0,
     observed = float(u_of(xa[None], xb[None])[0])
     total = math.comb(na + nb, na)
     if total <= most:
-        from itertools import combinations
         picks = np.array(list(combinations(range(na + nb), na)))  # [S, na]
         mask = np.ones((len(picks), na + nb), bool)
         mask[np.arange(len(picks))[:, None], picks] = False

@@ -761,7 +761,7 @@ def _missing_edge(claim: Claim, edge: Any, groups: dict[str, list[tuple]]) -> st
             who = f"group {g}" if g else "the claim"
             lacking = sorted(every - cells, key=str) if cells else []
             has = _shown(_values(pd.Series([c[0] for c in groups[g]], dtype=object))) or \
-                "none"
+                "no value"
             what = ("no finished run" if not cells else
                     f"no finished run in cell {_describe(claim.by, lacking[0])}")
             named = "the claim's" if isinstance(claim.where.get(claim.by[0]), list) else \

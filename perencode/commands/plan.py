@@ -43,7 +43,15 @@ from perencode.analysis.cost import (
     work,
 )
 from perencode.analysis.results import collect, flatten
-from perencode.analysis.verdicts import Claim, claims_file, load_claims, select
+from perencode.analysis.verdicts import (
+    FAIL,
+    PASS,
+    Claim,
+    check_claims,
+    claims_file,
+    load_claims,
+    select,
+)
 from perencode.common import defaults
 from perencode.common.console import console, print_table
 from perencode.common.errors import UserError
@@ -593,7 +601,6 @@ def first_stage(path: Path, claims: list[Claim], observed: list[Path],
                         "expected the first stage of a plan of two looks (--stages 2)")
     if not observed:
         raise UserError(f"--top-up {path}: give the first stage's runs with --observed RUNS")
-    from perencode.analysis.verdicts import FAIL, PASS, check_claims
 
     shares = {cid: sequential.share(1, 2, looks.get("rule", sequential.RULE))
               for cid in planned}
