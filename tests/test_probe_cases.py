@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -88,3 +89,39 @@ def test_show_piped_into_a_reader_that_stops_exits_0():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert err == ""
+
+
+def test_tensorboard_remakes_curves_of_a_metrics_jsonl_replaced_by_an_older_copy(run, tmp_path):
+    from perencode.training import tracking
+
+    copy = shutil.copytree(run, tmp_path / "run")
+    metrics = copy / "metrics.jsonl"
+    assert len(metrics.read_text().splitlines()) == 2  # steps 5 and 10
+    folder = tracking.events_from_metrics(copy)
+    assert folder is not None
+    before = (folder / tracking.CONVERTED).read_bytes()
+    assert tracking.events_from_metrics(copy) == folder  # unchanged: not rewritten
+    assert (folder / tracking.CONVERTED).read_bytes() == before
+    older = tmp_path / "older.jsonl"
+    older.write_text(metrics.read_text().splitlines()[0] + "\n")
+    os.utime(older, (1_000_000, 1_000_000))  # dated long before the events
+    os.replace(older, metrics)
+    tracking.events_from_metrics(copy)
+    after = (folder / tracking.CONVERTED).read_bytes()
+    assert after != before and len(after) < len(before)
+
+
+def test_tensorboard_says_a_run_it_cannot_write_to_is_not_writable(run, tmp_path, monkeypatch):
+    from perencode.common.errors import UserError
+    from perencode.training import tracking
+
+    copy = shutil.copytree(run, tmp_path / "run")
+
+    def read_only(path, data, temp_name=None):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tracking, "atomic_write_bytes", read_only)
+    with pytest.raises(UserError) as refused:
+        tracking.tensorboard_command([copy])
+    assert "not writable" in str(refused.value) and "Permission denied" in str(refused.value)
+    assert "has logged a training step" not in str(refused.value)
