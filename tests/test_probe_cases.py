@@ -125,3 +125,21 @@ def test_tensorboard_says_a_run_it_cannot_write_to_is_not_writable(run, tmp_path
         tracking.tensorboard_command([copy])
     assert "not writable" in str(refused.value) and "Permission denied" in str(refused.value)
     assert "has logged a training step" not in str(refused.value)
+
+
+def test_figures_does_not_call_a_run_of_other_code_the_same(run, tmp_path):
+    from perencode.analysis.results import choose
+    from perencode.store import runs
+
+    first, second = (shutil.copytree(run, tmp_path / name) for name in ("a", "b"))
+    found = [(d, runs.read_recipe(d), runs.Run(d).status()) for d in (first, second)]
+    _, lines = choose(found)
+    assert lines == [f"{second}: ignored, the same recipe and results as {first}"]
+    record = json.loads((second / "identity.json").read_text())
+    record["code"] = {**record["code"], "perencode": {"commit": "0" * 40}}
+    (second / "identity.json").write_text(json.dumps(record))
+    kept, lines = choose(found)
+    assert [d for d, _, _ in kept.values()] == [first]
+    assert lines == [f"{second} and {first}: two finished runs of the same recipe and results, "
+                     "trained by other code (their identity.json differ in code); "
+                     f"{first} is used, move it away to use the other"]
