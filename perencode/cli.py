@@ -31,7 +31,7 @@ from rich.table import Table
 from perencode import __version__
 from perencode.commands.sweep import options as sweep_options
 from perencode.common import defaults
-from perencode.common.console import SAID, console, guard_output, results
+from perencode.common.console import SAID, console, guard_output, guard_stdout, results
 from perencode.common.errors import UserError, refused_write
 from perencode.config import registry
 
@@ -266,6 +266,7 @@ Plugins = Annotated[list[str] | None, typer.Option(
 @app.callback()
 def main(version: Version = False, plugin: Plugins = None) -> None:
     """Options of `perencode` itself (the commands have their own)."""
+    guard_stdout()
     # Without a plugin nothing is imported: commands that need no kinds start without torch.
     installed = registry.autoload() and metadata.entry_points(group="perencode.kinds")
     if plugin or environ.get("PERENCODE_PLUGINS") or installed:

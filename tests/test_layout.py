@@ -34,13 +34,28 @@ HEAVY = ("torch", "numpy", "pandas", "matplotlib", "seaborn", "submitit", "sente
          "tensorboard")
 
 
+def parse(name: str, source: str, package: bool = False) -> ast.Module:
+    """A module's tree with its relative imports made absolute (`from ..analysis import
+    results` in perencode.training.loop reads `from perencode.analysis import results`), so
+    that no rule below can be walked around by a leading dot. `package`: the module is a
+    package's __init__ (its dots count from itself)."""
+    tree = ast.parse(source)
+    here = name.split(".") if package else name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = here[:len(here) - (node.level - 1)] if node.level - 1 <= len(here) else []
+            node.module = ".".join([*base, *([node.module] if node.module else [])])
+            node.level = 0
+    return tree
+
+
 @functools.cache
 def modules() -> dict[str, ast.Module]:
     out = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        out[name] = ast.parse(path.read_text(encoding="utf-8"))
+        out[name] = parse(name, path.read_text(encoding="utf-8"), parts[-1] == "__init__")
     return out
 
 
@@ -75,9 +90,10 @@ def is_app_callback(module: str, func: ast.FunctionDef | ast.AsyncFunctionDef) -
         and d.func.attr == "callback" for d in func.decorator_list)
 
 
-def test_no_function_local_imports_but_optional_dependencies_and_cli_commands():
+def local_imports(trees: dict[str, ast.Module]) -> tuple[list[str], list[str]]:
+    """(function-local imports of what is not an optional dependency, the CLI's commands)."""
     offenders, commands = [], []
-    for name, tree in modules().items():
+    for name, tree in trees.items():
         for func in ast.walk(tree):
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
@@ -90,6 +106,11 @@ def test_no_function_local_imports_but_optional_dependencies_and_cli_commands():
                 for target in imported(node):
                     if not deferred(target):
                         offenders.append(f"{name}.{func.name}: {target}")
+    return offenders, commands
+
+
+def test_no_function_local_imports_but_optional_dependencies_and_cli_commands():
+    offenders, commands = local_imports(modules())
     assert offenders == []
     assert {"train", "sweep", "tensorboard_"} <= set(commands)
 
@@ -132,20 +153,21 @@ MAX_ROOT_MODULES = 10
 
 
 def floor(module: str) -> int:
-    """The floor of a module: its index in FLOORS; the root's modules stand above them all
-    (the package's __init__, which imports nothing, below them all)."""
+    """The floor of a module: its index in FLOORS (a floor's own __init__ too); the root's
+    modules stand above them all (the package's __init__, which imports nothing, below them
+    all)."""
     parts = module.split(".")
     if module == "perencode":
         return -1
-    if len(parts) == 2:
+    if len(parts) == 2 and parts[1] not in FLOORS:
         return len(FLOORS)
     return FLOORS.index(parts[1])
 
 
-def package_imports(tree: ast.Module) -> set[str]:
+def package_imports(tree: ast.Module, trees: dict[str, ast.Module] | None = None) -> set[str]:
     """The perencode modules a module imports (`from perencode.x import y` imports the
     module perencode.x.y where there is one, else perencode.x)."""
-    trees = modules()
+    trees = modules() if trees is None else trees
     found: set[str] = set()
     for node in ast.walk(tree):
         targets = imported(node)
@@ -170,15 +192,18 @@ def test_the_root_holds_the_floors_and_a_few_modules():
 def test_imports_go_down_the_floors():
     """A module imports its own floor or the floors below: config, kinds and training never
     reach analysis or commands, the store never the training step."""
-    upward = sorted(f"{name} -> {dep}" for name, tree in modules().items()
-                    for dep in package_imports(tree) if floor(dep) > floor(name))
-    assert upward == []
+    assert upward_imports(modules()) == []
     assert floor("perencode.kinds.tasks.base") < floor("perencode.analysis.results")
     assert floor("perencode.cli") > floor("perencode.commands.sweep.local")
 
 
-def test_imports_have_no_cycle():
-    trees = modules()
+def upward_imports(trees: dict[str, ast.Module]) -> list[str]:
+    return sorted(f"{name} -> {dep}" for name, tree in trees.items()
+                  for dep in package_imports(tree, trees) if floor(dep) > floor(name))
+
+
+def find_cycle(trees: dict[str, ast.Module]) -> str | None:
+    """An import cycle among `trees` ("a -> b -> a"), or None."""
     graph = {name: {t for node in ast.walk(tree) for t in imported(node) if t in trees
                     and t != name} for name, tree in trees.items()}
     # A package's __init__ may re-export its own submodules; the rest must be acyclic.
@@ -195,15 +220,23 @@ def test_imports_have_no_cycle():
                 visit(dep, [*path, name])
         state[name] = 2
 
-    for name in sorted(graph):
-        if name not in state:
-            visit(name, [])
+    try:
+        for name in sorted(graph):
+            if name not in state:
+                visit(name, [])
+    except AssertionError as cycle:
+        return str(cycle)
+    return None
 
 
-def reached_from(start: str) -> set[str]:
+def test_imports_have_no_cycle():
+    assert find_cycle(modules()) is None
+
+
+def reached_from(start: str, trees: dict[str, ast.Module] | None = None) -> set[str]:
     """The package modules `start` imports, directly or through others (any import in its
     source, function-local ones too; importing a.b.c runs a and a.b first)."""
-    trees = modules()
+    trees = modules() if trees is None else trees
     seen, todo = set(), [start]
     while todo:
         name = todo.pop()
@@ -228,17 +261,21 @@ def test_the_sweep_does_not_sit_on_the_training_stack():
     assert "perencode.commands.sweep" not in reached_from("perencode.commands.train")
 
 
+def kinds_that_know_each_other(trees: dict[str, ast.Module]) -> list[str]:
+    graph = {name: {t for node in ast.walk(tree) for t in imported(node)}
+             for name, tree in trees.items()}
+    return sorted(name for name, deps in graph.items()
+                  if name.startswith("perencode.kinds.models")
+                  and any(d.startswith("perencode.kinds.tasks") for d in deps)
+                  or name.startswith("perencode.kinds.tasks")
+                  and any(d.startswith("perencode.kinds.models") for d in deps))
+
+
 def test_models_and_tasks_do_not_know_each_other():
     """A model is sized by the task's Shapes (perencode.kinds.shapes) and a task knows no
     model: perencode.training.session.build pairs them, so a new model or task is one module
     that imports neither side."""
-    graph = {name: {t for node in ast.walk(tree) for t in imported(node)}
-             for name, tree in modules().items()}
-    for name, deps in graph.items():
-        if name.startswith("perencode.kinds.models"):
-            assert not any(d.startswith("perencode.kinds.tasks") for d in deps), name
-        if name.startswith("perencode.kinds.tasks"):
-            assert not any(d.startswith("perencode.kinds.models") for d in deps), name
+    assert kinds_that_know_each_other(modules()) == []
 
 
 def module_level_imports(tree: ast.Module) -> set[str]:
@@ -260,8 +297,19 @@ def test_verify_does_not_import_the_sweep_machinery():
     """The package modules `import perencode.commands.verify` loads, and what each of them
     imports: no sweep machinery and no plotting (read from the sources; the slow twin below imports
     it in a fresh interpreter)."""
-    trees = modules()
-    seen, todo, reached = set(), ["perencode.commands.verify"], set()
+    seen, reached = verify_loads(modules())
+    assert "perencode.analysis.results" in seen and "pandas" in reached  # the walk follows imports
+    assert heavy_for_verify(reached) == []
+
+
+def heavy_for_verify(reached: set[str]) -> list[str]:
+    return sorted(t for t in reached if any(t == m or t.startswith(m + ".")
+                                            for m in LIGHT_VERIFY))
+
+
+def verify_loads(trees: dict[str, ast.Module]) -> tuple[set[str], set[str]]:
+    """(the package modules importing verify runs, everything they import at module level)."""
+    seen, todo, reached = set[str](), ["perencode.commands.verify"], set[str]()
     while todo:
         name = todo.pop()
         if name in seen or name not in trees:
@@ -272,9 +320,7 @@ def test_verify_does_not_import_the_sweep_machinery():
             parts = target.split(".")
             # importing a.b.c runs the __init__ of a and a.b first
             todo.extend(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-    assert "perencode.analysis.results" in seen and "pandas" in reached  # the walk follows imports
-    assert sorted(t for t in reached if any(t == m or t.startswith(m + ".")
-                                             for m in LIGHT_VERIFY)) == []
+    return seen, reached
 
 
 @pytest.mark.slow
@@ -307,9 +353,10 @@ def registers_kinds(tree: ast.Module) -> bool:
                for node in ast.walk(tree))
 
 
-def shared_modules() -> list[str]:
+def shared_modules(trees: dict[str, ast.Module] | None = None) -> list[str]:
     """Every module of the package but the kinds' own and the paper's."""
-    return [name for name, tree in modules().items() if not registers_kinds(tree)
+    trees = modules() if trees is None else trees
+    return [name for name, tree in trees.items() if not registers_kinds(tree)
             and not any(name == m or name.startswith(m + ".") for m in PAPER_MODULES)]
 
 
@@ -336,11 +383,15 @@ def test_shared_code_asks_no_kind_by_name():
             "perencode.kinds.tasks.reverse"} <= kinds_code
     assert set(modules()) - set(shared) == kinds_code | {
         m for m in modules() if any(m == p or m.startswith(p + ".") for p in PAPER_MODULES)}
-    offenders = sorted(f"{name}: {node.value!r} (line {node.lineno})" for name in shared
-                       for node in ast.walk(modules()[name])
-                       if isinstance(node, ast.Constant) and node.value in registered
-                       and (name, node.value) not in WORDS)
-    assert offenders == []
+    assert kinds_named(modules(), registered) == []
+
+
+def kinds_named(trees: dict[str, ast.Module], registered: set[str]) -> list[str]:
+    """Constants of shared modules that are a registered kind's name."""
+    return sorted(f"{name}: {node.value!r} (line {node.lineno})" for name in shared_modules(trees)
+                  for node in ast.walk(trees[name])
+                  if isinstance(node, ast.Constant) and node.value in registered
+                  and (name, node.value) not in WORDS)
 
 
 # -- Commands side by side (issue 37) ---------------------------------------------------------
@@ -360,11 +411,11 @@ def command_of(module: str) -> str | None:
     return None
 
 
-def stacked_commands() -> set[tuple[str, str]]:
+def stacked_commands(trees: dict[str, ast.Module] | None = None) -> set[tuple[str, str]]:
     """(command, command it imports): any import in its modules' source, function-local
     ones too."""
     found = set()
-    for name, tree in modules().items():
+    for name, tree in (modules() if trees is None else trees).items():
         importer = command_of(name)
         if importer is None:
             continue
@@ -399,11 +450,14 @@ def test_no_command_imports_another():
 PIPELINES = ("perencode.quickstart",)
 
 
+def pipeline_importers(trees: dict[str, ast.Module]) -> set[str]:
+    return {name for name, tree in trees.items() for node in ast.walk(tree)
+            for target in imported(node) if target in PIPELINES}
+
+
 def test_a_pipeline_is_imported_by_the_cli_alone():
     """The quick demo runs three commands; the commands stay side by side below it."""
-    importers = {name for name, tree in modules().items() for node in ast.walk(tree)
-                 for target in imported(node) if target in PIPELINES}
-    assert importers == {"perencode.cli"}
+    assert pipeline_importers(modules()) == {"perencode.cli"}
     for pipeline in PIPELINES:
         assert floor(pipeline) == len(FLOORS)  # at the root, above the commands
         used = {command_of(t) for node in ast.walk(modules()[pipeline]) for t in imported(node)}
@@ -420,3 +474,90 @@ def test_the_training_step_does_not_sit_on_the_run_directory():
                                         "perencode.training.session"}, low
     assert {"perencode.store.checkpoints", "perencode.store.records"} <= \
         reached_from("perencode.store.runs")
+
+
+# -- Planted violations (issue 57): each rule above, shown one breach of it in an in-memory
+# copy of the package, must catch it (a rule that cannot fail is no rule).
+def planted(name: str, source: str, package: bool = False) -> dict[str, ast.Module]:
+    trees = dict(modules())
+    trees[name] = parse(name, source, package)
+    return trees
+
+
+def test_relative_imports_are_read_as_the_modules_they_name():
+    assert ast.unparse(parse("perencode.training.loop", "from ..analysis import results")) \
+        == "from perencode.analysis import results"
+    assert ast.unparse(parse("perencode.commands.sweep", "from . import local", True)) \
+        == "from perencode.commands.sweep import local"
+    assert ast.unparse(parse("perencode.commands.sweep.local", "from .plan import x")) \
+        == "from perencode.commands.sweep.plan import x"
+
+
+@pytest.mark.parametrize("name,source,package", [
+    ("perencode.training.planted", "from perencode.analysis import results", False),
+    ("perencode.training.planted", "from ..analysis import results", False),
+    ("perencode.store", "from ..commands import train", True),
+    ("perencode.config.planted", "import perencode.commands.train", False),
+])
+def test_a_planted_upward_import_is_caught(name, source, package):
+    assert upward_imports(planted(name, source, package)) != []
+
+
+@pytest.mark.parametrize("source", ["from perencode.commands import train",
+                                    "from .. import train", "from ..train import train",
+                                    "def f():\n    from ..bench import bench\n"])
+def test_a_planted_command_importing_a_command_is_caught(source):
+    trees = planted("perencode.commands.report.planted", source)
+    assert stacked_commands(trees) != set()
+
+
+def test_a_planted_cycle_is_caught():
+    trees = planted("perencode.common.console", "from . import errors\n")
+    trees["perencode.common.errors"] = parse("perencode.common.errors",
+                                             "from .console import x\n")
+    assert find_cycle(trees) is not None
+
+
+@pytest.mark.parametrize("source", ["def f():\n    from ..store import runs\n",
+                                    "def f():\n    import json\n"])
+def test_a_planted_function_local_import_is_caught(source):
+    offenders, _ = local_imports({"perencode.analysis.planted": parse(
+        "perencode.analysis.planted", source)})
+    assert offenders != []
+    assert local_imports({"perencode.analysis.planted": parse(
+        "perencode.analysis.planted", "def f():\n    import matplotlib\n")})[0] == []
+
+
+@pytest.mark.parametrize("name,source", [
+    ("perencode.kinds.models.planted", "from ..tasks import base"),
+    ("perencode.kinds.tasks.planted", "from perencode.kinds.models import rnn"),
+])
+def test_a_planted_model_knowing_a_task_is_caught(name, source):
+    assert kinds_that_know_each_other(planted(name, source)) == [name]
+
+
+def test_a_planted_kind_name_in_shared_code_is_caught():
+    trees = planted("perencode.analysis.planted", "TASK = 'reverse'\n")
+    assert kinds_named(trees, {"reverse"}) == ["perencode.analysis.planted: 'reverse' (line 1)"]
+
+
+def test_a_planted_pipeline_import_is_caught():
+    trees = planted("perencode.commands.report.planted", "from ... import quickstart")
+    assert pipeline_importers(trees) == {"perencode.cli", "perencode.commands.report.planted"}
+
+
+def test_a_planted_heavy_import_under_verify_is_caught():
+    trees = planted("perencode.commands.verify", "from .sweep import local\n")
+    assert "perencode.commands.sweep.local" in heavy_for_verify(verify_loads(trees)[1])
+
+
+def test_a_planted_sweep_reaching_training_is_caught():
+    trees = planted("perencode.commands.sweep.local", "from perencode.training import session\n")
+    assert "perencode.training.session" in reached_from("perencode.commands.sweep.local", trees)
+    trees = planted("perencode.store.records", "from . import runs\n")
+    assert "perencode.store.runs" in reached_from("perencode.store.records", trees)
+
+
+def test_a_module_outside_the_floors_is_refused():
+    with pytest.raises(ValueError):
+        floor("perencode.utils.helpers")

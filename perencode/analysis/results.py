@@ -134,6 +134,12 @@ def _describe(run_dir: Path, status: records.StatusRecord) -> str:
     return f"{state} (iteration {status.iteration})" if state == runs.DIVERGED else state
 
 
+def _code(run_dir: Path) -> Any:
+    """The code that made a run as its identity.json records it (None without one)."""
+    entry = identity.read(run_dir)
+    return None if entry is None else (entry.code, entry.modules)
+
+
 Found = tuple[Path, Any, records.StatusRecord]  # a run directory, its recipe, its status
 
 
@@ -156,7 +162,11 @@ def choose(found: list[Found]) -> tuple[dict[str, Found], list[str]]:
         elif _rank(status) == _rank(used_status) == _RANK[runs.FINISHED]:
             ours, theirs = (records.read_eval(d / "eval.json").as_dict()
                             for d in (used, run_dir))
-            if ours == theirs:
+            if ours == theirs and _code(run_dir) != _code(used):
+                lines.append(f"{run_dir} and {used}: two finished runs of the same recipe "
+                             "and results, trained by other code (their identity.json "
+                             f"differ in code); {used} is used, move it away to use the other")
+            elif ours == theirs:
                 lines.append(f"{run_dir}: ignored, the same recipe and results as {used}")
             else:
                 differ = sorted(k for k in set(ours) | set(theirs)

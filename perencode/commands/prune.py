@@ -29,6 +29,7 @@ KEPT = {
     "metrics.jsonl": "its training curve and time (figures, report)",
     "env.json": "its devices and code commits (report)",
     "plugins.json": "the plugins its kinds came from (every command)",
+    "identity.json": "the recipe, code and data that made it (every command)",
     "stability.csv": "its gradient stability (figures, verify, report)",
 }
 

@@ -27,9 +27,12 @@ class GuardedStream:
     nothing written later (rich, print, a library's C code, the flush at exit) fails again.
     """
 
-    def __init__(self, stream: TextIO, name: str):
+    def __init__(self, stream: TextIO, name: str, note_closed_pipe: bool = True):
         self._stream, self.name = stream, name
         self.failed: OSError | None = None
+        # A pipe its reader closed (`show | head -1`): the reader has what it wanted, and
+        # a command that only prints need not say so.
+        self.note_closed_pipe = note_closed_pipe
 
     def write(self, text: str) -> int:
         if self.failed is None:
@@ -54,6 +57,8 @@ class GuardedStream:
             os.close(null)
         except (OSError, ValueError, AttributeError):  # no descriptor of its own (a test's)
             pass
+        if isinstance(exc, BrokenPipeError) and not self.note_closed_pipe:
+            return
         other = sys.stdout if self.name == "stderr" else sys.stderr
         try:
             other.write(f"perencode: cannot write to {self.name} ({exc.strerror or exc}); "
@@ -74,6 +79,14 @@ def guard_output() -> None:
         sys.stdout = GuardedStream(sys.stdout, "stdout")
     if not isinstance(sys.stderr, GuardedStream):
         sys.stderr = GuardedStream(sys.stderr, "stderr")
+
+
+def guard_stdout() -> None:
+    """Every command: a reader closing stdout early (`perencode show RUN | head -1`) ends
+    the output quietly, and the command's exit status stays its own (not click's 1 for a
+    broken pipe, nor Python's 120 for a failed flush at exit)."""
+    if not isinstance(sys.stdout, GuardedStream):
+        sys.stdout = GuardedStream(sys.stdout, "stdout", note_closed_pipe=False)
 
 
 def print_table(table: RenderableType) -> None:

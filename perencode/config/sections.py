@@ -19,6 +19,27 @@ from perencode.config import registry
 _K = TypeVar("_K", bound="KindConfig")
 
 
+def _number_text(value: Any) -> bool:
+    """A string Pydantic would read as a number ("16", "1e-3"); another word it refuses
+    itself."""
+    if not isinstance(value, str):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _numeric(annotation: Any) -> bool:
+    """Whether a field holds numbers only (int, float, optional, or a list or tuple of
+    them): a quoted "16" there is a mistake Pydantic would read as 16 (issue 57)."""
+    if annotation in (int, float):
+        return True
+    args = get_args(annotation)
+    return bool(args) and all(a in (type(None), Ellipsis) or _numeric(a) for a in args)
+
+
 class Section(BaseModel):
     # Every number of a recipe is a physical quantity (a rate, a decay, a size): inf and nan
     # are refused before anything is written, never trained on.
@@ -36,6 +57,10 @@ class Section(BaseModel):
                         bool not in (field.annotation, *get_args(field.annotation)):
                     raise ValueError(f"field '{name}': expected a number, got a boolean "
                                      f"({json.dumps(value)})")
+                if field is not None and any(_number_text(v) for v in values) and \
+                        _numeric(field.annotation):
+                    raise ValueError(f"field '{name}': expected a number, got a string "
+                                     f"({json.dumps(value)}); write it without quotes")
         return data
 
 

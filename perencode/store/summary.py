@@ -81,8 +81,9 @@ def summarise(run_dir: str | Path) -> tuple[Recipe, dict[str, Any]]:
     if path.is_file():
         try:
             scored = records.read_eval(path).result()
-        except UserError:
+        except UserError as exc:  # there, but unreadable: said, not "no eval.json"
             scored = {}
+            story["results_unreadable"] = str(exc)
         story["results"] = {k: v for k, v in scored.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)
                             and k not in records.EVAL_IDENTITY}
@@ -110,6 +111,8 @@ def story_lines(story: dict[str, Any]) -> list[str]:
         lines.append("results (eval.json): " + ", ".join(
             f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
             for k, v in story["results"].items()))
+    elif story.get("results_unreadable"):
+        lines.append(f"results: {story['results_unreadable']}")
     elif state == runs.FINISHED:
         lines.append("results: no eval.json")
     training = story.get("training")

@@ -35,6 +35,7 @@ from perencode.store.records import HELD_OUT, MetricsRow
 FOLDER = "tensorboard"
 FROM_METRICS = "tensorboard-from-metrics"
 CONVERTED = "events.out.tfevents.0.metrics"
+STAMP = "metrics.stamp"  # the metrics.jsonl the events were made from: size, time, inode
 EXTRA = "pip install 'perencode[tensorboard]'"
 # The temporary file of an event file being rewritten (truncate_events): .truncating.XXXXXXXX.tmp
 TRUNCATING = "truncating"
@@ -151,7 +152,12 @@ def events_from_metrics(run_dir: Path) -> Path | None:
     target = folder / CONVERTED
     if not source.is_file():
         return None
-    if target.is_file() and target.stat().st_mtime >= source.stat().st_mtime:
+    # The events are current when made from this very metrics.jsonl: its size, time and
+    # inode as recorded beside them (a newer-than test would keep the curves of a file
+    # replaced by an older-dated copy).
+    stamp_path, stat = folder / STAMP, source.stat()
+    stamp = f"{stat.st_size} {stat.st_mtime_ns} {stat.st_ino}"
+    if target.is_file() and stamp_path.is_file() and stamp_path.read_text() == stamp:
         return folder
     rows = runs.Run(run_dir).metrics()
     if not rows:
@@ -170,6 +176,7 @@ def events_from_metrics(run_dir: Path) -> Path | None:
                            summary=summary).SerializeToString())
     folder.mkdir(exist_ok=True)
     atomic_write_bytes(target, data.getvalue(), temp_name=TRUNCATING)
+    atomic_write_bytes(stamp_path, stamp.encode())
     return folder
 
 
@@ -214,6 +221,10 @@ def tensorboard_command(run_dirs: list[Path], port: int = defaults.TENSORBOARD_P
             logged.append(run)
             folders[Path(os.path.abspath(run))] = FROM_METRICS
             converted += 1
+    if not logged and unwritable:
+        raise UserError(f"none of the {len(run_dirs)} run(s) can be shown: their event files "
+                        "cannot be written from metrics.jsonl, folder not writable: "
+                        + "; ".join(unwritable[:3]))
     if not logged:
         raise UserError(f"none of the {len(run_dirs)} run(s) has logged a training step yet "
                         "(metrics.jsonl) or has TensorBoard event files")
