@@ -235,8 +235,10 @@ def test_speed_fills_the_estimate_cache_and_prices_each_grid(tmp_path):
 def test_cpu_stack_rows_say_what_is_not_run():
     rows = doctor.stack_checks(CPU)
     assert rows[0].name == "torch" and rows[0].measured == torch.__version__
-    assert rows[1].verdict == doctor.NO_DEVICE
-    assert rows[2].name == "kernels for this GPU" and rows[2].verdict == doctor.NO_DEVICE
+    assert rows[1].name == "CPU" and rows[1].verdict == doctor.INFO
+    assert "torch's vector ISA" in rows[1].measured
+    assert rows[2].verdict == doctor.NO_DEVICE
+    assert rows[3].name == "kernels for this GPU" and rows[3].verdict == doctor.NO_DEVICE
     assert not doctor.tf32_in_effect(CPU, "gru")
 
 

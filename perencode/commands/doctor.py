@@ -59,7 +59,7 @@ from perencode.config.recipe import (
 from perencode.kinds.models import SequenceModel
 from perencode.kinds.tasks import Batch
 from perencode.store import checkpoints, runs
-from perencode.store.environment import gpu_driver, perencode_command
+from perencode.store.environment import cpu_capability, cpu_model, gpu_driver, perencode_command
 from perencode.training import preflight
 from perencode.training.session import CHUNK_LOGITS, Session
 
@@ -474,11 +474,19 @@ def omp_threads_check(value: str | None) -> list[Finding]:
                     "or unset it", FAIL)]
 
 
+def cpu_row() -> Finding:
+    """The CPU and the vector ISA torch's kernels use on it (env.json records both): CPU
+    digits repeat on the same model and ISA, not across them."""
+    isa = cpu_capability() or "unknown (torch < 2.2 does not say)"
+    return Finding("CPU", f"{cpu_model() or 'unknown'}; torch's vector ISA {isa}",
+                   "-", INFO)
+
+
 def stack_checks(device: torch.device, skipped: str = NO_DEVICE) -> list[Finding]:
     cudnn = torch.backends.cudnn
     version = torch.__version__.split("+")[0]
     rows = [Finding("torch", torch.__version__, f"{PAPER_TORCH} (the paper's runs)",
-                    PASS if version == PAPER_TORCH else INFO)]
+                    PASS if version == PAPER_TORCH else INFO), cpu_row()]
     if device.type != "cuda":
         rows.append(Finding("CUDA, cuDNN, driver, device", "-", PAPER_CUDA + "; " + PAPER_DEVICE,
                             skipped))
