@@ -68,11 +68,11 @@ NO_DEVICE = "not run: no CUDA device"
 
 # What says that this node was meant to have a GPU: SLURM's GPU allocation (a job with
 # --gpus / --gres=gpu sets these; Apptainer passes the host's environment through) or
-# devices made visible by name. Values meaning "none": an empty list, -1, and the
+# devices made visible by name. Values meaning no device: an empty list, -1, and the
 # NoDevFiles some sites set for jobs without GPUs.
 GPU_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS", "SLURM_GPUS_ON_NODE",
                  "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "CUDA_VISIBLE_DEVICES")
-NO_GPU_VALUES = ("", "-1", "nodevfiles", "none", "void")
+NO_GPU_VALUES = ("", "-1", "nodevfiles")
 # The variables that hold a count ("2", "a100:2", "gpu:1"): a count of 0 is no GPU, where
 # CUDA_VISIBLE_DEVICES=0 and SLURM_JOB_GPUS=0 name GPU number 0.
 GPU_COUNTS = ("SLURM_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+from submitit.slurm.slurm import _convert_mem, _make_sbatch_string
 
 from perencode.analysis.cost import slurm_jobs
 from perencode.commands.sweep.board import Board
@@ -125,8 +126,6 @@ def sbatch_script(folder: Path, name: str, options: SlurmConfig, count: int,
                   dependency: list[str] | None = None) -> str:
     """The sbatch file submitit writes for a job array of `count` runs with these options
     (its own renderer, so that the dry run shows what `submit` would hand to sbatch)."""
-    from submitit.slurm.slurm import _convert_mem, _make_sbatch_string
-
     params: dict[str, Any] = {}
     for key, value in parameters(name, options, dependency).items():
         if key in GENERIC:
