@@ -51,8 +51,8 @@ def test_a_claim_not_reported_or_a_figure_not_drawn_is_named(tmp_path):
 # ---- the rehearsal's own claims: every verdict path decided ----------------------------
 
 REHEARSAL = {c.id: c for c in load_claims(claims_file("rehearsal"))}
-# What each rehearsal claim gave on the rehearsal's runs (measured; the methods as
-# verify.json writes them).
+# What each rehearsal claim gave on the rehearsal's runs (measured 2026-11-28: verdicts,
+# methods as verify.json writes them, the cells combined).
 MEASURED = {
     "r1-lstm-dl-above-2": (PASS, "exact sign test, one-sided, alpha = 0.3, n = 2, p = 0.25, "
                            "2 cells: fail at alpha / 2", 2),
