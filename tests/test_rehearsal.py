@@ -136,3 +136,20 @@ def test_a_plans_rehearsal_requires_the_paths_of_the_claims_it_decides(tmp_path)
     plan.write_text("{}")
     with pytest.raises(UserError, match="not a plan.json"):
         rehearsal.required_paths(plan)
+
+
+def test_the_check_command_requires_every_path_with_verdicts(tmp_path):
+    from conftest import run_cli
+
+    ids = [c.id for c in load_claims(claims_file("quick"))]
+    left_behind(tmp_path / "paper", {c: NOT_RUN for c in ids})
+    write_verdicts(tmp_path / "rehearsal.json", MEASURED)
+    code, text = run_cli("rehearsal", "check", tmp_path / "paper", "--claims", "quick",
+                         "--verdicts", tmp_path / "rehearsal.json")
+    assert code == 0, text
+    assert "rehearsal claims: 14 (9 pass, 5 fail" in text and "path table stability" in text
+    no_stability = {**MEASURED, **{c: (NOT_RUN, "", 0) for c in MEASURED if c[0] == "s"}}
+    write_verdicts(tmp_path / "rehearsal.json", no_stability)
+    code, text = run_cli("rehearsal", "check", tmp_path / "paper", "--claims", "quick",
+                         "--verdicts", tmp_path / "rehearsal.json")
+    assert code == 2 and "error:" in text and "table stability" in text
