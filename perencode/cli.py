@@ -938,7 +938,7 @@ def rehearsal_check(
 
     lines = check_outputs(figures_dir, claims)
     if verdicts is not None:
-        lines += check_paths(verdicts, required_paths(plan, claims))
+        lines += check_paths(verdicts, required_paths(plan, claims), both=plan is None)
     for line in lines:
         console.print(line, highlight=False, soft_wrap=True)
     results.print(f"rehearsal check passed: {figures_dir}")

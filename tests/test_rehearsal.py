@@ -69,6 +69,8 @@ MEASURED = {
     "s2-lstm-pe-minus-vanilla-last": (PASS, "Welch t, one-sided, alpha = 0.3", 2),
     "s3-s4d-pe-minus-vanilla-first": (FAIL, "Welch t, one-sided, alpha = 0.3", 2),
     "s4-gru-pe-stability-every-checkpoint": (PASS, "Student t, one-sided", 2),
+    "g1-every-arm-below-90-every-band": (PASS, "Student t, one-sided, alpha = 0.15", 96),
+    "g2-every-arm-stability-above-minus-1": (PASS, "Student t, one-sided", 12),
 }
 
 
@@ -94,16 +96,17 @@ def test_the_rehearsal_claims_are_the_paper_grammar_at_the_rehearsal_sizes():
 def test_every_path_decided_passes_with_a_line_per_path(tmp_path):
     write_verdicts(tmp_path / "verify.json", MEASURED)
     lines = rehearsal.check_paths(tmp_path / "verify.json", list(rehearsal.REQUIRED_PATHS))
-    assert lines[0] == "rehearsal claims: 14 (9 pass, 5 fail, 0 inconclusive, 0 not run)"
+    assert lines[0] == "rehearsal claims: 16 (11 pass, 5 fail, 0 inconclusive, 0 not run)"
     shown = {line.split(":")[0] for line in lines[1:]}
     assert {f"path {p}" for p in rehearsal.REQUIRED_PATHS} <= shown
     assert "path table by_band: b1-lstm-vanilla-below-90-every-band pass, " \
-           "b2-gru-pe-nearly-perfect-first-band fail, b3-s4d-rare-minus-frequent pass" in lines
+           "b2-gru-pe-nearly-perfect-first-band fail, b3-s4d-rare-minus-frequent pass, " \
+           "g1-every-arm-below-90-every-band pass" in lines
     assert lines[-1] == "also decided: observed min/max (no test)"
 
 
 def test_a_path_no_claim_decided_fails_the_check_and_says_why(tmp_path):
-    stability = [c for c in MEASURED if c.startswith("s")]
+    stability = [c for c in MEASURED if REHEARSAL[c].table == "stability"]
     undecided = {**MEASURED, **{c: (NOT_RUN, "", 0) for c in stability}}
     write_verdicts(tmp_path / "verify.json", undecided)
     with pytest.raises(UserError, match=r"1 verdict path\(s\) decided by no claim: "
@@ -120,6 +123,9 @@ def test_a_path_no_claim_decided_fails_the_check_and_says_why(tmp_path):
                                              MEASURED.items()})
     with pytest.raises(UserError, match="no claim fails"):
         rehearsal.check_paths(tmp_path / "verify.json", list(rehearsal.REQUIRED_PATHS))
+    # A plan's rehearsal: the paths alone (its arms may leave the failing claims unrun).
+    assert rehearsal.check_paths(tmp_path / "verify.json", list(rehearsal.REQUIRED_PATHS),
+                                 both=False)[0].startswith("rehearsal claims: 16 (16 pass")
     with pytest.raises(UserError, match="not found"):
         rehearsal.check_paths(tmp_path / "absent.json", [])
 
@@ -147,8 +153,9 @@ def test_the_check_command_requires_every_path_with_verdicts(tmp_path):
     code, text = run_cli("rehearsal", "check", tmp_path / "paper", "--claims", "quick",
                          "--verdicts", tmp_path / "rehearsal.json")
     assert code == 0, text
-    assert "rehearsal claims: 14 (9 pass, 5 fail" in text and "path table stability" in text
-    no_stability = {**MEASURED, **{c: (NOT_RUN, "", 0) for c in MEASURED if c[0] == "s"}}
+    assert "rehearsal claims: 16 (11 pass, 5 fail" in text and "path table stability" in text
+    no_stability = {**MEASURED, **{c: (NOT_RUN, "", 0) for c in MEASURED
+                                   if REHEARSAL[c].table == "stability"}}
     write_verdicts(tmp_path / "rehearsal.json", no_stability)
     code, text = run_cli("rehearsal", "check", tmp_path / "paper", "--claims", "quick",
                          "--verdicts", tmp_path / "rehearsal.json")

@@ -133,11 +133,12 @@ def required_paths(plan: Path | None = None, claims: str | Path = defaults.CLAIM
 
 
 def check_paths(verdicts: str | Path, required: list[str],
-                claims: str | Path = REHEARSAL_CLAIMS) -> list[str]:
+                claims: str | Path = REHEARSAL_CLAIMS, both: bool = True) -> list[str]:
     """That the rehearsal claims' verify.json (`verdicts`) decided a claim, pass or fail,
-    through every path of `required`, and both a pass and a fail happened. One line per
-    path (the claims that decided it); UserError naming the paths left undecided, with why
-    their claims were not decided."""
+    through every path of `required`, and (`both`) that a pass and a fail happened: a
+    plan's arms may leave the failing claims without runs. One line per path (the claims
+    that decided it); UserError naming the paths left undecided, with why their claims
+    were not decided."""
     verdicts = Path(verdicts)
     if not verdicts.is_file():
         raise UserError(f"{verdicts}: not found; `perencode verify RUNS --claims rehearsal` "
@@ -164,7 +165,7 @@ def check_paths(verdicts: str | Path, required: list[str],
         raise UserError(f"{verdicts}: {len(missing)} verdict path(s) decided by no claim: "
                         f"{why}")
     outcomes = {r["verdict"] for r in results}
-    for verdict in (PASS, FAIL):
+    for verdict in (PASS, FAIL) if both else ():
         if verdict not in outcomes:
             raise UserError(f"{verdicts}: no claim {verdict}s; the rehearsal claims must "
                             "decide both ways")
