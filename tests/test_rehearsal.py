@@ -160,3 +160,40 @@ def test_the_check_command_requires_every_path_with_verdicts(tmp_path):
     code, text = run_cli("rehearsal", "check", tmp_path / "paper", "--claims", "quick",
                          "--verdicts", tmp_path / "rehearsal.json")
     assert code == 2 and "error:" in text and "table stability" in text
+
+
+def make_variable(name: str, *assignments: str, tmp_path) -> str:
+    """A variable of the Makefile as make expands it (a one-rule makefile that prints it)."""
+    import shutil
+    import subprocess
+
+    from conftest import ROOT
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    printer = tmp_path / "print.mk"
+    printer.write_text("print-%:\n\t@echo '$($*)'\n")
+    return subprocess.run(["make", "-s", "-f", "Makefile", "-f", str(printer),
+                           f"print-{name}", "PERENCODE_DEPS=", *assignments], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_make_rehearsal_shrinks_the_paper_grids_or_a_plans_by_their_source(tmp_path):
+    paper = make_variable("REHEARSAL_GRIDS", tmp_path=tmp_path)
+    assert paper.count("SWEEP_ARGS_") == 18
+    assert ('SWEEP_ARGS_fig02_lstm_reverse="--set task.held_out=8 --only seed=111,222 '
+            '--only vocab_size=256,16384"') in paper
+    assert 'SWEEP_ARGS_fig03_gru_dual_frequency="--set task.held_out_per_cell=2 --only ' \
+           'seed=111,222,333' in paper
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    for name in ("fig02_lstm_reverse-2.toml", "fig05_s4d_stability.toml"):
+        (plan / name).write_text("")
+    planned = make_variable("REHEARSAL_GRIDS", f"GRIDS={plan}", tmp_path=tmp_path)
+    # The plan's cells and seeds: no --only; a plan's part takes its source grid's sizes.
+    assert "--only" not in planned
+    assert 'SWEEP_ARGS_fig02_lstm_reverse-2="--set task.held_out=8' in planned
+    assert ('SWEEP_ARGS_fig05_s4d_stability="--set task.held_out_per_cell=2  '
+            '--set model.d_state=4 --set task.length=24') in planned
+    assert make_variable("REHEARSAL_PLAN", f"GRIDS={plan}", tmp_path=tmp_path).strip() == \
+        f"--plan {plan}/plan.json"
