@@ -936,7 +936,7 @@ def rehearsal_check(
 
     from perencode.commands.rehearsal import check_outputs, check_paths, required_paths
 
-    lines = check_outputs(figures_dir, claims)
+    lines = check_outputs(figures_dir, claims, plan)
     if verdicts is not None:
         lines += check_paths(verdicts, required_paths(plan, claims), both=plan is None)
     for line in lines:

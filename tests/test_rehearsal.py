@@ -197,3 +197,21 @@ def test_make_rehearsal_shrinks_the_paper_grids_or_a_plans_by_their_source(tmp_p
             '--set model.d_state=4 --set task.length=24') in planned
     assert make_variable("REHEARSAL_PLAN", f"GRIDS={plan}", tmp_path=tmp_path).strip() == \
         f"--plan {plan}/plan.json"
+
+
+def test_a_plans_rehearsal_requires_the_figures_of_its_grids_only(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"grids": ["fig02_gru_reverse-1.toml", "fig05_gru_stability.toml",
+                                          "fig15_table1_lstm_wikitext103.toml"]}))
+    assert rehearsal.planned_figures(plan) == {"fig02_reverse_vocabulary", "fig05_stability",
+                                               "fig15_lm_training", "table1_lm_perplexity"}
+    ids = [c.id for c in load_claims(claims_file("quick"))]
+    left_behind(tmp_path / "figures", {c: NOT_RUN for c in ids})
+    for figure in FIGURES:
+        if figure.name not in rehearsal.planned_figures(plan):
+            (tmp_path / "figures" / f"{figure.name}__nonpaper.png").unlink()
+    lines = check_outputs(tmp_path / "figures", "quick", plan)
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "fig02_reverse_vocabulary", "fig05_stability", "fig15_lm_training", "table1_lm_perplexity"]
+    with pytest.raises(UserError, match="no file of fig03_dual_frequency"):
+        check_outputs(tmp_path / "figures", "quick")  # the paper's rehearsal needs them all

@@ -52,11 +52,30 @@ def write_corpus(folder: str | Path, seed: int = 0) -> dict[str, dict]:
     return written
 
 
-def check_outputs(figures: str | Path, claims: str | Path = defaults.CLAIMS) -> list[str]:
+def planned_figures(plan: str | Path) -> set[str]:
+    """The figures a plan's grids can draw: those of the paper figure numbers its grid files
+    name (fig02_gru_reverse-1.toml: fig02; fig15_table1_...: fig15 and table1)."""
+    try:
+        grids = json.loads(Path(plan).read_text(encoding="utf-8"))["grids"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{plan}: not a plan.json of `perencode plan --write` ({exc})") from None
+    numbers = set()
+    for name in grids:
+        parts = Path(name).stem.split("_")
+        numbers.add(parts[0])
+        if len(parts) > 1 and parts[1].startswith("table"):
+            numbers.add(parts[1])
+    return {f.name for f in FIGURES if f.name.split("_")[0] in numbers}
+
+
+def check_outputs(figures: str | Path, claims: str | Path = defaults.CLAIMS,
+                  plan: str | Path | None = None) -> list[str]:
     """What a finished reproduce-all must have left in `figures`: verify.json deciding or
-    reporting every claim, and a file of every figure and table. Returns one line per item
-    checked; raises UserError naming what is missing."""
+    reporting every claim, and a file of every figure and table (of a plan: those of its
+    grids, `planned_figures`). Returns one line per item checked; raises UserError naming
+    what is missing."""
     figures = Path(figures)
+    expected_figures = None if plan is None else planned_figures(plan)
     report = figures / "verify.json"
     if not report.is_file():
         raise UserError(f"{report}: not found; `perencode verify` did not finish")
@@ -71,6 +90,8 @@ def check_outputs(figures: str | Path, claims: str | Path = defaults.CLAIMS) -> 
     lines = [f"claims: {len(expected)} reported ({shown})"]
     absent = []
     for figure in FIGURES:
+        if expected_figures is not None and figure.name not in expected_figures:
+            continue
         drawn = sorted(p.name for p in figures.glob(f"{figure.name}*") if p.stat().st_size)
         if not drawn:
             absent.append(figure.name)
