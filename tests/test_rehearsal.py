@@ -71,6 +71,7 @@ MEASURED = {
     "s4-gru-pe-stability-every-checkpoint": (PASS, "Student t, one-sided", 2),
     "g1-every-arm-below-90-every-band": (PASS, "Student t, one-sided, alpha = 0.15", 96),
     "g2-every-arm-stability-above-minus-1": (PASS, "Student t, one-sided", 12),
+    "g3-every-arm-pe-minus-vanilla-dl-last": (PASS, "exact permutation test, n = 2 + 2", 6),
 }
 
 
@@ -96,7 +97,7 @@ def test_the_rehearsal_claims_are_the_paper_grammar_at_the_rehearsal_sizes():
 def test_every_path_decided_passes_with_a_line_per_path(tmp_path):
     write_verdicts(tmp_path / "verify.json", MEASURED)
     lines = rehearsal.check_paths(tmp_path / "verify.json", list(rehearsal.REQUIRED_PATHS))
-    assert lines[0] == "rehearsal claims: 16 (11 pass, 5 fail, 0 inconclusive, 0 not run)"
+    assert lines[0] == "rehearsal claims: 17 (12 pass, 5 fail, 0 inconclusive, 0 not run)"
     shown = {line.split(":")[0] for line in lines[1:]}
     assert {f"path {p}" for p in rehearsal.REQUIRED_PATHS} <= shown
     assert "path table by_band: b1-lstm-vanilla-below-90-every-band pass, " \
@@ -125,7 +126,7 @@ def test_a_path_no_claim_decided_fails_the_check_and_says_why(tmp_path):
         rehearsal.check_paths(tmp_path / "verify.json", list(rehearsal.REQUIRED_PATHS))
     # A plan's rehearsal: the paths alone (its arms may leave the failing claims unrun).
     assert rehearsal.check_paths(tmp_path / "verify.json", list(rehearsal.REQUIRED_PATHS),
-                                 both=False)[0].startswith("rehearsal claims: 16 (16 pass")
+                                 both=False)[0].startswith("rehearsal claims: 17 (17 pass")
     with pytest.raises(UserError, match="not found"):
         rehearsal.check_paths(tmp_path / "absent.json", [])
 
@@ -153,7 +154,7 @@ def test_the_check_command_requires_every_path_with_verdicts(tmp_path):
     code, text = run_cli("rehearsal", "check", tmp_path / "paper", "--claims", "quick",
                          "--verdicts", tmp_path / "rehearsal.json")
     assert code == 0, text
-    assert "rehearsal claims: 16 (11 pass, 5 fail" in text and "path table stability" in text
+    assert "rehearsal claims: 17 (12 pass, 5 fail" in text and "path table stability" in text
     no_stability = {**MEASURED, **{c: (NOT_RUN, "", 0) for c in MEASURED
                                    if REHEARSAL[c].table == "stability"}}
     write_verdicts(tmp_path / "rehearsal.json", no_stability)
