@@ -937,12 +937,22 @@ def rehearsal_check(
     figures_dir: Annotated[Path, typer.Argument(help="The folder `figures` and `verify` "
                                                      "wrote.")],
     claims: Claims = defaults.CLAIMS,
+    verdicts: Annotated[Path | None, typer.Option(
+        "--verdicts", help="verify.json of the rehearsal's own claims (`verify RUNS --claims "
+        "rehearsal`): every verdict path must be decided there, pass or fail.")] = None,
+    plan: Annotated[Path | None, typer.Option(
+        "--plan", help="The plan.json of a rehearsed plan: the verdict paths required are "
+        "those of the claims it decides.")] = None,
 ) -> None:
-    """Check that every claim was decided or reported and every figure was drawn."""
+    """Check that every claim was decided or reported, every figure drawn, and (--verdicts)
+    every verdict path decided by the rehearsal's claims."""
 
-    from perencode.commands.rehearsal import check_outputs
+    from perencode.commands.rehearsal import check_outputs, check_paths, required_paths
 
-    for line in check_outputs(figures_dir, claims):
+    lines = check_outputs(figures_dir, claims, plan)
+    if verdicts is not None:
+        lines += check_paths(verdicts, required_paths(plan, claims), both=plan is None)
+    for line in lines:
         console.print(line, highlight=False, soft_wrap=True)
     results.print(f"rehearsal check passed: {figures_dir}")
 

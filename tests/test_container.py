@@ -376,6 +376,24 @@ def test_apptainer_bootstraps_from_the_same_image():
         assert (ROOT / source).exists(), f"apptainer.def %files: {source} is missing"
 
 
+def test_the_docs_name_what_building_the_definition_file_needs():
+    """`%arguments` and `{{ VAR }}` (make apptainer-build's --build-arg) came with Apptainer 1.2
+    and SingularityCE 4.0: the docs must not promise older ones, and must say where the
+    build's gigabytes go and how to build without root on the cluster."""
+    sections = apptainer_sections()
+    docs = (ROOT / "docs" / "container.md").read_text(encoding="utf-8")
+    makefile = (ROOT / "make" / "container.mk").read_text(encoding="utf-8")
+    uses_arguments = "arguments" in sections or "{{" in (ROOT / "apptainer.def").read_text()
+    if uses_arguments or "--build-arg" in makefile:
+        assert "Apptainer 1.2+ (or SingularityCE 4.0+)" in docs
+        assert "Apptainer >= 1.2 or SingularityCE >= 4.0" in docs
+        assert not re.search(r"Apptainer 1\.[01]\+|SingularityCE 3\.\d+\+", docs)
+    for needed in ("--fakeroot", "APPTAINER_TMPDIR", "APPTAINER_CACHEDIR",
+                   "docker save perencode:torch2.1.1", "docker-archive://",
+                   "--index-url https://download.pytorch.org/whl/cpu"):
+        assert needed in docs, needed
+
+
 def hadolint_binary() -> str | None:
     beside_python = Path(sys.executable).parent / "hadolint"
     return shutil.which("hadolint") or (str(beside_python) if beside_python.exists() else None)

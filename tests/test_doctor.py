@@ -235,8 +235,10 @@ def test_speed_fills_the_estimate_cache_and_prices_each_grid(tmp_path):
 def test_cpu_stack_rows_say_what_is_not_run():
     rows = doctor.stack_checks(CPU)
     assert rows[0].name == "torch" and rows[0].measured == torch.__version__
-    assert rows[1].verdict == doctor.NO_DEVICE
-    assert rows[2].name == "kernels for this GPU" and rows[2].verdict == doctor.NO_DEVICE
+    assert rows[1].name == "CPU" and rows[1].verdict == doctor.INFO
+    assert "torch's vector ISA" in rows[1].measured
+    assert rows[2].verdict == doctor.NO_DEVICE
+    assert rows[3].name == "kernels for this GPU" and rows[3].verdict == doctor.NO_DEVICE
     assert not doctor.tf32_in_effect(CPU, "gru")
 
 
@@ -295,3 +297,57 @@ def test_tf32_follows_the_switch_each_model_registers(monkeypatch):
         assert not doctor.tf32_in_effect(gpu, "s4d")  # before Ampere TF32 does not exist
     finally:
         cudnn.allow_tf32, matmul.allow_tf32 = saved
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, None),
+    ({"CUDA_VISIBLE_DEVICES": ""}, None),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, None),
+    ({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, None),
+    ({"CUDA_VISIBLE_DEVICES": "0"}, "CUDA_VISIBLE_DEVICES=0"),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-5b2c,GPU-77aa"}, "CUDA_VISIBLE_DEVICES=GPU-5b2c,GPU-77aa"),
+    ({"SLURM_JOB_GPUS": "0"}, "SLURM_JOB_GPUS=0"),
+    ({"SLURM_GPUS_ON_NODE": "0"}, None),
+    ({"SLURM_GPUS_ON_NODE": "2"}, "SLURM_GPUS_ON_NODE=2"),
+    ({"SLURM_GPUS_PER_NODE": "a100:0"}, None),
+    ({"SLURM_GPUS_PER_NODE": "a100:1"}, "SLURM_GPUS_PER_NODE=a100:1"),
+    ({"SLURM_JOB_ID": "17", "SLURM_CPUS_ON_NODE": "4"}, None),  # a CPU job
+])
+def test_a_gpu_is_expected_where_slurm_allocated_one_or_devices_are_visible(environ, expected):
+    assert doctor.gpu_expected(environ) == expected
+
+
+def test_a_gpu_expected_and_missing_fails_the_doctor_and_names_the_fix():
+    [row] = doctor.gpu_expected_check(CPU, {"SLURM_JOB_GPUS": "0"}, available=False)
+    assert row.failed and "SLURM_JOB_GPUS=0" in row.measured
+    assert "--nv" in row.expected
+    # Nothing expected: no row, and the CPU doctor stays green.
+    assert doctor.gpu_expected_check(CPU, {}, available=False) == []
+    assert doctor.gpu_expected_check(CPU, {"CUDA_VISIBLE_DEVICES": ""}, available=False) == []
+    # Expected and there: a pass on CUDA; --device cpu on a GPU node is the user's choice.
+    [row] = doctor.gpu_expected_check(torch.device("cuda"), {"CUDA_VISIBLE_DEVICES": "0"},
+                                      available=True)
+    assert row.verdict == doctor.PASS
+    [row] = doctor.gpu_expected_check(CPU, {"CUDA_VISIBLE_DEVICES": "0"}, available=True)
+    assert row.verdict == doctor.INFO
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a usable GPU")
+def test_cli_exits_1_where_a_gpu_was_allocated_but_none_is_usable(monkeypatch):
+    """What `apptainer exec perencode.sif perencode doctor` gives in a GPU job without --nv:
+    the allocation is in the environment, torch sees no device. The real run_checks, its
+    training checks (tested above) stubbed out to keep this fast."""
+    for name in ("determinism_check", "resume_check", "memory_check"):
+        monkeypatch.setattr(doctor, name, lambda *a, **k: [])
+    for name in doctor.GPU_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    code, text = run_cli("doctor", "--device", "auto")
+    assert code == 0 and "doctor: 0 failed" in text, text
+    monkeypatch.setenv("SLURM_JOB_GPUS", "0")
+    code, text = run_cli("doctor", "--device", "auto")
+    assert code == 1, text
+    assert "SLURM_JOB_GPUS=0" in text and "doctor: 1 failed" in text
+    monkeypatch.setenv("SLURM_JOB_GPUS", "")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    code, text = run_cli("doctor", "--device", "cpu")
+    assert code == 1 and "doctor: 1 failed" in text

@@ -101,3 +101,29 @@ def test_a_run_on_a_gpu_records_its_model_driver_and_the_builds_kernels(monkeypa
     assert {"torch", "cuda", "cudnn"} <= set(cpu)  # the build's CUDA and cuDNN versions
     monkeypatch.setenv("PATH", "/nonexistent")
     assert environment.gpu_driver() is None
+
+
+def test_cpu_model_is_read_from_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+                    "model name\t: AMD EPYC 7763 64-Core Processor\nflags\t\t: avx2\n")
+    assert environment.cpu_model(info) == "AMD EPYC 7763 64-Core Processor"
+    # An ARM board's cpuinfo names its model under `Model`.
+    info.write_text("processor\t: 0\nBogoMIPS\t: 108.00\n\nModel\t\t: Raspberry Pi 4\n")
+    assert environment.cpu_model(info) == "Raspberry Pi 4"
+
+
+def test_the_report_records_the_cpu_and_torchs_vector_isa(monkeypatch):
+    env = environment.report(torch.device("cpu"))
+    assert env["cpu_model"] == environment.cpu_model()
+    getter = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    if getter is None:  # torch 2.1: no call says which ISA the kernels use
+        assert env["cpu_capability"] is None
+    else:
+        assert env["cpu_capability"] == getter()
+        assert env["cpu_capability"] in ("DEFAULT", "VSX", "Z VECTOR", "NO AVX", "AVX",
+                                         "AVX2", "AVX512", "SVE256", "SVE", "NEON")
+    # torch 2.1.1 lacks torch.backends.cpu.get_cpu_capability: the field is None, no crash.
+    if getter is not None:
+        monkeypatch.delattr(torch.backends.cpu, "get_cpu_capability")
+    assert environment.cpu_capability() is None

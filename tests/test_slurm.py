@@ -257,3 +257,29 @@ def test_cells_of_a_loose_plugins_kind_finish_as_jobs(tmp_path):
     while (states := sacct_states(array)) != ["COMPLETED"] * 2 and time.monotonic() < deadline:
         time.sleep(1)
     assert states == ["COMPLETED"] * 2
+
+
+def test_the_dry_run_checks_the_time_limit_against_the_clusters_partitions(tmp_path):
+    """The dry run reads this cluster's partitions (sinfo) and warns, one line each, for
+    the unset partition (naming the default), the unset account and a limit above the
+    default partition's; the sbatch file names the array and the limit. Nothing submitted."""
+    from test_sweep import sweep as sweep_in_process
+
+    from perencode.commands.sweep.slurm import partition_limits
+
+    limits = partition_limits()
+    assert "*name" in limits, limits  # tools/slurm-cluster has a default partition
+    limit = limits["*"]
+    over = (limit or 10) + 5
+    grid = write_grid(tmp_path, "dry", '\n[grid]\n"train.seed" = [111, 222]\n', time_min=over)
+    code, output = sweep_in_process(grid, "--runs", tmp_path / "runs", "--executor", "slurm",
+                                    "--dry-run")
+    assert code == 0, output
+    warnings = [line for line in output.splitlines() if line.startswith("warning:")]
+    assert f"default partition ({limits['*name']})" in warnings[0], warnings
+    assert "no account" in warnings[1]
+    if limit is not None:
+        assert f"time limit {over:,} min is above partition default's {limit:,} min" \
+            in warnings[2]
+    assert "#SBATCH --array=0-1%" in output and f"#SBATCH --time={over}" in output
+    assert not (tmp_path / "runs" / "dry" / ".submitit").exists()

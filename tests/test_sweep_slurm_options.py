@@ -130,3 +130,71 @@ def test_a_grid_reusing_runs_still_training_waits_for_their_jobs(fake_slurm, tmp
                          "--only", "seed=111")
     assert code == 0 and "4 queued" in output, output
     assert len(list(fake_slurm.iterdir())) == 2
+
+
+def dry_run_script(output: str) -> list[str]:
+    """The sbatch file a dry run prints (indented under its 'sbatch would get' line)."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if "sbatch would get this file" in line)
+    script = []
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        script.append(line[2:])
+    return script
+
+
+def test_the_dry_run_prints_the_sbatch_file_the_submit_hands_to_sbatch(fake_slurm, tmp_path):
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(TINY + AXES + """
+[slurm]
+python = "apptainer exec --nv /images/perencode.sif python"
+setup = ["module load apptainer"]
+""")
+    args = (grid, "--runs", tmp_path / "runs", "--executor", "slurm", "--partition", "gpu",
+            "--time-min", "2000")
+    code, output = sweep(*args, "--dry-run")
+    assert code == 0, output
+    shown = dry_run_script(output)
+    assert not list(fake_slurm.iterdir())  # nothing submitted
+    # The login node's CPU is not the jobs' device: no line about it.
+    assert "device time on cpu" not in output and "device time: on" in output
+    # Unset account, a limit above a day (no sinfo here): one line each; the partition is set.
+    warnings = [line for line in output.splitlines() if line.startswith("warning:")]
+    assert [w.split(":")[1].strip().split(" ")[0] for w in warnings] == ["no", "time"], warnings
+    assert "no account" in warnings[0] and "2,000 min" in warnings[1]
+    assert ("each job runs, inside `apptainer exec --nv /images/perencode.sif python`: "
+            "perencode train ") in output
+    code, output = sweep(*args, "--no-wait")
+    assert code == 0, output
+    (script,) = fake_slurm.iterdir()
+    submitted = [line for line in script.read_text().splitlines() if line.strip()]
+    assert shown == submitted
+    assert "#SBATCH --time=2000" in shown and "#SBATCH --partition=gpu" in shown
+
+
+def test_slurm_warnings_against_the_partitions_limits():
+    from perencode.commands.sweep.slurm import partition_limits, slurm_minutes, warnings_for
+    from perencode.config.grid import SlurmConfig
+
+    assert [slurm_minutes(t) for t in ("1-00:00:00", "2:00:00", "30:00", "45", "2-12",
+                                       "infinite", "UNLIMITED", "7-00:00:00")] == \
+        [1440, 120, 30, 45, 3600, None, None, 10080]
+    sinfo = "gpu 2-00:00:00\ncpu* 4:00:00\ndebug 30:00\nlong infinite\n"
+    limits = partition_limits(lambda args: sinfo)
+    assert limits == {"gpu": 2880, "*": 240, "*name": "cpu", "cpu": 240, "debug": 30,
+                      "long": None}
+    said = warnings_for(SlurmConfig(partition="debug", account="lab", time_min=60), limits)
+    assert said == ["warning: time limit 60 min is above partition debug's 30 min (sinfo): "
+                    "sbatch refuses it; --time-min 30"]
+    assert warnings_for(SlurmConfig(partition="gpu", account="lab", time_min=2880), limits) == []
+    assert warnings_for(SlurmConfig(partition="long", account="lab", time_min=99999), limits) == []
+    said = warnings_for(SlurmConfig(time_min=300), limits)
+    assert len(said) == 3 and "default partition (cpu)" in said[0]
+    assert "no account" in said[1] and "above partition default's 240 min" in said[2]
+    assert warnings_for(SlurmConfig(cluster="local"), {}) == []  # submitit's local executor
+    # No sinfo: a day passes with a note to check it, more is one warning.
+    [note] = warnings_for(SlurmConfig(partition="gpu", account="lab"), {})
+    assert not note.startswith("warning") and "sinfo" in note
+    [warning] = warnings_for(SlurmConfig(partition="gpu", account="lab", time_min=2880), {})
+    assert warning.startswith("warning: time limit 2,880 min is above a day")

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,12 +59,59 @@ from perencode.config.recipe import (
 from perencode.kinds.models import SequenceModel
 from perencode.kinds.tasks import Batch
 from perencode.store import checkpoints, runs
-from perencode.store.environment import gpu_driver, perencode_command
+from perencode.store.environment import cpu_capability, cpu_model, gpu_driver, perencode_command
 from perencode.training import preflight
 from perencode.training.session import CHUNK_LOGITS, Session
 
 PASS, FAIL, INFO = "pass", "FAIL", "info"
 NO_DEVICE = "not run: no CUDA device"
+
+# What says that this node was meant to have a GPU: SLURM's GPU allocation (a job with
+# --gpus / --gres=gpu sets these; Apptainer passes the host's environment through) or
+# devices made visible by name. Values meaning no device: an empty list, -1, and the
+# NoDevFiles some sites set for jobs without GPUs.
+GPU_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS", "SLURM_GPUS_ON_NODE",
+                 "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "CUDA_VISIBLE_DEVICES")
+NO_GPU_VALUES = ("", "-1", "nodevfiles")
+# The variables that hold a count ("2", "a100:2", "gpu:1"): a count of 0 is no GPU, where
+# CUDA_VISIBLE_DEVICES=0 and SLURM_JOB_GPUS=0 name GPU number 0.
+GPU_COUNTS = ("SLURM_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK")
+
+
+def gpu_expected(environ: Mapping[str, str] | None = None) -> str | None:
+    """The variable and value saying this node was meant to have a GPU ('SLURM_JOB_GPUS=0'),
+    or None."""
+    environ = os.environ if environ is None else environ
+    for name in GPU_VARIABLES:
+        value = environ.get(name)
+        if value is None or value.strip().lower() in NO_GPU_VALUES:
+            continue
+        if name in GPU_COUNTS and value.strip().split(":")[-1] in ("0", ""):
+            continue
+        return f"{name}={value}"
+    return None
+
+
+def gpu_expected_check(device: torch.device, environ: Mapping[str, str] | None = None,
+                       available: bool | None = None) -> list[Finding]:
+    """A FAIL row when the environment says a GPU was allocated or made visible and no CUDA
+    device is usable (a container started without --nv, a job on the login node, a
+    CPU-only torch): the device checks would otherwise only read "not run" and the doctor
+    would exit 0. A pass row when one is expected and used; nothing when none is expected.
+    (`--device cuda` without a CUDA device stops earlier, in resolve_device.)"""
+    expected = gpu_expected(environ)
+    if expected is None:
+        return []
+    available = torch.cuda.is_available() if available is None else available
+    name = "GPU expected here"
+    if device.type == "cuda" and available:
+        return [Finding(name, f"{expected}; using {device}", "a usable CUDA device", PASS)]
+    if available:  # --device cpu chosen on a GPU node: the user's choice
+        return [Finding(name, f"{expected}; --device {device}", "a usable CUDA device", INFO)]
+    build = ("torch is a CPU-only build (torch.version.cuda is None)"
+             if torch.version.cuda is None else "torch sees no CUDA device")
+    return [Finding(name, f"{expected}, but {build}", "a usable CUDA device (in a container: "
+                    "apptainer exec --nv, docker run --gpus all)", FAIL)]
 
 # What the paper's runs used: the authors' conda environment (pytorch 2.1.1, CUDA 12.1,
 # cuDNN 8.9.2), fp32 on one A100 80GB per run, torch's TF32 defaults (their code sets
@@ -427,11 +474,19 @@ def omp_threads_check(value: str | None) -> list[Finding]:
                     "or unset it", FAIL)]
 
 
+def cpu_row() -> Finding:
+    """The CPU and the vector ISA torch's kernels use on it (env.json records both): CPU
+    digits repeat on the same model and ISA, not across them."""
+    isa = cpu_capability() or "unknown (torch < 2.2 does not say)"
+    return Finding("CPU", f"{cpu_model() or 'unknown'}; torch's vector ISA {isa}",
+                   "-", INFO)
+
+
 def stack_checks(device: torch.device, skipped: str = NO_DEVICE) -> list[Finding]:
     cudnn = torch.backends.cudnn
     version = torch.__version__.split("+")[0]
     rows = [Finding("torch", torch.__version__, f"{PAPER_TORCH} (the paper's runs)",
-                    PASS if version == PAPER_TORCH else INFO)]
+                    PASS if version == PAPER_TORCH else INFO), cpu_row()]
     if device.type != "cuda":
         rows.append(Finding("CUDA, cuDNN, driver, device", "-", PAPER_CUDA + "; " + PAPER_DEVICE,
                             skipped))
@@ -639,7 +694,8 @@ def run_checks(device: torch.device, root: Path, runs_root: Path,
     cpu = torch.device("cpu")
     cuda = device.type == "cuda"
     skipped = NO_DEVICE if not torch.cuda.is_available() else f"not run: --device {device}"
-    rows = guarded("stack", lambda: stack_checks(device, skipped))
+    rows = gpu_expected_check(device)
+    rows += guarded("stack", lambda: stack_checks(device, skipped))
     say("equivalence with the CPU")
     if cuda:
         rows += equivalence_checks(device, cpu)

@@ -113,6 +113,46 @@ def gpu_report(device: torch.device) -> dict[str, Any]:
     }
 
 
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_model(cpuinfo: Path = CPUINFO) -> str | None:
+    """The CPU's model name ("AMD EPYC 7763 64-Core Processor"): /proc/cpuinfo's `model
+    name` on Linux, `sysctl machdep.cpu.brand_string` on macOS, else platform.processor();
+    None where nothing says."""
+    try:
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
+                                 capture_output=True, text=True, timeout=5).stdout.strip()
+            if out:
+                return out
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or None
+
+
+def cpu_capability() -> str | None:
+    """The vector instruction set torch's CPU kernels run with here (DEFAULT, AVX2,
+    AVX512, ...: torch.backends.cpu.get_cpu_capability, torch >= 2.2; torch 2.1 has no
+    such call and its build configuration names the highest one compiled in, not the one
+    used): what decides whether two CPUs compute the same float digits. None if unknown."""
+    backend = getattr(torch.backends, "cpu", None)
+    get = getattr(backend, "get_cpu_capability", None)
+    if get is None:
+        return None
+    try:
+        return str(get())
+    except Exception:  # noqa: BLE001 - a report field, never a crash
+        return None
+
+
 def report(device: torch.device) -> dict[str, Any]:
     """The environment of a run on `device`, as JSON-ready values."""
     cuda = torch.cuda.is_available()
@@ -132,6 +172,10 @@ def report(device: torch.device) -> dict[str, Any]:
         "cuda_devices": ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
                          if cuda else []),
         **gpu_report(device),
+        # What decides the float digits of a CPU run (and of the CPU side of any run): two
+        # machines of the same model and ISA compute the same digits, others need not.
+        "cpu_model": cpu_model(),
+        "cpu_capability": cpu_capability(),
         "torch_threads": torch.get_num_threads(),
         "cpu_cores": available_cores(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),

@@ -205,11 +205,17 @@ def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: in
         per_run = [modelled_seconds(works[shape_key(r.cell.recipe)], paper_gpu,
                                     r.cell.recipe.train.precision) * r.iterations / 3600
                    for r in planned if r.state != RunState.REUSE]
-        console.print(f"device time on {label}: not measured yet (`--estimate` times "
-                      f"{len(sizes)} shape(s), {ESTIMATE_REPEATS} x 3 iterations each, and "
-                      f"caches the median in {cache.path}); on {paper_gpu.name}, the paper's GPU: "
-                      f"{_hours(modelled)} modelled from the FLOPs (`perencode plan "
-                      f"{grid.path} --gpu NAME`: another GPU, the SLURM jobs, the claims)",
+        model = (f"on {paper_gpu.name}, the paper's GPU: {_hours(modelled)} modelled from "
+                 f"the FLOPs (`perencode plan {grid.path} --gpu NAME`: another GPU, the SLURM "
+                 "jobs, the claims)")
+        if executor.name == "slurm":  # this machine's CPU says nothing of the jobs' GPUs
+            said = (f"device time: {model}; measured on the cluster's GPUs by `sweep "
+                    f"--estimate` (or `perencode doctor`) on a GPU node with --runs {out}")
+        else:
+            said = (f"device time on {label}: not measured yet (`--estimate` times "
+                    f"{len(sizes)} shape(s), {ESTIMATE_REPEATS} x 3 iterations each, and "
+                    f"caches the median in {cache.path}); {model}")
+        console.print(said,
                       highlight=False)
     else:
         per_run = []
@@ -229,4 +235,6 @@ def print_plan(grid, planned: list[PlannedRun], out: Path, device: str, jobs: in
                       f"({', '.join(grid.sweep.after) or 'none'}) are not included.",
                       highlight=False)
     console.print(executor.timing(per_run), highlight=False, soft_wrap=True)
+    for line in executor.submission(planned):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
     return totals

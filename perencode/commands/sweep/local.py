@@ -100,6 +100,9 @@ class LocalExecutor:
                 f"{wall:,.3g} h wall-clock on {gpus} GPU(s) (runs sharing a GPU share its "
                 "throughput)")
 
+    def submission(self, planned: list[PlannedRun]) -> list[str]:
+        return []  # the runs start here: nothing is handed to a scheduler
+
     def stopped(self, planned: list[PlannedRun]) -> str | None:
         return interrupted_line(planned)
 

@@ -103,6 +103,10 @@ class Executor(Protocol):
         """The line that closes a stopped sweep (None: the executor has said it)."""
         ...
 
+    def submission(self, planned: list[PlannedRun]) -> list[str]:
+        """`--dry-run`'s lines on what would be handed to a scheduler (none: [])."""
+        ...
+
     def timing(self, hours: list[float]) -> str:
         """`--dry-run`'s line on how it would run runs of these device-hours: wall time,
         jobs, time limits (perencode.analysis.cost.local_wall_hours, slurm_jobs)."""
