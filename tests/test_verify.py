@@ -384,7 +384,7 @@ def test_claims_file_is_a_path_or_a_bundled_name(tmp_path):
     own = write(tmp_path, CLAIMS)
     assert claims_file(own) == own
     with pytest.raises(UserError, match=r"^nope: claims file not found; .*: paper, quick, "
-                                        r"quick_gpu$"):
+                                        r"quick_gpu, rehearsal$"):
         claims_file("nope")
     with pytest.raises(UserError, match="claims file not found"):
         claims_file(tmp_path / "paper")  # a path is never taken for a bundled name

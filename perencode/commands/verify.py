@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from perencode.analysis import sequential
+from perencode.analysis.machines import machine_note
 from perencode.analysis.results import say_left_out
 from perencode.analysis.verdicts import (
     BUNDLED_CLAIMS,
@@ -105,6 +106,12 @@ def verify_runs(runs: list[Path], claims: str | Path = defaults.CLAIMS,
     if plan is not None:
         outside_plan(checked, plan)
     say_left_out(checked.results)
+    # The quick demo's numbers quoted in README and REPRODUCE.md: their digits hold on their
+    # machine only, the verdicts and the direction everywhere.
+    note = machine_note([Path(p) for p in checked.results.runs["run"]]) \
+        if checked.claims_path.name == "quick.toml" else None
+    if note:
+        console.print(note, highlight=False, soft_wrap=True)
     outcomes = checked.outcomes
     document = checked.as_json(runs)
     out = Path(out)
