@@ -98,6 +98,19 @@ def _child(command: list[str], log: Any, env: dict[str, str], parent: int) -> in
     return 0
 
 
+def _save_coverage() -> None:
+    """Where coverage.py measures the suite (subprocesses included), the fork's share: its
+    data is written at exit, which os._exit skips."""
+    try:
+        import coverage
+    except ImportError:
+        return
+    current = coverage.Coverage.current()
+    if current is not None:
+        current.stop()
+        current.save()
+
+
 def launch(command: list[str], run_dir: Path, env: dict[str, str]) -> tuple[Forked, Any]:
     """perencode.commands.sweep.local.launch, with the child forked from this process."""
     log = open(run_dir / "train.log", "a", encoding="utf-8")  # noqa: SIM115 - closed by caller
@@ -116,5 +129,6 @@ def launch(command: list[str], run_dir: Path, env: dict[str, str]) -> tuple[Fork
                     stream.flush()
                 except Exception:  # noqa: BLE001 - a closed or full log: the exit code stands
                     pass
+            _save_coverage()
             os._exit(code)
     return Forked(pid, argv), log
