@@ -18,7 +18,7 @@ help:
 	@echo "make quickstart   the paper's headline effect: GPU demo where CUDA is present, else CPU"
 	@echo "make test         the test suite (everything; CI runs it)"
 	@echo "make test-fast    the tests not marked slow: a smoke check of every command, about"
-	@echo "                  47 s of CPU, 48 s wall on an idle 2-core machine (AMD EPYC)"
+	@echo "                  300 s of CPU, 160 s wall on an idle 2-core machine (AMD EPYC, 2 workers)"
 	@echo "make lint         ruff, and mypy on the package and its tests (pyproject.toml [tool.mypy])"
 	@echo "make test-slurm   the sweep tests on a real single-node SLURM cluster (root; apt-get)"
 	@echo "make install      create $(VENV) and install perencode into it"

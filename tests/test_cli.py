@@ -341,6 +341,8 @@ def trained(tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.slow  # a perencode process: in make test and test-compat, not test-fast
+@pytest.mark.compat
 def test_eval_prints_its_results_on_stdout_and_as_json(trained):
     import subprocess
 

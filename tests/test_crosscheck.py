@@ -174,10 +174,14 @@ def test_terminal_lines_fit_80_columns():
 # -- every check agrees with the authors' code ---------------------------------------------
 
 GROUP_FUNCTIONS = [g for g in crosscheck.GROUPS if g[0] not in ("language model",)]
+# ~10 s of CPU each: in make test and test-compat, not in make test-fast.
+HEAVY_GROUPS = {"recipes", "language model preparation", "training loop"}
+GROUP_PARAMS = [pytest.param(g, id=g[0], marks=[pytest.mark.slow, pytest.mark.compat]
+                             if g[0] in HEAVY_GROUPS else []) for g in GROUP_FUNCTIONS]
 
 
 @needs_authors
-@pytest.mark.parametrize("group", GROUP_FUNCTIONS, ids=[g[0] for g in GROUP_FUNCTIONS])
+@pytest.mark.parametrize("group", GROUP_PARAMS)
 def test_group_agrees_with_the_authors(authors, group):
     try:
         checks = group[3](authors)

@@ -26,6 +26,8 @@ def authors():
 # -- the training loop ---------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~10 s of CPU: in make test and test-compat, not test-fast
+@pytest.mark.compat
 @needs_authors
 @needs_timm
 def test_loop_agrees_and_clipping_fires(authors):
@@ -105,6 +107,8 @@ def test_padded_outputs_counted_as_class_0_disagree(authors, monkeypatch):
     assert checks["training loop: gru"].verdict == AGREE  # no padding: the same loss
 
 
+@pytest.mark.slow  # ~10 s of CPU: in make test and test-compat, not test-fast
+@pytest.mark.compat
 @needs_authors
 @needs_timm
 def test_a_frozen_command_token_disagrees(authors, monkeypatch):
@@ -138,6 +142,8 @@ def test_replication_sh_is_read_as_argparse_would():
         recipes.UNKNOWN
 
 
+@pytest.mark.slow  # ~10 s of CPU: in make test and test-compat, not test-fast
+@pytest.mark.compat
 @needs_authors
 def test_defaults_and_paper_grids_agree_with_named_departures(authors):
     checks = {c.name: c for c in recipes.check_recipes(authors)}

@@ -53,6 +53,8 @@ FAKES = {
 }
 
 
+@pytest.mark.slow  # ~10 s of CPU: in make test and test-compat, not test-fast
+@pytest.mark.compat
 @needs_authors
 @pytest.mark.parametrize("how", ["hidden", "partial", "broken"])
 def test_without_a_working_timm_the_crosscheck_is_incomplete(tmp_path, how):

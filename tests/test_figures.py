@@ -167,6 +167,8 @@ def test_every_panel_states_its_seed_count(drawn):
     assert "3 seeds" in _saved(drawn, "fig03").axes[0].get_title()
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_every_figure_with_error_bars_names_their_method(drawn):
     from perencode.analysis.plots import ERROR_BARS
 

@@ -360,6 +360,8 @@ register_encoding(EncodingKind("broken_copy", label="Copy", vectors=itself))
 '''
 
 
+@pytest.mark.slow  # a perencode process: in make test and test-compat, not test-fast
+@pytest.mark.compat
 def test_a_plugin_raising_while_training_is_named_in_one_line(tmp_path):
     plugin = tmp_path / "broken_copy.py"
     plugin.write_text(PLUGIN)

@@ -167,6 +167,8 @@ def paper():
     return text, json.loads(text)
 
 
+@pytest.mark.slow  # plans the whole paper: in make test and test-compat, not test-fast
+@pytest.mark.compat
 def test_the_paper_in_gpu_hours_with_a_budget_of_24(paper):
     _, doc = paper
     assert doc["cells"] == 530 and doc["runs"] == 460

@@ -163,6 +163,8 @@ def test_report_through_the_cli(tmp_path, cli):
             "4000).") in fig2
 
 
+@pytest.mark.slow  # draws every figure: in make test and test-compat, not test-fast
+@pytest.mark.compat
 def test_the_demo_figure_says_it_is_not_the_papers_in_one_line_and_the_page_how(
         tmp_path, cli, monkeypatch):
     """The quick demo's Fig. 2 differs from the paper's in nine settings: the figure says so
@@ -239,6 +241,8 @@ def curve_images(page: str) -> list[bytes]:
                        page)]
 
 
+@pytest.mark.slow  # draws every figure: in make test and test-compat, not test-fast
+@pytest.mark.compat
 def test_the_quick_demo_page_has_learning_curves_and_every_run_sortable(tmp_path):
     import matplotlib.image
 
@@ -296,6 +300,8 @@ def own_study(root: Path) -> tuple[Path, Path]:
     return runs, claims
 
 
+@pytest.mark.slow  # draws every figure: in make test and test-compat, not test-fast
+@pytest.mark.compat
 def test_an_own_study_is_framed_as_one(tmp_path, monkeypatch):
     from perencode.analysis import plots
 
