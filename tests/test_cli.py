@@ -23,6 +23,8 @@ from perencode.config.recipe import (
 )
 from perencode.config.schema import schema_rows
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 RECIPE = str(ROOT / "recipes/gru_vocab256.toml")
 
 

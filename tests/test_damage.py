@@ -36,6 +36,8 @@ from perencode.common.files import WriteError, append_line
 from perencode.store import runs
 from perencode.store.records import MetricsRow
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 SETS = ("train.iterations=30", "train.checkpoint_every=10", "task.vocab_size=8", "task.length=6",
         "optim.warmup=2", "train.keep_checkpoints=\"all\"")
 

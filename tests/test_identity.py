@@ -22,6 +22,8 @@ from perencode.config import registry
 from perencode.config.recipe import validate
 from perencode.store import identity, records
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 SHORT = ["train.iterations=10", "train.checkpoint_every=5", "task.vocab_size=16",
          "task.length=6"]
 

@@ -22,6 +22,8 @@ from perencode.common.errors import UserError
 from perencode.config.recipe import load_recipe, validate
 from perencode.store import identity, runs
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 BASE_LINE = "return self.encoding(self.embedding(tokens))"
 
 

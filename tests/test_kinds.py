@@ -26,6 +26,8 @@ from perencode.kinds.models import SequenceModel, Shapes, build_model
 from perencode.kinds.tasks.base import HeldOutConfig
 from perencode.kinds.tasks.reverse import ReverseTask
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 # -- the study's own kinds: all of it lives in this file ---------------------------------------
 
 

@@ -30,6 +30,8 @@ from perencode.commands.sweep.plan import plan as sweep_plan
 from perencode.config.grid import SlurmConfig, load_grid
 from perencode.config.recipe import run_key, validate
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 A100 = cost.gpu("a100")
 TINY = tiny_toml(optim={"lr": 1e-2, "warmup": 2}, train={"checkpoint_every": 10})
 AXES = """

@@ -25,6 +25,8 @@ from perencode.commands.plan import (
 )
 from perencode.config.grid import load_grid
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 A100 = cost.gpu("a100")
 
 

@@ -19,6 +19,8 @@ from perencode.config import grid
 from perencode.config.grid import load_grid
 from perencode.quickstart import DEMOS, choose_demo
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 
 def test_auto_picks_the_gpu_demo_only_where_cuda_is_present():
     assert choose_demo("auto", cuda_available=False).name == "cpu"

@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -440,7 +441,7 @@ def test_workers_of_a_killed_sweep_checkpoint_and_stop(tmp_path):
 @pytest.mark.slow
 def test_a_rerun_waits_for_a_live_worker_and_keeps_to_its_jobs(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(_sweep_grid(3000))
+    grid.write_text(_sweep_grid(100))
     cells = load_grid(grid).cells
     first = tmp_path / "runs/g" / cells[0].name
     recipe = tmp_path / "cell.toml"
@@ -453,13 +454,29 @@ def test_a_rerun_waits_for_a_live_worker_and_keeps_to_its_jobs(tmp_path):
     t0 = time.time()
     while not (first / "metrics.jsonl").exists():
         assert time.time() - t0 < 60 and worker.poll() is None
-        time.sleep(0.05)
-    done = subprocess.run([PYTHON, "-m", "perencode", "sweep", str(grid), "--runs",
-                           str(tmp_path / "runs"), "--jobs", "1", "--device", "cpu"],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    output = done.stdout + done.stderr
+        time.sleep(0.01)
+    # Stopped (SIGSTOP: alive, holding its lock, training nothing) until the sweep has said
+    # it waits for it, so a short run outlives the sweep's start on a loaded machine.
+    worker.send_signal(signal.SIGSTOP)
+    resume = threading.Timer(240, worker.send_signal, (signal.SIGCONT,))  # never stopped for good
+    resume.start()
+    lines: list[str] = []
+    try:
+        sweep = subprocess.Popen([PYTHON, "-m", "perencode", "sweep", str(grid), "--runs",
+                                  str(tmp_path / "runs"), "--jobs", "1", "--device", "cpu"],
+                                 env=subprocess_env(), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+        assert sweep.stdout is not None
+        for line in sweep.stdout:
+            lines.append(line)
+            if "waiting for it" in line:
+                worker.send_signal(signal.SIGCONT)
+        assert sweep.wait(timeout=300) == 0, "".join(lines)
+    finally:
+        resume.cancel()
+        worker.send_signal(signal.SIGCONT)
+    output = "".join(lines)
     assert worker.wait(timeout=60) == 0
-    assert done.returncode == 0, output
     assert "failed" not in output
     assert f"[sweep] seed=1: running - still held by `train` (pid {worker.pid}" in output
     assert "a worker of an earlier sweep; waiting for it" in output

@@ -28,6 +28,8 @@ import perencode.training.session as session_module
 from perencode.store import runs
 from perencode.store.records import StatusRecord
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 DUAL = ROOT / "recipes" / "gru_dualfreq_vocab64.toml"
 GRID = tiny_toml(task={"vocab_size": 8}, train={"checkpoint_every": 5}, grid={"train.seed": [1]})
 

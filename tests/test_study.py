@@ -23,6 +23,8 @@ from perencode.config.grid import axis_options, load_grid
 from perencode.config.recipe import read_toml, tomllib, validate
 from perencode.store import runs as runs_module
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
 
 FAKE_PE = '''
@@ -466,6 +468,12 @@ def test_a_learned_frequency_sinusoid_starts_as_the_sinusoidal_table(tmp_path):
     assert [n for n, p in module.named_parameters() if p.requires_grad] == ["log_freq"]
 
 
+# The docs' learned-frequency sweep at the tests' size: options after the docs' own.
+SHRINK = ["--set", "model.hidden_size=8", "--set", "model.embed_size=8", "--set",
+          "train.iterations=20", "--set", "train.checkpoint_every=10", "--set",
+          "optim.warmup=2", "--set", "train.batch_size=8"]
+
+
 @pytest.mark.slow
 def test_the_learned_frequency_sinusoid_trains_resumes_evaluates_and_sweeps(tmp_path):
     import shutil
@@ -505,9 +513,11 @@ def test_the_learned_frequency_sinusoid_trains_resumes_evaluates_and_sweeps(tmp_
     assert code_ == 0, text
     scores = [json.loads((tmp_path / run / "eval.json").read_text()) for run in ("a", "b")]
     assert scores[0]["token_accuracy"] == scores[1]["token_accuracy"]
-    # The docs' sweep and figures, as written.
+    # The docs' sweep and figures as written, the sweep's cells shrunk by later --sets (the
+    # training above is what this test is about; the docs' sizes take minutes on a CPU).
     for command in commands:
-        code_, text = perencode(*command.split()[1:], cwd=tmp_path, timeout=600)
+        shrink = SHRINK if " sweep " in command else []
+        code_, text = perencode(*command.split()[1:], *shrink, cwd=tmp_path, timeout=600)
         assert code_ == 0, (command, text)
     table = pd.read_csv(tmp_path / "figures" / "results.csv")
     assert sorted(table["encoding"]) == ["learned_sin", "none", "sinusoidal"]

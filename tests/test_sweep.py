@@ -6,6 +6,7 @@ themselves are tests/test_grid.py."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import threading
 import time
@@ -302,7 +303,7 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
     """Two sweeps of one grid into one --out: the second stops at once with one line
     naming the holder; the first trains every run once."""
     grid = tmp_path / "tiny.toml"
-    grid.write_text(TINY.replace("iterations = 10", "iterations = 300") + AXES)
+    grid.write_text(TINY.replace("iterations = 10", "iterations = 30") + AXES)
     out = tmp_path / "runs"
     first = subprocess.Popen([PYTHON, "-m", "perencode", "sweep", str(grid), "--runs", str(out),
                               "--only", "vocab_size=8", "--only", "seed=111", "--device",
@@ -313,8 +314,14 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
     deadline = time.monotonic() + 60
     while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
         assert first.poll() is None, first.stdout.read().decode()
-        time.sleep(0.05)
-    code, output = sweep(grid, "--runs", out, "--only", "vocab_size=8", "--only", "seed=111")
+        time.sleep(0.01)
+    # The first sweep stopped (alive, holding its lock) while the second starts: a short
+    # grid outlives the second's start on a loaded machine.
+    first.send_signal(signal.SIGSTOP)
+    try:
+        code, output = sweep(grid, "--runs", out, "--only", "vocab_size=8", "--only", "seed=111")
+    finally:
+        first.send_signal(signal.SIGCONT)
     text = " ".join(output.split())
     assert code == 2, output
     assert text.startswith(f"error: {out / 'tiny'}: in use by `perencode sweep {grid}` (pid "
@@ -323,7 +330,7 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
     for encoding in ("none", "sinusoidal"):
         cell = out / "tiny" / f"vocab_size=8/encoding={encoding}/seed=111"
         steps = [r.step for r in runs.Run(cell).metrics()]
-        assert steps == sorted(set(steps)) and steps[-1] == 300
+        assert steps == sorted(set(steps)) and steps[-1] == 30
     assert not lock.exists()  # released on exit
 
 

@@ -27,6 +27,8 @@ from perencode.commands.sweep.plan import RunState, plan, prepare
 from perencode.config.grid import load_grid
 from perencode.store import runs
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 CELLS = ["vocab_size=8/encoding=sinusoidal/seed=111", "vocab_size=8/encoding=sinusoidal/seed=222"]
 
 

@@ -23,6 +23,8 @@ from perencode.common import files as io
 from perencode.store import runs
 from perencode.training import tracking
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 RECIPE = ROOT / "recipes/gru_vocab256.toml"
 TAGS = ("train/loss", "train/accuracy", "train/lr", "train/sequences_per_second")
 

@@ -14,6 +14,8 @@ from perencode.analysis.verdicts import check_claims, claims_file, load_claims
 from perencode.commands.verify import verify_runs
 from perencode.common.errors import UserError
 
+pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
+
 REVERSE = '{ "task.name" = "reverse", "model.arch" = "gru" }'
 
 

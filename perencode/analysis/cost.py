@@ -87,12 +87,21 @@ def held_out_iterations(recipe: Recipe) -> float | None:
     return times * held_out / recipe.train.batch_size / 3
 
 
+# layer_parameters by the recipe's model, encoding and task (what builds the model): a plan
+# prices hundreds of runs at three efficiencies, seeds and budgets apart, from far fewer shapes.
+_LAYER_PARAMETERS: dict[str, int] = {}
+
+
 def layer_parameters(recipe: Recipe) -> int:
     """Parameters of the model outside its embedding, encoding and head (SequenceModel)."""
-    model = cast(SequenceModel, meta_model(recipe))  # every registered model is one
-    front = {id(p) for part in (model.embedding, model.encoding, model.head)
-             for p in part.parameters()}
-    return sum(p.numel() for p in model.parameters() if id(p) not in front)
+    key = recipe.model_dump_json(include={"model", "encoding", "task"})
+    if key not in _LAYER_PARAMETERS:
+        model = cast(SequenceModel, meta_model(recipe))  # every registered model is one
+        front = {id(p) for part in (model.embedding, model.encoding, model.head)
+                 for p in part.parameters()}
+        _LAYER_PARAMETERS[key] = sum(p.numel() for p in model.parameters()
+                                     if id(p) not in front)
+    return _LAYER_PARAMETERS[key]
 
 
 def device_label(device: torch.device, threads: int) -> str:

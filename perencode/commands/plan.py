@@ -444,14 +444,16 @@ def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFra
                   observed: dict[str, float] | None = None, order: str = "priority",
                   executor: str = "local", cfg: SlurmConfig | None = None,
                   device: GPU | None = None, alpha_scale: float = 1.0,
-                  done: set[str] | None = None) -> Budgeted:
+                  done: set[str] | None = None,
+                  served: dict[str, set[str]] | None = None) -> Budgeted:
     """The claims a budget decides, headline first: by the claims file's `priority` (the
     paper's Fig. 2 first), then within a priority the claim that costs the fewest hours
     more (claims decided per GPU-hour, runs shared by claims counted once), again and again
     until none fits (`order = "file"`: the file's order instead, the reviewer's own). A
     claim's cells get the seeds `size_claim` gives; every hour is priced (run_parts, the
     stability analysis of the runs a stability claim reads, the GPU check once). `done`:
-    the keys of runs trained already (a first stage's), which cost nothing more."""
+    the keys of runs trained already (a first stage's), which cost nothing more; `served`:
+    claim_runs of each claim where the caller has them already."""
     observed = observed or {}
     device = device or cost.gpu("a100")
     by_config: dict[str, list[Run]] = {}
@@ -471,7 +473,9 @@ def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFra
     left_out: list[tuple[Claim, str]] = []
     sized_all: dict[str, Sized] = {}
     for claim in claims:
-        keys = claim_runs(claim, table, index)
+        keys = (served or {}).get(claim.id)
+        if keys is None:
+            keys = claim_runs(claim, table, index)
         if not keys:
             left_out.append((claim, "no cell of these grids"))
             continue
@@ -823,7 +827,7 @@ def plan(paths: list[Path], gpu_name: str | None = None, claims: str | Path = de
             settled, done, planned = first_stage(top_up, parsed, observed or [], claims_path)
         scale = sequential.share(look, stages)
         budgeted = within_budget(planned, unique, table, budget, seeds, effect, effects,
-                                 order, executor, slurm_cfg, device, scale, done)
+                                 order, executor, slurm_cfg, device, scale, done, served)
         for cid, verdict in settled.items():
             budgeted.left_out.append((index[cid], f"decided at look 1 of 2: {verdict}"))
         doc["budget"] = budget_doc(budgeted, stages, notes, look)
@@ -1010,7 +1014,7 @@ def cost_section(paths: list[Path], gpu_name: str = "a100",
                                     ("first stage of two", None, 2),
                                     ("5 seeds a cell", 5, 1)):
             b = within_budget(parsed, unique, table, hours, seeds, None, device=device,
-                              alpha_scale=sequential.share(1, stages))
+                              alpha_scale=sequential.share(1, stages), served=served)
             label = "whole paper" if hours >= 1e6 else f"{hours:g}"
             lines.append(f"| {label} | {name} | {len(b.chosen)} | {_h(b.cost)} "
                          f"({_h(b.priced.total(0))}-{_h(b.priced.total(2))}) | "
