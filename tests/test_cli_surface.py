@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from perencode.cli import app
 from perencode.commands.sweep.board import Board
-from perencode.commands.sweep.plan import RunState
+from perencode.commands.sweep.cells import RunState
 from perencode.config.recipe import tomllib
 
 # Old spellings that still work (hidden) but must not be advertised, per command.

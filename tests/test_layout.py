@@ -489,8 +489,8 @@ def test_relative_imports_are_read_as_the_modules_they_name():
         == "from perencode.analysis import results"
     assert ast.unparse(parse("perencode.commands.sweep", "from . import local", True)) \
         == "from perencode.commands.sweep import local"
-    assert ast.unparse(parse("perencode.commands.sweep.local", "from .plan import x")) \
-        == "from perencode.commands.sweep.plan import x"
+    assert ast.unparse(parse("perencode.commands.sweep.local", "from .cells import x")) \
+        == "from perencode.commands.sweep.cells import x"
 
 
 @pytest.mark.parametrize("name,source,package", [

@@ -661,26 +661,6 @@ def check_eval(run_dir: str | Path, recipe: Recipe, status: StatusRecord | None 
     return record
 
 
-def integrity(run_dir: str | Path) -> list[str]:
-    """What no longer matches a run's record, one line each (empty when all does): its
-    recipe.toml against identity.json (perencode.store.identity), its eval.json against its
-    recipe and the hash recorded when it finished (`check_eval`). For `show`, which prints
-    a run's files: the other commands refuse such a run."""
-    found = []
-    try:
-        recipe = read_recipe(run_dir, any_kind=True)
-    except UserError as exc:
-        return [str(exc)]
-    for check in (lambda: identity.check(run_dir, recipe, "show", data=False, code=False,
-                                         write=False, note_missing=False),
-                  lambda: check_eval(run_dir, recipe)):
-        try:
-            check()
-        except UserError as exc:
-            found.append(str(exc))
-    return found
-
-
 def sweep_record(run_dir: str | Path) -> dict[str, Any]:
     """RUN_DIR/sweep.json, or {} (a run trained by hand; an unreadable file names nothing)."""
     try:

@@ -21,8 +21,8 @@ from typing import Any
 
 from perencode.analysis.cost import local_wall_hours
 from perencode.commands.sweep.board import Board, interrupted_line
+from perencode.commands.sweep.cells import PlannedRun, RunState, claim, refresh, refresh_stopped
 from perencode.commands.sweep.options import SweepOptions
-from perencode.commands.sweep.plan import PlannedRun, RunState, claim, refresh, refresh_stopped
 from perencode.common.device import (
     RUNS_SHARING_ENV,
     available_cores,
