@@ -300,26 +300,19 @@ def train(
     accept_data_change: AcceptData = False,
 ) -> None:
     """Train a recipe (or resume its interrupted run, or report it complete)."""
-    from perencode.commands.train import STOP_SIGNALS, Diverged, Interrupted
-    from perencode.commands.train import train as run_training
+    from perencode.commands.train import train_recipe
     from perencode.config.recipe import load_recipe
-    from perencode.store import runs
+    from perencode.store.runs import DIVERGED_EXIT
+    from perencode.training.loop import STOP_SIGNALS, Diverged, Interrupted
 
     guard_output()
     r = load_recipe(recipe, overrides)
     run_dir = renamed(run_dir, old_out, "--run-dir", "--out")
-    if run_dir is None and runs.holds_run(recipe):
-        # `train RUN_DIR/recipe.toml`: that run, resumed or reported, not a new one
-        run_dir = recipe.parent
-        console.print(f"note: {recipe} is the recipe of the run {run_dir}: training that run "
-                      "(--run-dir DIR trains a new one elsewhere)", highlight=False,
-                      soft_wrap=True)
-    run_dir = run_dir if run_dir is not None else runs.default_run_dir(recipe, r.train.seed)
-    already = run_dir.is_dir() and runs.Run(run_dir).is_complete()
     try:
-        result = run_training(r, run_dir, device, progress=progress, tensorboard=tensorboard,
-                              force=force, accept_code_change=accept_code_change,
-                              accept_data_change=accept_data_change)
+        result, run_dir, already = train_recipe(
+            recipe, r, run_dir, device, progress=progress, tensorboard=tensorboard,
+            force=force, accept_code_change=accept_code_change,
+            accept_data_change=accept_data_change)
     except Interrupted as stop:
         for s in STOP_SIGNALS:  # a second stop signal must not cut the closing line short
             signal.signal(s, signal.SIG_IGN)
@@ -327,7 +320,7 @@ def train(
                       f"{stop.path}. Run the same command again to resume.")
         raise typer.Exit(128 + stop.signum) from None
     except Diverged as exc:
-        fail(str(exc), runs.DIVERGED_EXIT)
+        fail(str(exc), DIVERGED_EXIT)
     if already:
         console.print(f"{run_dir}: run is already complete; results in {run_dir}/eval.json")
     _print_metrics(result, run_dir / "eval.json")

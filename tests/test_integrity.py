@@ -17,11 +17,11 @@ from test_identity import SHORT, one_line
 from test_plugins import perencode
 
 from perencode.analysis.results import collect
-from perencode.commands.train import Diverged, train
 from perencode.common.errors import UserError
 from perencode.config.recipe import load_recipe, validate
 from perencode.store import identity, runs
 from perencode.store.summary import mismatches
+from perencode.training.loop import Diverged, train
 
 BASE_LINE = "return self.encoding(self.embedding(tokens))"
 
@@ -68,7 +68,7 @@ def test_the_code_of_a_run_is_its_training_and_scoring_path():
     modules = identity.modules_record(recipe_of())
     assert {"perencode.kinds.models.base", "perencode.training.session",
             "perencode.commands.evaluate", "perencode.kinds.tasks.base",
-            "perencode.commands.train", "perencode.commands.stability",
+            "perencode.training.loop", "perencode.commands.stability",
             "perencode.kinds.models.rnn", "perencode.kinds.encoding", "perencode.kinds.scoring",
             "perencode.kinds.tasks.reverse"} <= set(modules)
     assert not {"perencode.cli", "perencode.analysis.plots", "perencode.commands.report",
