@@ -4,7 +4,8 @@ Grid files and their cells are `perencode.config.grid`. Every cell runs in
 `OUT/<grid file stem>/<axis>=<value>/...`, so the same grid always maps to the same
 directories: finished runs are skipped, interrupted ones resume (`perencode train` does
 both), and a cell whose exact recipe already has a run in another grid under OUT is linked
-to that run instead of trained twice.
+to that run instead of trained twice (a local sweep checks again as each cell starts:
+`cells.claim_at_start`, for a sweep of an overlapping grid started beside it).
 
     run.py     run_sweep: plan, then run or print the plan (the command's work)
     cells.py   each cell's planned run: its state and the commands still to run (`plan`),
