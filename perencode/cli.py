@@ -967,7 +967,7 @@ def tensorboard_(
     runs share: a sweep's axis values and seed. Stop it with Ctrl-C.
     """
     from perencode.store.runs import find_runs
-    from perencode.training.tracking import launch, tensorboard_command
+    from perencode.training.tensorboard import launch, tensorboard_command
 
     command = tensorboard_command(find_runs(runs), port)
     if dry_run:

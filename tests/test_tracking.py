@@ -21,7 +21,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from perencode.common import files as io
 from perencode.store import runs
-from perencode.training import tracking
+from perencode.training import tensorboard as tracking
 
 RECIPE = ROOT / "recipes/gru_vocab256.toml"
 TAGS = ("train/loss", "train/accuracy", "train/lr", "train/sequences_per_second")

@@ -20,7 +20,8 @@
                                    finite checkpoint is kept); "pruned" what `perencode prune`
                                    deleted. No file: unfinished (or a run of an earlier
                                    perencode: Run.status infers it)
-    RUN_DIR/tensorboard/           TensorBoard event files (`train --tensorboard`; tracking.py)
+    RUN_DIR/tensorboard/           TensorBoard event files (`train --tensorboard`;
+                                   perencode.training.tensorboard)
     RUN_DIR/.perencode.lock        while a command writes in the run (perencode.store.lock)
 
 A checkpoint found unreadable when resuming is renamed step-K.pt.corrupt, one of another

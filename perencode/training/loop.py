@@ -34,7 +34,7 @@ from perencode.store.lock import PARENT_ENV
 from perencode.store.records import EVAL_IDENTITY, HELD_OUT, EvalRecord, MetricsRow, StatusRecord
 from perencode.training import preflight
 from perencode.training.session import CHUNK_LOGITS, NotFinite, Session
-from perencode.training.tracking import TensorBoardLog
+from perencode.training.tensorboard import TensorBoardLog
 
 
 def scored_outputs(batch: Batch) -> int:
