@@ -302,11 +302,11 @@ def train(
     """Train a recipe (or resume its interrupted run, or report it complete)."""
     from perencode.commands.train import train_recipe
     from perencode.config.recipe import load_recipe
-    from perencode.store.runs import DIVERGED_EXIT
+    from perencode.store.runs import DIVERGED_EXIT, recipe_check
     from perencode.training.loop import STOP_SIGNALS, Diverged, Interrupted
 
     guard_output()
-    r = load_recipe(recipe, overrides)
+    r = load_recipe(recipe, overrides, recipe_check(recipe))
     run_dir = renamed(run_dir, old_out, "--run-dir", "--out")
     try:
         result, run_dir, already = train_recipe(
@@ -394,8 +394,9 @@ def bench(
     from perencode.commands.bench import sampling as run_sampling
     from perencode.common.device import resolve_device
     from perencode.config.recipe import load_recipe
+    from perencode.store.runs import recipe_check
 
-    r = load_recipe(recipe, overrides)
+    r = load_recipe(recipe, overrides, recipe_check(recipe))
     result: dict = run_bench(r, resolve_device(device), iterations, warmup, baseline)
     table = Table(title=f"bench {recipe}")
     table.add_column("figure")
@@ -449,7 +450,13 @@ def show(
         print("".join(f"# {line}\n" for line in story_lines(story))
               + r.to_toml_every_field().rstrip("\n"))
         return
-    r = load_recipe(recipe / "recipe.toml" if recipe.is_dir() else recipe, overrides)
+    path = recipe / "recipe.toml" if recipe.is_dir() else recipe
+    check = None
+    if path.name == "recipe.toml":  # a run's, maybe: the plugins it needs (the store reads)
+        from perencode.store.runs import recipe_check
+
+        check = recipe_check(path)
+    r = load_recipe(path, overrides, check)
     if as_json:
         print(json.dumps(r.model_dump(mode="json"), indent=2))
         return

@@ -141,14 +141,12 @@ def provenance(part: pd.DataFrame) -> dict:
 def _plugins_of(run: Path) -> list[str]:
     """The plugins a run's kinds came from (RUN_DIR/plugins.json), as 'perencode_minrnn.plugin
     (perencode-minrnn 0.1.0)'; only read."""
-    path = run / plugins.RECORD
     try:
-        entries = run_dirs.read_json(path).get("plugins", []) if path.is_file() else []
+        record = run_dirs.recorded_plugins(run)
     except UserError:
         return ["unreadable plugins.json"]
-    fields = plugins.Plugin.__dataclass_fields__
-    found = [{k: e.get(k) for k in fields} for e in entries if isinstance(e, dict)]
-    return [plugins.Plugin(**f).describe() for f in found if f["module"]]  # type: ignore[arg-type]
+    return [plugins.Plugin(**entry.origin()).describe() for entry in
+            (record.plugins if record else []) if entry.module]
 
 
 def _distinct(column: pd.Series) -> str:

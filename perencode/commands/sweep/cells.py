@@ -292,7 +292,7 @@ def claim(run: PlannedRun) -> bool:
         if run.state in (RunState.NEW, RunState.PARTIAL):
             runs.Run(run.dir).claim(run.cell.recipe)
             if run.cell.record:
-                atomic_write_json(run.dir / runs.SWEEP_RECORD, run.cell.record)
+                runs.record_sweep(run.dir, run.cell.record)
     except (UserError, OSError) as exc:
         run.state, run.message = RunState.FAILED, str(exc)
         return False
