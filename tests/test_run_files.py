@@ -79,3 +79,27 @@ def test_sweep_json_round_trips_and_a_version_1_file_is_migrated(tmp_path):
         records.read_sweep(tmp_path / "sweep.json")
     assert runs.sweep_record(tmp_path) is None  # a reader of results: names nothing
     assert runs.sweep_record(tmp_path / "by_hand") is None
+
+
+def test_env_json_round_trips_and_a_version_1_file_is_migrated(tmp_path):
+    report = {"perencode_version": "0.1", "device": "cpu", "device_name": None,
+              "git_commit": "abc", "git_dirty": False, "cuda": None}
+    start = {"time": "2026-01-01 00:00:00", "device": "cpu", "git_commit": "abc",
+             "git_dirty": False}
+    record = records.EnvRecord(**report, seed=1, start_time=start["time"], starts=[start])
+    runs.write_env(tmp_path, record)
+    written = json.loads((tmp_path / "env.json").read_text())
+    assert written == {**report, "seed": 1, "start_time": start["time"], "starts": [start],
+                       "version": 2}  # a report field that is null stays, as it was
+    assert runs.env_record(tmp_path) == record and record.get("device") == "cpu"
+    del written["version"]  # version 1: no version key
+    (tmp_path / "env.json").write_text(json.dumps(written))
+    old = runs.env_record(tmp_path)
+    assert old is not None and old.as_dict() == record.as_dict() and old.end_time is None
+    ended = old.model_copy(update={"end_time": "2026-01-01 01:00:00"})
+    runs.write_env(tmp_path, ended)
+    assert json.loads((tmp_path / "env.json").read_text())["end_time"] == "2026-01-01 01:00:00"
+    (tmp_path / "env.json").write_text(json.dumps({**written, "starts": [{"device": "cpu"}]}))
+    with pytest.raises(UserError, match=r"env.json: not an env.json \(starts.0.time: "):
+        runs.env_record(tmp_path)
+    assert runs.env_record(tmp_path / "never_started") is None

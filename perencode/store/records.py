@@ -8,12 +8,14 @@
     plugins.json    PluginsRecord  the plugins the run's kinds came from, what each provides
                                    and its kinds' labels (perencode.config.plugins.entries)
     sweep.json      SweepRecord    the sweep that made the run: grid, name, tag, cell, axes
+    env.json        EnvRecord      the environment report of its first start
+                                   (perencode.store.environment), seed, every start, end time
 
 Every writer builds the model and every reader gets it back: a file an earlier perencode
 wrote goes through its record's one migration (`migrate_eval`, `migrate_status`,
-`migrate_identity`, `migrate_metrics_row`, `migrate_plugins`, `migrate_sweep`), so that
-a reader only ever sees the current format. What each earlier version lacked is said
-beside its version number below.
+`migrate_identity`, `migrate_metrics_row`, `migrate_plugins`, `migrate_sweep`,
+`migrate_env`), so that a reader only ever sees the current format. What each earlier
+version lacked is said beside its version number below.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ METRICS_VERSION = 2   # 1: no version and no grad_norm (the step's gradient norm
 IDENTITY_VERSION = 2  # 1: no `modules` (the perencode modules of the run's path)
 PLUGINS_VERSION = 2   # 1: no version (and before labels were recorded, no `labels`)
 SWEEP_VERSION = 2     # 1: no version
+ENV_VERSION = 2       # 1: no version
 IDENTITY_FORMAT = "perencode-identity"
 
 FINISHED, DIVERGED, UNFINISHED = "finished", "diverged", "unfinished"  # StatusRecord.state
@@ -416,6 +419,64 @@ def read_sweep(path: str | Path) -> SweepRecord:
         return SweepRecord.model_validate(migrate_sweep(data, path))
     except ValueError as exc:
         raise UserError(f"{path}: not a sweep.json ({_first_error(exc)}); damaged") from None
+
+
+# --------------------------------------------------------------------------------------
+# env.json
+# --------------------------------------------------------------------------------------
+
+class StartEntry(BaseModel):
+    """One start (or restart) of a run's training: when, on what device, at which commit."""
+
+    model_config = ConfigDict(extra="allow")
+
+    time: str
+    device: str | None = None
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+
+
+class EnvRecord(BaseModel):
+    """env.json: the environment report of the run's first start (its fields as
+    perencode.store.environment.report writes them, kept as extra fields: they follow the
+    report), the seed, every start, and the end time once eval.json is written."""
+
+    model_config = ConfigDict(extra="allow")
+
+    version: int = ENV_VERSION
+    seed: int | None = None
+    start_time: str | None = None
+    starts: list[StartEntry] = []
+    end_time: str | None = None  # absent until the run finished
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field of the report by name ("device", "device_name", ...), or `default`."""
+        return self.as_dict().get(key, default)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The object written to env.json (the record's own fields left out while unset)."""
+        own = {key: value for key, value in (("seed", self.seed),
+                                             ("start_time", self.start_time),
+                                             ("end_time", self.end_time)) if value is not None}
+        starts = {"starts": [s.model_dump() for s in self.starts]} if self.starts else {}
+        return {**(self.__pydantic_extra__ or {}), **own, **starts, "version": self.version}
+
+
+def migrate_env(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """An env.json object of any perencode version as the current version (1, no version
+    key, holds what 2 does)."""
+    _version(data, ENV_VERSION, path, "env.json")
+    return {**data, "version": ENV_VERSION}
+
+
+def read_env(path: str | Path) -> EnvRecord:
+    """env.json as the current EnvRecord; UserError naming the file when it is missing, not
+    JSON or not an env.json."""
+    data = read_json(path)
+    try:
+        return EnvRecord.model_validate(migrate_env(data, path))
+    except ValueError as exc:
+        raise UserError(f"{path}: not an env.json ({_first_error(exc)}); damaged") from None
 
 
 def read_json(path: str | Path) -> dict[str, Any]:

@@ -72,16 +72,19 @@ from perencode.store.records import (
     DIVERGED,
     FINISHED,
     UNFINISHED,
+    EnvRecord,
     EvalRecord,
     MetricsRow,
     PluginsRecord,
+    StartEntry,
     StatusRecord,
     SweepRecord,
     eval_identity,
     infer_status,
     metrics_row,
+    read_env,
     read_eval,
-    read_json,
+    read_json,  # noqa: F401  (a run's other JSON files: `runs.read_json`)
     read_plugins,
     read_status,
     read_sweep,
@@ -91,6 +94,7 @@ from perencode.store.records import (
 # sweep's name and tag, the cell and its axes.
 SWEEP_RECORD = "sweep.json"
 PLUGINS_RECORD = "plugins.json"
+ENV_RECORD = "env.json"
 _STEP_RE = re.compile(r"^step-(\d+)\.pt$")
 
 # A run's state (status.json: records.StatusRecord): its final evaluation written; training
@@ -398,7 +402,7 @@ class Run:
     def _ended(self) -> bool:
         """Whether env.json holds an end time (written after eval.json)."""
         try:
-            return "end_time" in read_json(self.dir / "env.json")
+            return read_env(self.dir / ENV_RECORD).end_time is not None
         except UserError:
             return False
 
@@ -472,21 +476,22 @@ class Run:
 
     def start(self, device: torch.device) -> None:
         """env.json: provenance of the first start, plus one entry per (re)start."""
-        path = self.dir / "env.json"
+        path = self.dir / ENV_RECORD
         try:
-            previous = read_json(path) if path.exists() else {}
+            previous = read_env(path) if path.exists() else EnvRecord()
         except UserError as exc:
             # Provenance only: losing the earlier starts must not stop a run from resuming.
             os.replace(path, path.with_name("env.json.corrupt"))
             console.print(f"[yellow]note:[/] {exc}; kept aside as env.json.corrupt, the "
                           "run's provenance starts again from this start", highlight=False,
                           soft_wrap=True)
-            previous = {}
-        current = {**environment.report(device), "seed": self.recipe.train.seed}
-        starts = [*previous.get("starts", []),
-                  {"time": now(), "device": current["device"],
-                   "git_commit": current["git_commit"], "git_dirty": current["git_dirty"]}]
-        atomic_write_json(path, {**current, "start_time": starts[0]["time"], "starts": starts})
+            previous = EnvRecord()
+        current = environment.report(device)
+        starts = [*previous.starts,
+                  StartEntry(time=now(), device=current["device"],
+                             git_commit=current["git_commit"], git_dirty=current["git_dirty"])]
+        write_env(self.dir, EnvRecord(**current, seed=self.recipe.train.seed,
+                                      start_time=starts[0].time, starts=starts))
 
     def resume(self, map_location: str | torch.device = "cpu") -> tuple[Path, dict] | None:
         """The newest readable checkpoint to continue from (`resume_state`), with the
@@ -682,10 +687,9 @@ class Run:
         """eval.json of the final model, then the end time in env.json, then status.json
         (finished, with eval.json's hash)."""
         path = self.write_eval(result)
-        env_path = self.dir / "env.json"
-        env = read_json(env_path) if env_path.exists() else {}
-        env["end_time"] = now()
-        atomic_write_json(env_path, env)
+        env_path = self.dir / ENV_RECORD
+        env = read_env(env_path) if env_path.exists() else EnvRecord()
+        write_env(self.dir, env.model_copy(update={"end_time": now()}))
         self.record_status(FINISHED, iteration=self.recipe.train.iterations,
                            eval_sha256=sha256_of(path))
         return path
@@ -729,6 +733,18 @@ def check_eval(run_dir: str | Path, recipe: Recipe, status: StatusRecord | None 
                         f"the one {STATUS_NAME} recorded: edited, or copied from another "
                         f"run); {again}")
     return record
+
+
+def env_record(run_dir: str | Path) -> EnvRecord | None:
+    """RUN_DIR/env.json (None: no file, training never started); UserError naming the file
+    when it cannot be read."""
+    path = Path(run_dir) / ENV_RECORD
+    return read_env(path) if path.is_file() else None
+
+
+def write_env(run_dir: str | Path, record: EnvRecord) -> None:
+    """RUN_DIR/env.json, atomically."""
+    atomic_write_json(Path(run_dir) / ENV_RECORD, record.as_dict())
 
 
 def sweep_record(run_dir: str | Path) -> SweepRecord | None:

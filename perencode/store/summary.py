@@ -87,11 +87,10 @@ def summarise(run_dir: str | Path) -> tuple[Recipe, dict[str, Any]]:
         story["results"] = {k: v for k, v in scored.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)
                             and k not in records.EVAL_IDENTITY}
-    env_path = run_dir / "env.json"
     try:
-        env = runs.read_json(env_path) if env_path.is_file() else {}
+        env = runs.env_record(run_dir) or records.EnvRecord()
     except UserError:
-        env = {}
+        env = records.EnvRecord()
     story["device"] = env.get("device")
     story["device_name"] = env.get("device_name")
     sweep = runs.sweep_record(run_dir)
