@@ -358,7 +358,8 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
     # if training went on from it rather than starting over.
     kept = run.checkpoint_path(middle).stat().st_ino
     train_child(recipe, run.dir, second)
-    starts = runs.read_json(run.dir / "env.json")["starts"]
+    env = runs.env_record(run.dir)
+    starts = [start.model_dump() for start in env.starts] if env else []
     final = checkpoints.load(run.checkpoint_path(iterations))
     rows = run.metrics()
     resumed = run.checkpoint_path(middle).stat().st_ino == kept
