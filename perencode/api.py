@@ -15,7 +15,6 @@ may move, this module's names stay.
 
 from __future__ import annotations
 
-from perencode.commands.train import train
 from perencode.config.recipe import EncodingConfig, ModelConfig, Recipe, TaskConfig, load_recipe
 from perencode.config.registry import (
     EncodingKind,
@@ -30,6 +29,7 @@ from perencode.kinds.models.base import SequenceModel
 from perencode.kinds.shapes import Shapes
 from perencode.kinds.tasks.base import Batch, HeldOutConfig, SyntheticTask
 from perencode.kinds.tasks.reverse import ReverseTask
+from perencode.training.loop import train
 
 __all__ = ["JOINS", "Batch", "EncodingConfig", "EncodingKind", "HeldOutConfig", "ModelConfig",
            "ModelKind", "Recipe", "ReverseTask", "SequenceModel", "Shapes", "SyntheticTask",

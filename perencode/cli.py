@@ -300,26 +300,19 @@ def train(
     accept_data_change: AcceptData = False,
 ) -> None:
     """Train a recipe (or resume its interrupted run, or report it complete)."""
-    from perencode.commands.train import STOP_SIGNALS, Diverged, Interrupted
-    from perencode.commands.train import train as run_training
+    from perencode.commands.train import train_recipe
     from perencode.config.recipe import load_recipe
-    from perencode.store import runs
+    from perencode.store.runs import DIVERGED_EXIT, recipe_check
+    from perencode.training.loop import STOP_SIGNALS, Diverged, Interrupted
 
     guard_output()
-    r = load_recipe(recipe, overrides)
+    r = load_recipe(recipe, overrides, recipe_check(recipe))
     run_dir = renamed(run_dir, old_out, "--run-dir", "--out")
-    if run_dir is None and runs.holds_run(recipe):
-        # `train RUN_DIR/recipe.toml`: that run, resumed or reported, not a new one
-        run_dir = recipe.parent
-        console.print(f"note: {recipe} is the recipe of the run {run_dir}: training that run "
-                      "(--run-dir DIR trains a new one elsewhere)", highlight=False,
-                      soft_wrap=True)
-    run_dir = run_dir if run_dir is not None else runs.default_run_dir(recipe, r.train.seed)
-    already = run_dir.is_dir() and runs.Run(run_dir).is_complete()
     try:
-        result = run_training(r, run_dir, device, progress=progress, tensorboard=tensorboard,
-                              force=force, accept_code_change=accept_code_change,
-                              accept_data_change=accept_data_change)
+        result, run_dir, already = train_recipe(
+            recipe, r, run_dir, device, progress=progress, tensorboard=tensorboard,
+            force=force, accept_code_change=accept_code_change,
+            accept_data_change=accept_data_change)
     except Interrupted as stop:
         for s in STOP_SIGNALS:  # a second stop signal must not cut the closing line short
             signal.signal(s, signal.SIG_IGN)
@@ -327,7 +320,7 @@ def train(
                       f"{stop.path}. Run the same command again to resume.")
         raise typer.Exit(128 + stop.signum) from None
     except Diverged as exc:
-        fail(str(exc), runs.DIVERGED_EXIT)
+        fail(str(exc), DIVERGED_EXIT)
     if already:
         console.print(f"{run_dir}: run is already complete; results in {run_dir}/eval.json")
     _print_metrics(result, run_dir / "eval.json")
@@ -401,8 +394,9 @@ def bench(
     from perencode.commands.bench import sampling as run_sampling
     from perencode.common.device import resolve_device
     from perencode.config.recipe import load_recipe
+    from perencode.store.runs import recipe_check
 
-    r = load_recipe(recipe, overrides)
+    r = load_recipe(recipe, overrides, recipe_check(recipe))
     result: dict = run_bench(r, resolve_device(device), iterations, warmup, baseline)
     table = Table(title=f"bench {recipe}")
     table.add_column("figure")
@@ -456,7 +450,13 @@ def show(
         print("".join(f"# {line}\n" for line in story_lines(story))
               + r.to_toml_every_field().rstrip("\n"))
         return
-    r = load_recipe(recipe / "recipe.toml" if recipe.is_dir() else recipe, overrides)
+    path = recipe / "recipe.toml" if recipe.is_dir() else recipe
+    check = None
+    if path.name == "recipe.toml":  # a run's, maybe: the plugins it needs (the store reads)
+        from perencode.store.runs import recipe_check
+
+        check = recipe_check(path)
+    r = load_recipe(path, overrides, check)
     if as_json:
         print(json.dumps(r.model_dump(mode="json"), indent=2))
         return
@@ -974,7 +974,7 @@ def tensorboard_(
     runs share: a sweep's axis values and seed. Stop it with Ctrl-C.
     """
     from perencode.store.runs import find_runs
-    from perencode.training.tracking import launch, tensorboard_command
+    from perencode.training.tensorboard import launch, tensorboard_command
 
     command = tensorboard_command(find_runs(runs), port)
     if dry_run:

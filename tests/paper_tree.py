@@ -1,7 +1,7 @@
 """A finished run tree of every grid of recipes/paper/, made without training.
 
 Every grid is expanded and planned by the package's own code (perencode.config.grid.load_grid,
-perencode.commands.sweep.plan.plan and prepare: cells claimed, cells of one recipe linked to one
+perencode.commands.sweep.cells.plan and prepare: cells claimed, cells of one recipe linked to one
 run, as `perencode sweep` does), then each run gets what `perencode train` and
 `perencode stability` leave: metrics.jsonl, the final checkpoint's file, eval.json with
 the task's keys and stability.csv with its columns. The numbers are chosen so that every
@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from perencode.commands.stability import COLUMNS
-from perencode.commands.sweep.plan import RunState, plan, prepare
+from perencode.commands.sweep.cells import RunState, plan, prepare
 from perencode.config.grid import load_grid
 from perencode.config.recipe import Recipe
 from perencode.kinds.tasks.dual_frequency import TYPES, DualFrequencyConfig

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from perencode.cli import app
 from perencode.commands.sweep.board import Board
-from perencode.commands.sweep.plan import RunState
+from perencode.commands.sweep.cells import RunState
 from perencode.config.recipe import tomllib
 
 # Old spellings that still work (hidden) but must not be advertised, per command.
@@ -215,7 +215,7 @@ CLI_DEFAULTS = [
     ("bench", "perencode.commands.bench:bench", "iterations warmup"),
     ("bench", "perencode.commands.bench:sampling", "iterations warmup"),
     ("crosscheck", "perencode.commands.crosscheck:run_crosscheck", "train_shape seeds device"),
-    ("tensorboard", "perencode.training.tracking:tensorboard_command", "port"),
+    ("tensorboard", "perencode.training.tensorboard:tensorboard_command", "port"),
     ("sweep", "perencode.commands.sweep.options:SweepOptions", "executor jobs runs_per_gpu device"),
     ("eval", "perencode.commands.evaluate:evaluate_run", "device"),
     ("quickstart", "perencode.quickstart:start", "device"),

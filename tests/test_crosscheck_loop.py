@@ -11,7 +11,7 @@ from test_crosscheck import AUTHORS, fake_repository, needs_authors, needs_timm
 
 from perencode.commands import crosscheck
 from perencode.commands.crosscheck import authors as au
-from perencode.commands.crosscheck import init, loop, recipes, seeds, tasks, training
+from perencode.commands.crosscheck import initial_weights, loop, recipes, seeds, tasks, training
 from perencode.commands.crosscheck.report import AGREE, DISAGREE, NOT_RUN
 from perencode.config.recipe import Recipe
 from perencode.training import session
@@ -248,7 +248,7 @@ def test_unwritable_out_fails_before_any_work(tmp_path, monkeypatch):
 
 @needs_authors
 def test_initialisation_agrees_and_rnns_draw_identically(authors):
-    checks = {c.name: c for c in init.check_init(authors)}
+    checks = {c.name: c for c in initial_weights.check_init(authors)}
     assert all(c.verdict == AGREE for c in checks.values()), [
         (c.name, c.reason) for c in checks.values() if c.verdict != AGREE]
     assert "7 of 7 drawn identically" in checks["initialisation: lstm none"].compared
@@ -257,11 +257,11 @@ def test_initialisation_agrees_and_rnns_draw_identically(authors):
 def test_compare_tensor_known_answers():
     gen = torch.Generator().manual_seed(0)
     a, b = torch.rand(4000, generator=gen), torch.rand(4000, generator=gen)
-    assert init.compare_tensor(a, b) == []
-    assert init.compare_tensor(a, a.clone()) == []
-    wrong = init.compare_tensor(a, b * 2 - 1)  # U(0, 1) against U(-1, 1)
+    assert initial_weights.compare_tensor(a, b) == []
+    assert initial_weights.compare_tensor(a, a.clone()) == []
+    wrong = initial_weights.compare_tensor(a, b * 2 - 1)  # U(0, 1) against U(-1, 1)
     assert any(w.startswith("mean") for w in wrong) and any(w.startswith("KS") for w in wrong)
-    assert init.ks_statistic(torch.zeros(10), torch.ones(10)) == 1.0
+    assert initial_weights.ks_statistic(torch.zeros(10), torch.ones(10)) == 1.0
 
 
 def _after_init(monkeypatch, cls, change):
@@ -294,7 +294,7 @@ def _zero_biases(model):
 def test_planted_rnn_init_fault_disagrees(authors, monkeypatch, fault, change, arches):
     from perencode.kinds.models.rnn import RecurrentModel
     _after_init(monkeypatch, RecurrentModel, change)
-    checks = {c.name: c for c in init.check_init(authors)}
+    checks = {c.name: c for c in initial_weights.check_init(authors)}
     for arch in ("gru", "lstm"):
         verdict = checks[f"initialisation: {arch} none"].verdict
         assert verdict == (DISAGREE if arch in arches else AGREE), (fault, arch)
@@ -312,7 +312,7 @@ def test_planted_s4d_init_fault_disagrees(authors, monkeypatch, fault):
     else:
         monkeypatch.setattr(S4D.__init__, "__defaults__", (64, 1e-3, 1e-2))
         shown = "log_dt"
-    check = init.check_case(authors, "s4d", "none")
+    check = initial_weights.check_case(authors, "s4d", "none")
     assert check.verdict == DISAGREE and shown in check.reason, check.reason
 
 

@@ -176,8 +176,8 @@ def test_resume_agrees_and_a_resume_without_adam_state_disagrees(authors, monkey
 
 @needs_authors
 def test_initialisation_tells_a_trained_table_from_a_buffer(authors, monkeypatch):
-    from perencode.commands.crosscheck import init
-    checks = by_name(init.check_init(authors))
+    from perencode.commands.crosscheck import initial_weights
+    checks = by_name(initial_weights.check_init(authors))
     assert checks["initialisation: gru random"].verdict == AGREE
     assert "trainable parameters by name" in checks["initialisation: gru random"].compared
 
@@ -188,7 +188,7 @@ def test_initialisation_tells_a_trained_table_from_a_buffer(authors, monkeypatch
             enc.table = torch.nn.Parameter(table)
 
     _after_encoding_init(monkeypatch, trained_random)
-    checks = by_name(init.check_init(authors))
+    checks = by_name(initial_weights.check_init(authors))
     assert checks["initialisation: gru random"].verdict == DISAGREE
     assert "ours only ['time_encoder.embeddings']" in checks["initialisation: gru random"].reason
     assert checks["initialisation: gru learnable"].verdict == AGREE

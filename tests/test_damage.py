@@ -404,7 +404,7 @@ def test_what_a_plugin_prints_when_imported_still_shows(tmp_path, capsys):
 
 
 def test_a_sweeps_progress_reads_past_damaged_rows(tmp_path):
-    from perencode.commands.sweep.plan import last_rows
+    from perencode.commands.sweep.cells import last_rows
 
     rows = [{"step": 5, "loss": 2.0, "seconds": 1.0}, {"step": 10, "loss": 1.5, "seconds": 2.0}]
     (tmp_path / "metrics.jsonl").write_bytes(

@@ -191,7 +191,7 @@ def test_train_says_in_one_line_when_torch_has_no_kernels_for_the_gpu(cli, monke
     (simulated: the check's answer for a GPU the build lacks, on a CPU run)."""
     from conftest import train_args
 
-    import perencode.commands.train as train_module
+    import perencode.training.loop as train_module
 
     line = "NVIDIA B200 is sm_100, and torch 2.1.1+cu121 (CUDA 12.1) has kernels for sm_90 only"
     monkeypatch.setattr(train_module, "kernel_support", lambda d: line)

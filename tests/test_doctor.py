@@ -114,7 +114,7 @@ def test_a_resume_on_one_gpu_is_checked_for_bit_identity(monkeypatch, tmp_path):
     uninterrupted run, as CPU -> CPU is (cuDNN's deterministic mode, train.deterministic,
     should make it repeat); across device types it cannot be. Simulated: the `train`
     children run in this process on the CPU whatever device they are given."""
-    from perencode.commands.train import train
+    from perencode.training.loop import train
 
     asked = []
 
@@ -165,9 +165,9 @@ def test_a_checkpoint_from_another_device_type_resumes_on_a_new_stream(tmp_path,
     """A CUDA generator's state is 16 bytes (seed and Philox offset), a CPU generator's
     5,056: a checkpoint written on the GPU is emulated by giving its generator such a
     state. It resumes, reproducibly, and says that its batches changed stream."""
-    from perencode.commands.train import train
     from perencode.common.files import atomic_torch_save
     from perencode.store import runs
+    from perencode.training.loop import train
 
     recipe = resume_recipe()
     finals = []

@@ -17,10 +17,11 @@ from test_identity import SHORT, one_line
 from test_plugins import perencode
 
 from perencode.analysis.results import collect
-from perencode.commands.train import Diverged, train
 from perencode.common.errors import UserError
 from perencode.config.recipe import load_recipe, validate
 from perencode.store import identity, runs
+from perencode.store.summary import mismatches
+from perencode.training.loop import Diverged, train
 
 pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
 
@@ -69,7 +70,7 @@ def test_the_code_of_a_run_is_its_training_and_scoring_path():
     modules = identity.modules_record(recipe_of())
     assert {"perencode.kinds.models.base", "perencode.training.session",
             "perencode.commands.evaluate", "perencode.kinds.tasks.base",
-            "perencode.commands.train", "perencode.commands.stability",
+            "perencode.training.loop", "perencode.commands.stability",
             "perencode.kinds.models.rnn", "perencode.kinds.encoding", "perencode.kinds.scoring",
             "perencode.kinds.tasks.reverse"} <= set(modules)
     assert not {"perencode.cli", "perencode.analysis.plots", "perencode.commands.report",
@@ -235,17 +236,19 @@ def test_a_foreign_or_edited_eval_json_is_refused(seeds, tmp_path):
     assert run_cli("eval", root / "seed2", "--device", "cpu")[0] == 0
     assert target.read_bytes() == own
     assert run_cli("figures", root, "--out", tmp_path / "f")[0] == 0
-    assert runs.integrity(root / "seed2") == []
+    assert mismatches(root / "seed2", runs.read_recipe(root / "seed2", any_kind=True)) == []
 
 
-def test_integrity_says_what_no_longer_matches(run):
-    assert runs.integrity(run) == []
+def test_show_mismatches_say_what_no_longer_matches(run):
+    # store.summary.mismatches, the checks `show` warns with (formerly store.runs.integrity,
+    # which only this test called)
+    assert mismatches(run, runs.read_recipe(run, any_kind=True)) == []
     path = run / "recipe.toml"
     path.write_text(path.read_text().replace("hidden_size = 16", "hidden_size = 32"))
     data = json.loads((run / "eval.json").read_text())
     data["token_accuracy"] = 1.0
     (run / "eval.json").write_text(json.dumps(data))
-    found = runs.integrity(run)
+    found = mismatches(run, runs.read_recipe(run, any_kind=True))
     assert len(found) == 2 and "was edited after the run was made (model.hidden_size" \
         in found[0] and "not the eval.json this run wrote" in found[1]
 
@@ -285,7 +288,7 @@ def test_a_run_without_its_result_keeps_its_checkpoints_to_score_it_again(run):
 
 
 def test_the_sweep_plans_what_it_trains_for_a_run_without_its_result(tmp_path):
-    from perencode.commands.sweep.plan import RunState, plan, prepare
+    from perencode.commands.sweep.cells import RunState, plan, prepare
     from perencode.config.grid import load_grid
 
     grid_path = tmp_path / "grid.toml"

@@ -256,9 +256,22 @@ def test_the_sweep_does_not_sit_on_the_training_stack():
     sweep = {name for name in modules() if command_of(name) == "sweep"}
     reached = set().union(*(reached_from(name) for name in sweep))
     assert {"perencode.analysis.cost", "perencode.store.runs", "perencode.config.grid"} <= reached
-    assert sorted(reached & {"perencode.training.session", "perencode.commands.train",
-                             "perencode.commands.bench"}) == []
+    assert sorted(reached & {"perencode.training.session", "perencode.training.loop",
+                             "perencode.commands.train", "perencode.commands.bench"}) == []
     assert "perencode.commands.sweep" not in reached_from("perencode.commands.train")
+
+
+def above_training(start: str, trees: dict[str, ast.Module] | None = None) -> list[str]:
+    """The modules above the training floor (analysis, commands, the root's) that `start`
+    reaches: the plugin API must reach none, since a plugin it serves is imported by the
+    config floor (through importlib, which the floor rules cannot see)."""
+    return sorted(name for name in reached_from(start, trees) - {start, "perencode"}
+                  if floor(name) > floor("perencode.training.loop"))
+
+
+def test_the_plugin_api_stands_on_the_training_floor():
+    assert "perencode.training.loop" in reached_from("perencode.api")
+    assert above_training("perencode.api") == []
 
 
 def kinds_that_know_each_other(trees: dict[str, ast.Module]) -> list[str]:
@@ -489,8 +502,8 @@ def test_relative_imports_are_read_as_the_modules_they_name():
         == "from perencode.analysis import results"
     assert ast.unparse(parse("perencode.commands.sweep", "from . import local", True)) \
         == "from perencode.commands.sweep import local"
-    assert ast.unparse(parse("perencode.commands.sweep.local", "from .plan import x")) \
-        == "from perencode.commands.sweep.plan import x"
+    assert ast.unparse(parse("perencode.commands.sweep.local", "from .cells import x")) \
+        == "from perencode.commands.sweep.cells import x"
 
 
 @pytest.mark.parametrize("name,source,package", [
@@ -556,6 +569,13 @@ def test_a_planted_sweep_reaching_training_is_caught():
     assert "perencode.training.session" in reached_from("perencode.commands.sweep.local", trees)
     trees = planted("perencode.store.records", "from . import runs\n")
     assert "perencode.store.runs" in reached_from("perencode.store.records", trees)
+
+
+def test_a_planted_plugin_api_importing_a_command_is_caught():
+    source = (PACKAGE / "api.py").read_text(encoding="utf-8")
+    trees = planted("perencode.api", source + "from .commands.train import train_recipe\n")
+    assert above_training("perencode.api", trees) == ["perencode.commands",
+                                                      "perencode.commands.train"]
 
 
 def test_a_module_outside_the_floors_is_refused():

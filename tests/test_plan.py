@@ -25,8 +25,8 @@ from perencode.commands.plan import (
     slurm_view,
     with_section,
 )
-from perencode.commands.sweep.plan import RunState, prepare
-from perencode.commands.sweep.plan import plan as sweep_plan
+from perencode.commands.sweep.cells import RunState, prepare
+from perencode.commands.sweep.cells import plan as sweep_plan
 from perencode.config.grid import SlurmConfig, load_grid
 from perencode.config.recipe import run_key, validate
 

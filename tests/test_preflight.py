@@ -220,7 +220,7 @@ def test_a_sweep_tells_the_first_run_on_each_gpu_how_many_will_share_it(monkeypa
     beside runs already there counts itself only (their memory is no longer free).
     Simulated: two GPUs, workers that finish at once."""
     from perencode.commands.sweep import local
-    from perencode.commands.sweep.plan import PlannedRun, RunState
+    from perencode.commands.sweep.cells import PlannedRun, RunState
 
     started = []
 

@@ -92,7 +92,7 @@ def test_show_piped_into_a_reader_that_stops_exits_0():
 
 
 def test_tensorboard_remakes_curves_of_a_metrics_jsonl_replaced_by_an_older_copy(run, tmp_path):
-    from perencode.training import tracking
+    from perencode.training import tensorboard as tracking
 
     copy = shutil.copytree(run, tmp_path / "run")
     metrics = copy / "metrics.jsonl"
@@ -113,7 +113,7 @@ def test_tensorboard_remakes_curves_of_a_metrics_jsonl_replaced_by_an_older_copy
 
 def test_tensorboard_says_a_run_it_cannot_write_to_is_not_writable(run, tmp_path, monkeypatch):
     from perencode.common.errors import UserError
-    from perencode.training import tracking
+    from perencode.training import tensorboard as tracking
 
     copy = shutil.copytree(run, tmp_path / "run")
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 from conftest import one_line, run_cli, tiny_recipe
 
-from perencode.commands.train import train
 from perencode.common.errors import UserError
 from perencode.config.recipe import validate
 from perencode.store import identity, records, runs
 from perencode.store.lock import hold
 from perencode.store.records import EvalRecord, MetricsRow, StatusRecord
+from perencode.training.loop import train
 from perencode.training.session import Session
 
 CPU = torch.device("cpu")

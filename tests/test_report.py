@@ -16,7 +16,7 @@ from conftest import ROOT
 from fake_runs import fake_run
 
 from perencode.commands.report import REPORT, make_report
-from perencode.commands.sweep.plan import plan, prepare
+from perencode.commands.sweep.cells import plan, prepare
 from perencode.config.grid import load_grid
 from perencode.config.recipe import validate
 

@@ -10,9 +10,9 @@ import io
 import torch
 from conftest import ROOT, TINY, fitting
 
-from perencode.commands.train import train
 from perencode.config.recipe import load_recipe
 from perencode.store import runs
+from perencode.training.loop import train
 from perencode.training.session import Session, learning_rate
 
 CPU = torch.device("cpu")

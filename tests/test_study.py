@@ -382,8 +382,8 @@ def test_the_report_takes_a_title_and_lists_the_plugins_under_its_runs(tmp_path,
 
 
 def tiny_training(run_dir: Path, *extra: str, tensorboard: bool = False):
-    from perencode.commands.train import train
     from perencode.config.recipe import load_recipe
+    from perencode.training.loop import train
 
     recipe = load_recipe(ROOT / "recipes" / "gru_vocab256.toml", [
         "task.vocab_size=8", "task.length=6", "task.held_out=32", "model.hidden_size=16",

@@ -139,7 +139,7 @@ def test_identical_recipes_are_linked_not_retrained(swept):
 
 @pytest.mark.slow
 def test_analyses_run_after_training_until_their_output_is_complete(swept):
-    from perencode.commands.sweep.plan import plan
+    from perencode.commands.sweep.cells import plan
 
     grid, out, _, _ = swept
     after = grid.with_name("after.toml")

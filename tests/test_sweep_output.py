@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from perencode.cli import app
 from perencode.commands import doctor
-from perencode.commands.sweep.plan import RunState, plan, prepare
+from perencode.commands.sweep.cells import RunState, plan, prepare
 from perencode.config.grid import load_grid
 from perencode.store import runs
 
@@ -100,7 +100,7 @@ def test_a_stopped_run_is_named_at_the_iteration_of_its_checkpoint(tmp_path):
     """A worker stopped at iteration 7 (resume.pt), its last logged row at step 0: the stop
     line names iteration 7, where it resumes; with no resume.pt, its last step-K.pt."""
     from perencode.commands.sweep.board import interrupted_line
-    from perencode.commands.sweep.plan import refresh_stopped
+    from perencode.commands.sweep.cells import refresh_stopped
     from perencode.store.records import MetricsRow
 
     planned = plan(load_grid(_grid(tmp_path)), tmp_path / "runs")
@@ -120,8 +120,8 @@ def test_a_stopped_run_is_named_at_the_iteration_of_its_checkpoint(tmp_path):
 
 
 def test_cells_are_claimed_as_they_start_so_a_stopped_sweep_leaves_the_others_free(tmp_path):
+    from perencode.commands.sweep.cells import claim
     from perencode.commands.sweep.local import LocalExecutor
-    from perencode.commands.sweep.plan import claim
 
     assert LocalExecutor.claims_at_start
     grid = load_grid(_grid(tmp_path))

@@ -21,7 +21,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from perencode.common import files as io
 from perencode.store import runs
-from perencode.training import tracking
+from perencode.training import tensorboard as tracking
 
 pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
 

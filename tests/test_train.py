@@ -496,7 +496,7 @@ def test_eval_removes_its_stale_temporary_file(cli, tmp_path):
 # -- a long run said at once, progress lines at least every 30 s, RUN_DIR/recipe.toml ---------
 
 def test_a_run_of_more_than_an_hour_is_said_in_one_line(cli, tmp_path, monkeypatch):
-    from perencode.commands import train
+    from perencode.training import loop as train
 
     # The estimate itself: 20 iterations in 2 s, 299,980 left: 8.3 hours.
     run_dir = fake_run(tmp_path, "long", recipe=validate(

@@ -10,9 +10,11 @@ what still holds; it decides nothing.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from perencode.common.errors import UserError
+from perencode.store.records import read_env
 
 # The machine of the numbers the README, REPRODUCE.md ("The quick demo") and
 # perencode/claims/quick.toml quote: this project's 2-core machine kind, PyTorch's CPU build
@@ -34,10 +36,10 @@ def read_machines(run_dirs: list[Path]) -> list[dict[str, Any]]:
     seen: list[dict[str, Any]] = []
     for run_dir in run_dirs:
         try:
-            env = json.loads((Path(run_dir) / "env.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            found = read_env(Path(run_dir) / "env.json")
+        except UserError:  # none (training never started) or unreadable
             continue
-        machine = machine_of(env)
+        machine = machine_of(found.as_dict())
         if machine not in seen:
             seen.append(machine)
     return seen

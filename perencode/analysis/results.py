@@ -19,10 +19,11 @@ import pandas as pd
 
 from perencode.common.console import console
 from perencode.common.errors import UserError
-from perencode.config import plugins, registry
+from perencode.config import registry
 from perencode.config.naming import format_value, short_names
 from perencode.config.recipe import BOOKKEEPING, SECTIONS, field_names, run_key
 from perencode.store import identity, records, runs
+from perencode.store.records import SweepRecord
 
 IDENTITY = tuple(records.EVAL_IDENTITY.values())
 
@@ -205,7 +206,7 @@ def collect(paths: list[Path], command: str = "figures",
     for run_dir in runs.find_runs(paths, notes):
         recipe = runs.read_recipe(run_dir, any_kind=True)
         found.append((run_dir, recipe, runs.Run(run_dir).status()))
-        registry.RECORDED.update(plugins.recorded_labels(run_dir))
+        registry.RECORDED.update(runs.recorded_labels(run_dir))
     kept, duplicates = choose(found)
     unverified = []
     for run_dir, recipe, status in kept.values():
@@ -233,7 +234,7 @@ def collect(paths: list[Path], command: str = "figures",
                **({"code_changes_accepted": "; ".join(accepted)} if accepted else {})}
         record = runs.sweep_record(run_dir)
         row[ORIGIN] = origin(run_dir, record)
-        tag = record.get("tag")
+        tag = record.tag if record else None
         if tag:  # `sweep --tag`: a column only where a run has one
             row["tag"] = str(tag)
         if diverged:
@@ -269,13 +270,12 @@ def collect(paths: list[Path], command: str = "figures",
 ORIGIN = "origin"
 
 
-def origin(run_dir: Path, record: dict) -> str:
+def origin(run_dir: Path, record: SweepRecord | None) -> str:
     """The folder of the sweep that made a run (OUT/<grid>, above its cell's folders, as
     its sweep.json names the cell), or the folder holding a run trained by hand: the same
     for a run whichever folder above it was collected (perencode.analysis.plots.settings)."""
     real = Path(os.path.realpath(run_dir))
-    cell = record.get("cell")
-    depth = len(Path(cell).parts) if isinstance(cell, str) and cell else 1
+    depth = len(Path(record.cell).parts) if record and record.cell else 1
     return str(real.parents[min(depth, len(real.parents)) - 1])
 
 

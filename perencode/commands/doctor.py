@@ -45,7 +45,7 @@ from perencode.analysis.cost import Estimates, device_label
 from perencode.common import defaults
 from perencode.common.console import console
 from perencode.common.device import device_model, host_syncs, kernel_support
-from perencode.common.files import atomic_write_json, atomic_write_text
+from perencode.common.files import atomic_write_text
 from perencode.config import registry
 from perencode.config.grid import load_grid, repository_root
 from perencode.config.recipe import (
@@ -351,14 +351,15 @@ def resume_across(recipe: Recipe, first: torch.device, second: torch.device,
     # finished is never trained again, whatever file is missing: perencode.store.runs).
     for name in ("eval.json", runs.STATUS_NAME):
         (run.dir / name).unlink(missing_ok=True)
-    env = runs.read_json(run.dir / "env.json")
-    env.pop("end_time", None)
-    atomic_write_json(run.dir / "env.json", env)
+    env = runs.env_record(run.dir)
+    if env is not None:
+        runs.write_env(run.dir, env.model_copy(update={"end_time": None}))
     # Checkpoints are replaced atomically (a new file): the middle one keeps its inode only
     # if training went on from it rather than starting over.
     kept = run.checkpoint_path(middle).stat().st_ino
     train_child(recipe, run.dir, second)
-    starts = runs.read_json(run.dir / "env.json")["starts"]
+    env = runs.env_record(run.dir)
+    starts = [start.model_dump() for start in env.starts] if env else []
     final = checkpoints.load(run.checkpoint_path(iterations))
     rows = run.metrics()
     resumed = run.checkpoint_path(middle).stat().st_ino == kept

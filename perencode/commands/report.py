@@ -107,9 +107,8 @@ def provenance(part: pd.DataFrame) -> dict:
     for run in part["run"]:
         for plugin in _plugins_of(Path(run)):
             used[plugin] = used.get(plugin, 0) + 1
-        path = Path(run) / "env.json"
         try:
-            env = run_dirs.read_json(path) if path.is_file() else {}
+            env = (found.as_dict() if (found := run_dirs.env_record(run)) else {})
         except UserError as exc:  # provenance only: the report goes on without it
             console.print(f"[yellow]note:[/] {exc}; its device and commit are shown as not "
                           "recorded", highlight=False, soft_wrap=True)
@@ -141,14 +140,12 @@ def provenance(part: pd.DataFrame) -> dict:
 def _plugins_of(run: Path) -> list[str]:
     """The plugins a run's kinds came from (RUN_DIR/plugins.json), as 'perencode_minrnn.plugin
     (perencode-minrnn 0.1.0)'; only read."""
-    path = run / plugins.RECORD
     try:
-        entries = run_dirs.read_json(path).get("plugins", []) if path.is_file() else []
+        record = run_dirs.recorded_plugins(run)
     except UserError:
         return ["unreadable plugins.json"]
-    fields = plugins.Plugin.__dataclass_fields__
-    found = [{k: e.get(k) for k in fields} for e in entries if isinstance(e, dict)]
-    return [plugins.Plugin(**f).describe() for f in found if f["module"]]  # type: ignore[arg-type]
+    return [plugins.Plugin(**entry.origin()).describe() for entry in
+            (record.plugins if record else []) if entry.module]
 
 
 def _distinct(column: pd.Series) -> str:
@@ -411,9 +408,8 @@ def runs_table(results: Results) -> str:
 
 def _device(run: Path) -> str:
     """'cuda:0 (NVIDIA H100 80GB HBM3)' from a run's env.json, '' where not recorded."""
-    path = run / "env.json"
     try:
-        env = run_dirs.read_json(path) if path.is_file() else {}
+        env = (found.as_dict() if (found := run_dirs.env_record(run)) else {})
     except UserError:
         return ""
     device, name = env.get("device"), env.get("device_name")

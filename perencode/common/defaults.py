@@ -43,5 +43,5 @@ BENCH_WARMUP = 3
 CROSSCHECK_SHAPE = "cpu"
 CROSSCHECK_SEEDS = 3
 
-# perencode.training.tracking.tensorboard_command
+# perencode.training.tensorboard.tensorboard_command
 TENSORBOARD_PORT = 6006

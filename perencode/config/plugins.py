@@ -14,8 +14,9 @@ Three routes bring kinds in:
 Every kind remembers where it came from (`origin`). A sweep hands its workers and SLURM jobs
 the plugins of this process (`handed_on`: PERENCODE_PLUGINS with absolute paths) and checks
 its cells in a process started as its workers are (perencode.commands.sweep.validate). A run records
-the plugins its kinds came from in RUN_DIR/plugins.json; a later command that lacks one says
-which and how to load it (`require`), and never executes a file because a run names it.
+the plugins its kinds came from (`entries`) in RUN_DIR/plugins.json, which only the store
+writes and reads (perencode.store.runs): a later command that lacks one says which and how
+to load it, and never executes a file because a run names it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import hashlib
 import importlib
 import importlib.util
 import io
-import json
 import os
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -34,14 +34,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from perencode.common.console import console
 from perencode.common.errors import UserError
-from perencode.common.files import atomic_write_json
 from perencode.config import registry as kinds
 
 GROUP = "perencode.kinds"
 VARIABLE = "PERENCODE_PLUGINS"
-RECORD = "plugins.json"
 
 
 @dataclass(frozen=True)
@@ -293,80 +290,20 @@ def used_by(recipe) -> dict[Plugin, list[str]]:
     return out
 
 
-def record(run_dir: str | Path, recipe) -> Path | None:
-    """RUN_DIR/plugins.json: the plugins a run's kinds come from (none: no file), each with
-    the fields it provides and their kinds' labels ({"encoding": {"lin_ramp": "Linear
-    ramp"}}: figures read them where the plugin is not loaded, `recorded_labels`)."""
-    used = used_by(recipe)
-    if not used:
-        return None
-    path = Path(run_dir) / RECORD
-    entries = []
-    for plugin, fields in used.items():
+def entries(recipe) -> list[dict[str, Any]]:
+    """The plugins a recipe's kinds come from (none: the package's own), each with the
+    fields it provides and their kinds' labels ({"encoding": {"lin_ramp": "Linear ramp"}}):
+    what perencode.store.runs records in RUN_DIR/plugins.json (records.PluginsRecord), for
+    a later process that lacks the plugin (the labels name its kinds in figures)."""
+    found = []
+    for plugin, fields in used_by(recipe).items():
         labels: dict[str, dict[str, str]] = {}
         for section, tag in kinds.TAGS.items():
             name = getattr(getattr(recipe, section), tag)
             if origin(section, name) == plugin:
                 labels.setdefault(section, {})[name] = kinds.registry(section)[name].label
-        entries.append({**asdict(plugin), "provides": fields, "labels": labels})
-    atomic_write_json(path, {"plugins": entries})
-    return path
-
-
-def recorded_labels(run_dir: str | Path) -> dict[tuple[str, str], str]:
-    """(registry, name) -> label: the labels RUN_DIR/plugins.json records for its plugins'
-    kinds; only read (a missing or damaged file, or one written before labels were
-    recorded: none)."""
-    path = Path(run_dir) / RECORD
-    try:
-        entries = json.loads(path.read_text(encoding="utf-8")).get("plugins", [])
-    except (OSError, ValueError, AttributeError):
-        return {}
-    found: dict[tuple[str, str], str] = {}
-    for entry in entries if isinstance(entries, list) else []:
-        labels = entry.get("labels") if isinstance(entry, dict) else None
-        for section, names in (labels.items() if isinstance(labels, dict) else ()):
-            if section in kinds.TAGS and isinstance(names, dict):
-                found.update({(section, str(n)): label for n, label in names.items()
-                              if isinstance(label, str) and label})
+        found.append({**asdict(plugin), "provides": fields, "labels": labels})
     return found
-
-
-_DAMAGED: set[tuple[str, str]] = set()  # the damaged plugins.json files noted so far
-
-
-def require(run_dir: str | Path, data: dict) -> None:
-    """Before a run's recipe is validated: a kind it names that no registration holds, and
-    that RUN_DIR/plugins.json says came from a plugin, is a UserError naming the plugin and
-    how to load it. The file is only read: nothing a run directory names is executed."""
-    path = Path(run_dir) / RECORD
-    if not path.is_file():
-        return
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8")).get("plugins", [])
-    except (OSError, ValueError, AttributeError) as exc:
-        # Unreadable: validation names a kind nothing registers.
-        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else \
-            "not JSON" if isinstance(exc, ValueError) else "not a JSON object"
-        seen = (os.path.realpath(path), why)
-        if seen not in _DAMAGED:  # once: a command reads a run's recipe more than once
-            _DAMAGED.add(seen)
-            console.print(f"[yellow]note:[/] {path}: damaged ({why}); ignored",
-                          highlight=False, soft_wrap=True)
-        return
-    for section, tag in kinds.TAGS.items():
-        table = data.get(section)
-        name = table.get(tag) if isinstance(table, dict) else None
-        if name is None or name in kinds.registry(section):
-            continue
-        field = f"{section}.{tag} = {name!r}"
-        for entry in recorded if isinstance(recorded, list) else []:
-            if isinstance(entry, dict) and field in entry.get("provides", []):
-                fields: dict[str, Any] = {k: entry.get(k) for k in Plugin.__dataclass_fields__}
-                plugin = Plugin(**fields)
-                raise UserError(f"{run_dir}: the run needs the plugin {plugin.describe()} "
-                                f"for {field}, which this process has not loaded; "
-                                f"{plugin.how_to_load()}")
 
 
 def handed_on(recipes=()) -> list[str]:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import difflib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from perencode.common.errors import UserError
-from perencode.config import plugins, registry
+from perencode.config import registry
 from perencode.config.sections import KindConfig, KindNames, Section
 from perencode.config.validation import validate_table
 
@@ -420,8 +421,12 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 GRID_KEYS = ("base", "grid", "sweep", "slurm")
 
 
-def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
-    """Read a TOML recipe, apply `--set` overrides, validate; UserError on any mistake."""
+def load_recipe(path: str | Path, overrides: list[str] | None = None,
+                check: Callable[[dict], None] | None = None) -> Recipe:
+    """Read a TOML recipe, apply `--set` overrides, validate; UserError on any mistake.
+    `check`: called with the table as read (overrides applied) before validation; nothing
+    beside the file is read here (a run's plugins.json is the store's:
+    perencode.store.runs.require_plugins)."""
     data = read_toml(path)
     found = [key for key in GRID_KEYS if key in data]
     if found:
@@ -434,7 +439,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
             # The file's text describes the file: say what --set changed after it.
             data["description"] = (f"{data['description'].rstrip()} Changed by --set: "
                                    f"{', '.join(item.strip() for item in changed)}.")
-    plugins.require(Path(path).parent, data)  # a run's recipe.toml: the plugin it needs
+    if check is not None:  # e.g. a run's recipe.toml: the plugin it needs (perencode.store.runs)
+        check(data)
     source = f"{path}" + (" (with --set)" if overrides else "")
     recipe = validate(data, source)
     if "name" not in data.get("task", {}):

@@ -15,8 +15,9 @@ The rules (README.md, "A run is tied to what made it"):
 - Recipe: RUN_DIR/recipe.toml must still hold the recorded recipe; a hand edit is refused,
   naming the field that differs from what trained.
 - Code: the run's package code is every perencode module of its training and scoring path
-  (ROOTS, `perencode.commands.train`, `.evaluate` and `.stability`, and every perencode module they
-  or its plugin kinds import, directly or not: `modules_record`), each with a hash of its
+  (ROOTS, `perencode.training.loop`, `perencode.commands.evaluate` and `.stability`, and
+  every perencode module they or its plugin kinds import, directly or not:
+  `modules_record`), each with a hash of its
   source. Each kind (task, model, encoding) also records where it came from: perencode
   itself (the package's version and git commit, for information) or a plugin (its module,
   file, and the installed distribution and version where there is one, and a hash of every
@@ -155,7 +156,7 @@ def code_record(section: str, name: str) -> dict[str, Any] | None:
 # package code (`modules`): an edit to any of them (models/base.py, session.py, the task
 # base class, ...) is a change of the run's code, as an edit to a kind's own module is.
 PACKAGE = Path(__file__).resolve().parents[1]
-ROOTS = ("perencode.commands.train", "perencode.commands.evaluate", "perencode.commands.stability")
+ROOTS = ("perencode.training.loop", "perencode.commands.evaluate", "perencode.commands.stability")
 
 
 def _package_file(module: str) -> Path | None:

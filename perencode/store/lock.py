@@ -59,7 +59,7 @@ LOCK_NAME = ".perencode.lock"
 NO_LOCK_VARIABLE = "PERENCODE_NO_LOCK"
 # Set by a sweep for its local workers: the pid of the sweep. A worker whose parent is no
 # longer that process (the sweep was killed, even by SIGKILL) stops as on SIGTERM, so no
-# trainer outlives its sweep (perencode.commands.train reads it; PR_SET_PDEATHSIG, set by
+# trainer outlives its sweep (perencode.training.loop reads it; PR_SET_PDEATHSIG, set by
 # perencode.commands.sweep.local, does the same at once on Linux).
 PARENT_ENV = "PERENCODE_PARENT_PID"
 # Windows locks a byte range and forbids reading it meanwhile: lock one byte far past the

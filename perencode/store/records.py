@@ -5,11 +5,17 @@
     identity.json   IdentityRecord the recipe, code and data that made it (perencode.store.identity)
     metrics.jsonl   MetricsRow     one row per log step: step, loss, accuracy, lr, gradient
                                    norm, seconds, and the periodic held-out scores
+    plugins.json    PluginsRecord  the plugins the run's kinds came from, what each provides
+                                   and its kinds' labels (perencode.config.plugins.entries)
+    sweep.json      SweepRecord    the sweep that made the run: grid, name, tag, cell, axes
+    env.json        EnvRecord      the environment report of its first start
+                                   (perencode.store.environment), seed, every start, end time
 
 Every writer builds the model and every reader gets it back: a file an earlier perencode
 wrote goes through its record's one migration (`migrate_eval`, `migrate_status`,
-`migrate_identity`, `migrate_metrics_row`), so that a reader only ever sees the current
-format. What each earlier version lacked is said beside its version number below.
+`migrate_identity`, `migrate_metrics_row`, `migrate_plugins`, `migrate_sweep`,
+`migrate_env`), so that a reader only ever sees the current format. What each earlier
+version lacked is said beside its version number below.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ EVAL_VERSION = 2      # 1: no version; the earliest runs' eval.json has no itera
 STATUS_VERSION = 2    # 1: no version; before status.json existed a run had none (`infer_status`)
 METRICS_VERSION = 2   # 1: no version and no grad_norm (the step's gradient norm)
 IDENTITY_VERSION = 2  # 1: no `modules` (the perencode modules of the run's path)
+PLUGINS_VERSION = 2   # 1: no version (and before labels were recorded, no `labels`)
+SWEEP_VERSION = 2     # 1: no version
+ENV_VERSION = 2       # 1: no version
 IDENTITY_FORMAT = "perencode-identity"
 
 FINISHED, DIVERGED, UNFINISHED = "finished", "diverged", "unfinished"  # StatusRecord.state
@@ -314,6 +323,161 @@ def metrics_row(line: bytes | str) -> MetricsRow | str:
 # --------------------------------------------------------------------------------------
 # Plain JSON
 # --------------------------------------------------------------------------------------
+
+# --------------------------------------------------------------------------------------
+# plugins.json
+# --------------------------------------------------------------------------------------
+
+class PluginEntry(BaseModel):
+    """One plugin of a run: where it came from (perencode.config.plugins.Plugin's fields),
+    the recipe fields it provides ("encoding.kind = 'lin_ramp'") and its kinds' labels
+    ({"encoding": {"lin_ramp": "Linear ramp"}})."""
+
+    module: str
+    file: str | None = None
+    package: str | None = None
+    version: str | None = None  # the installed package's version, not the record's
+    entry_point: str | None = None
+    provides: list[str] = []
+    labels: dict[str, dict[str, str]] = {}
+
+    def origin(self) -> dict[str, Any]:
+        """The fields of perencode.config.plugins.Plugin."""
+        return self.model_dump(exclude={"provides", "labels"})
+
+
+class PluginsRecord(BaseModel):
+    """plugins.json: the plugins a run's kinds came from (a run of the package's own kinds
+    has no file)."""
+
+    version: int = PLUGINS_VERSION
+    plugins: list[PluginEntry]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"plugins": [entry.model_dump() for entry in self.plugins],
+                "version": self.version}
+
+
+def migrate_plugins(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """A plugins.json object of any perencode version as the current version: 1 (no version
+    key) holds what 2 does, less `labels` in the earliest (read as none)."""
+    _version(data, PLUGINS_VERSION, path, "plugins.json")
+    return {**data, "version": PLUGINS_VERSION}
+
+
+def read_plugins(path: str | Path) -> PluginsRecord:
+    """plugins.json as the current PluginsRecord; UserError `PATH: damaged (why)` when it is
+    not UTF-8, not JSON, not an object or not a plugins.json, or of a version this perencode
+    cannot read."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: damaged (not UTF-8 text)") from None
+    except json.JSONDecodeError:
+        raise UserError(f"{path}: damaged (not JSON)") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: damaged (not a JSON object)")
+    try:
+        return PluginsRecord.model_validate(migrate_plugins(data, path))
+    except ValueError as exc:
+        raise UserError(f"{path}: damaged (not a plugins.json: {_first_error(exc)})") from None
+
+
+# --------------------------------------------------------------------------------------
+# sweep.json
+# --------------------------------------------------------------------------------------
+
+class SweepRecord(BaseModel):
+    """sweep.json: the sweep that made a run (perencode.config.grid.Cell.record): its grid
+    file, its runs' folder name (the grid's stem, @tag with a tag), the tag, the cell's
+    folder below it and the cell's axis values as written."""
+
+    version: int = SWEEP_VERSION
+    grid: str
+    name: str
+    tag: str | None = None
+    cell: str
+    axes: dict[str, str] = {}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.model_dump(exclude={"version"}), "version": self.version}
+
+
+def migrate_sweep(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """A sweep.json object of any perencode version as the current version (1, no version
+    key, holds what 2 does)."""
+    _version(data, SWEEP_VERSION, path, "sweep.json")
+    return {**data, "version": SWEEP_VERSION}
+
+
+def read_sweep(path: str | Path) -> SweepRecord:
+    """sweep.json as the current SweepRecord; UserError naming the file when it is not one."""
+    data = read_json(path)
+    try:
+        return SweepRecord.model_validate(migrate_sweep(data, path))
+    except ValueError as exc:
+        raise UserError(f"{path}: not a sweep.json ({_first_error(exc)}); damaged") from None
+
+
+# --------------------------------------------------------------------------------------
+# env.json
+# --------------------------------------------------------------------------------------
+
+class StartEntry(BaseModel):
+    """One start (or restart) of a run's training: when, on what device, at which commit."""
+
+    model_config = ConfigDict(extra="allow")
+
+    time: str
+    device: str | None = None
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+
+
+class EnvRecord(BaseModel):
+    """env.json: the environment report of the run's first start (its fields as
+    perencode.store.environment.report writes them, kept as extra fields: they follow the
+    report), the seed, every start, and the end time once eval.json is written."""
+
+    model_config = ConfigDict(extra="allow")
+
+    version: int = ENV_VERSION
+    seed: int | None = None
+    start_time: str | None = None
+    starts: list[StartEntry] = []
+    end_time: str | None = None  # absent until the run finished
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field of the report by name ("device", "device_name", ...), or `default`."""
+        return self.as_dict().get(key, default)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The object written to env.json (the record's own fields left out while unset)."""
+        own = {key: value for key, value in (("seed", self.seed),
+                                             ("start_time", self.start_time),
+                                             ("end_time", self.end_time)) if value is not None}
+        starts = {"starts": [s.model_dump() for s in self.starts]} if self.starts else {}
+        return {**(self.__pydantic_extra__ or {}), **own, **starts, "version": self.version}
+
+
+def migrate_env(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """An env.json object of any perencode version as the current version (1, no version
+    key, holds what 2 does)."""
+    _version(data, ENV_VERSION, path, "env.json")
+    return {**data, "version": ENV_VERSION}
+
+
+def read_env(path: str | Path) -> EnvRecord:
+    """env.json as the current EnvRecord; UserError naming the file when it is missing, not
+    JSON or not an env.json."""
+    data = read_json(path)
+    try:
+        return EnvRecord.model_validate(migrate_env(data, path))
+    except ValueError as exc:
+        raise UserError(f"{path}: not an env.json ({_first_error(exc)}); damaged") from None
+
 
 def read_json(path: str | Path) -> dict[str, Any]:
     """A JSON object from a file; UserError naming the file when it is missing, not UTF-8,

@@ -1,12 +1,14 @@
 """Run directories: resolved recipe, provenance, metrics, checkpoints, results.
 
     RUN_DIR/recipe.toml            the resolved recipe (overrides applied)
-    RUN_DIR/plugins.json           the plugins its kinds come from (perencode.config.plugins), if
-    any RUN_DIR/identity.json          the recipe, code and data that made it
-    (perencode.store.identity) RUN_DIR/env.json               the environment report (`perencode
-    env`), seed, start/end times RUN_DIR/metrics.jsonl          one row per log step: step, loss,
-    accuracy, lr, gradient norm,
-                                   seconds (perencode.store.records.MetricsRow)
+    RUN_DIR/plugins.json           the plugins its kinds come from, if any
+                                   (records.PluginsRecord; only this module reads it)
+    RUN_DIR/identity.json          the recipe, code and data that made it
+                                   (perencode.store.identity)
+    RUN_DIR/env.json               the environment report (`perencode env`), seed,
+                                   start/end times
+    RUN_DIR/metrics.jsonl          one row per log step: step, loss, accuracy, lr, gradient
+                                   norm, seconds (perencode.store.records.MetricsRow)
     RUN_DIR/checkpoints/step-K.pt  every train.checkpoint_every iterations and the last one;
                                    the newest train.keep_checkpoints of them are kept
     RUN_DIR/checkpoints/resume.pt  written when a run is interrupted (SIGINT/SIGTERM)
@@ -20,7 +22,8 @@
                                    finite checkpoint is kept); "pruned" what `perencode prune`
                                    deleted. No file: unfinished (or a run of an earlier
                                    perencode: Run.status infers it)
-    RUN_DIR/tensorboard/           TensorBoard event files (`train --tensorboard`; tracking.py)
+    RUN_DIR/tensorboard/           TensorBoard event files (`train --tensorboard`;
+                                   perencode.training.tensorboard)
     RUN_DIR/.perencode.lock        while a command writes in the run (perencode.store.lock)
 
 A checkpoint found unreadable when resuming is renamed step-K.pt.corrupt, one of another
@@ -29,18 +32,19 @@ resumes from the newest readable checkpoint of its own; with none left it starts
 
 `Run` owns all of it: train, evaluate and stability read and write a run directory through
 it (`Run.open`). What a checkpoint holds is perencode.store.checkpoints' alone; what eval.json,
-status.json, identity.json and a metrics.jsonl row hold, perencode.store.records'.
+status.json, identity.json, plugins.json and a metrics.jsonl row hold,
+perencode.store.records'.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
-import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +61,7 @@ from perencode.common.files import (
     atomic_write_text,
     remove_stale_temps,
 )
-from perencode.config import plugins
+from perencode.config import plugins, registry
 from perencode.config.recipe import Recipe, differences, migrate_stored, read_toml, validate
 from perencode.store import environment, identity
 from perencode.store.checkpoints import foreign_reason, whole
@@ -68,20 +72,29 @@ from perencode.store.records import (
     DIVERGED,
     FINISHED,
     UNFINISHED,
+    EnvRecord,
     EvalRecord,
     MetricsRow,
+    PluginsRecord,
+    StartEntry,
     StatusRecord,
+    SweepRecord,
     eval_identity,
     infer_status,
     metrics_row,
+    read_env,
     read_eval,
-    read_json,
+    read_json,  # noqa: F401  (a run's other JSON files: `runs.read_json`)
+    read_plugins,
     read_status,
+    read_sweep,
 )
 
 # What a run made by a sweep remembers of it (perencode.config.grid.Cell.record): the grid, the
 # sweep's name and tag, the cell and its axes.
 SWEEP_RECORD = "sweep.json"
+PLUGINS_RECORD = "plugins.json"
+ENV_RECORD = "env.json"
 _STEP_RE = re.compile(r"^step-(\d+)\.pt$")
 
 # A run's state (status.json: records.StatusRecord): its final evaluation written; training
@@ -189,6 +202,13 @@ def holds_run(recipe_path: str | Path) -> bool:
         (path.parent / name).exists() for name in (identity.RECORD, STATUS_NAME, "metrics.jsonl"))
 
 
+def recipe_check(recipe_path: str | Path) -> Callable[[dict], None] | None:
+    """What `load_recipe` checks before validating a run's recipe.toml: the plugins its run
+    needs (`require_plugins`); None for a recipe file that is no run's."""
+    path = Path(recipe_path)
+    return functools.partial(require_plugins, path.parent) if holds_run(path) else None
+
+
 def default_run_dir(recipe_path: str | Path, seed: int) -> Path:
     """RUNS/<recipe stem>/seed=<seed>, the seed named as a sweep names its axes
     (perencode.config.naming). A run an earlier perencode made at RUNS/<stem>/seed-<seed> is that
@@ -213,8 +233,59 @@ def read_recipe(run_dir: str | Path, any_kind: bool = False) -> Recipe:
         raise UserError(f"{run_dir}: not a perencode run directory (no recipe.toml)")
     data = read_toml(path)
     if not any_kind:
-        plugins.require(run_dir, data)  # a plugin's kind: name the plugin and how to load it
+        require_plugins(run_dir, data)  # a plugin's kind: name the plugin and how to load it
     return validate(migrate_stored(data), str(path), any_kind)
+
+
+def recorded_plugins(run_dir: str | Path) -> PluginsRecord | None:
+    """RUN_DIR/plugins.json (None: no file, a run of the package's own kinds); UserError
+    `PATH: damaged (why)` when it cannot be read."""
+    path = Path(run_dir) / PLUGINS_RECORD
+    return read_plugins(path) if path.is_file() else None
+
+
+def recorded_labels(run_dir: str | Path) -> dict[tuple[str, str], str]:
+    """(registry, name) -> label: the labels RUN_DIR/plugins.json records for its plugins'
+    kinds; only read (a missing or damaged file, or one written before labels were
+    recorded: none)."""
+    try:
+        record = recorded_plugins(run_dir)
+    except UserError:
+        return {}
+    return {(section, name): label for entry in (record.plugins if record else [])
+            for section, names in entry.labels.items() if section in registry.TAGS
+            for name, label in names.items() if label}
+
+
+_DAMAGED: set[str] = set()  # the damaged plugins.json files noted so far
+
+
+def require_plugins(run_dir: str | Path, data: dict) -> None:
+    """Before a run's recipe (`data`, as read) is validated: a kind it names that no
+    registration holds, and that RUN_DIR/plugins.json says came from a plugin, is a
+    UserError naming the plugin and how to load it. The file is only read: nothing a run
+    directory names is executed. A damaged file is a note (once), and validation then names
+    a kind nothing registers."""
+    try:
+        record = recorded_plugins(run_dir)
+    except UserError as exc:
+        if str(exc) not in _DAMAGED:  # once: a command reads a run's recipe more than once
+            _DAMAGED.add(str(exc))
+            console.print(f"[yellow]note:[/] {exc}; ignored", highlight=False,
+                          soft_wrap=True)
+        return
+    for section, tag in registry.TAGS.items():
+        table = data.get(section)
+        name = table.get(tag) if isinstance(table, dict) else None
+        if record is None or name is None or name in registry.registry(section):
+            continue
+        field = f"{section}.{tag} = {name!r}"
+        for entry in record.plugins:
+            if field in entry.provides:
+                plugin = plugins.Plugin(**entry.origin())
+                raise UserError(f"{run_dir}: the run needs the plugin {plugin.describe()} "
+                                f"for {field}, which this process has not loaded; "
+                                f"{plugin.how_to_load()}")
 
 
 class Run:
@@ -331,7 +402,7 @@ class Run:
     def _ended(self) -> bool:
         """Whether env.json holds an end time (written after eval.json)."""
         try:
-            return "end_time" in read_json(self.dir / "env.json")
+            return read_env(self.dir / ENV_RECORD).end_time is not None
         except UserError:
             return False
 
@@ -368,7 +439,10 @@ class Run:
         if not existed:
             identity.record(self.dir, recipe)  # first: a run with a recipe.toml has one
             atomic_write_text(self.dir / "recipe.toml", recipe.to_toml())
-            plugins.record(self.dir, recipe)
+            used = plugins.entries(recipe)
+            if used:  # a run of the package's own kinds has none
+                atomic_write_json(self.dir / PLUGINS_RECORD,
+                                  PluginsRecord.model_validate({"plugins": used}).as_dict())
         self._recipe = recipe
         return existed
 
@@ -402,21 +476,22 @@ class Run:
 
     def start(self, device: torch.device) -> None:
         """env.json: provenance of the first start, plus one entry per (re)start."""
-        path = self.dir / "env.json"
+        path = self.dir / ENV_RECORD
         try:
-            previous = read_json(path) if path.exists() else {}
+            previous = read_env(path) if path.exists() else EnvRecord()
         except UserError as exc:
             # Provenance only: losing the earlier starts must not stop a run from resuming.
             os.replace(path, path.with_name("env.json.corrupt"))
             console.print(f"[yellow]note:[/] {exc}; kept aside as env.json.corrupt, the "
                           "run's provenance starts again from this start", highlight=False,
                           soft_wrap=True)
-            previous = {}
-        current = {**environment.report(device), "seed": self.recipe.train.seed}
-        starts = [*previous.get("starts", []),
-                  {"time": now(), "device": current["device"],
-                   "git_commit": current["git_commit"], "git_dirty": current["git_dirty"]}]
-        atomic_write_json(path, {**current, "start_time": starts[0]["time"], "starts": starts})
+            previous = EnvRecord()
+        current = environment.report(device)
+        starts = [*previous.starts,
+                  StartEntry(time=now(), device=current["device"],
+                             git_commit=current["git_commit"], git_dirty=current["git_dirty"])]
+        write_env(self.dir, EnvRecord(**current, seed=self.recipe.train.seed,
+                                      start_time=starts[0].time, starts=starts))
 
     def resume(self, map_location: str | torch.device = "cpu") -> tuple[Path, dict] | None:
         """The newest readable checkpoint to continue from (`resume_state`), with the
@@ -612,10 +687,9 @@ class Run:
         """eval.json of the final model, then the end time in env.json, then status.json
         (finished, with eval.json's hash)."""
         path = self.write_eval(result)
-        env_path = self.dir / "env.json"
-        env = read_json(env_path) if env_path.exists() else {}
-        env["end_time"] = now()
-        atomic_write_json(env_path, env)
+        env_path = self.dir / ENV_RECORD
+        env = read_env(env_path) if env_path.exists() else EnvRecord()
+        write_env(self.dir, env.model_copy(update={"end_time": now()}))
         self.record_status(FINISHED, iteration=self.recipe.train.iterations,
                            eval_sha256=sha256_of(path))
         return path
@@ -661,30 +735,29 @@ def check_eval(run_dir: str | Path, recipe: Recipe, status: StatusRecord | None 
     return record
 
 
-def integrity(run_dir: str | Path) -> list[str]:
-    """What no longer matches a run's record, one line each (empty when all does): its
-    recipe.toml against identity.json (perencode.store.identity), its eval.json against its
-    recipe and the hash recorded when it finished (`check_eval`). For `show`, which prints
-    a run's files: the other commands refuse such a run."""
-    found = []
-    try:
-        recipe = read_recipe(run_dir, any_kind=True)
-    except UserError as exc:
-        return [str(exc)]
-    for check in (lambda: identity.check(run_dir, recipe, "show", data=False, code=False,
-                                         write=False, note_missing=False),
-                  lambda: check_eval(run_dir, recipe)):
-        try:
-            check()
-        except UserError as exc:
-            found.append(str(exc))
-    return found
+def env_record(run_dir: str | Path) -> EnvRecord | None:
+    """RUN_DIR/env.json (None: no file, training never started); UserError naming the file
+    when it cannot be read."""
+    path = Path(run_dir) / ENV_RECORD
+    return read_env(path) if path.is_file() else None
 
 
-def sweep_record(run_dir: str | Path) -> dict[str, Any]:
-    """RUN_DIR/sweep.json, or {} (a run trained by hand; an unreadable file names nothing)."""
+def write_env(run_dir: str | Path, record: EnvRecord) -> None:
+    """RUN_DIR/env.json, atomically."""
+    atomic_write_json(Path(run_dir) / ENV_RECORD, record.as_dict())
+
+
+def sweep_record(run_dir: str | Path) -> SweepRecord | None:
+    """RUN_DIR/sweep.json, or None (a run trained by hand; an unreadable file names
+    nothing)."""
+    path = Path(run_dir) / SWEEP_RECORD
     try:
-        found = json.loads((Path(run_dir) / SWEEP_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
+        return read_sweep(path) if path.is_file() else None
+    except UserError:
+        return None
+
+
+def record_sweep(run_dir: str | Path, record: dict[str, Any]) -> None:
+    """RUN_DIR/sweep.json: the sweep that claimed the run (perencode.config.grid.Cell.record)."""
+    atomic_write_json(Path(run_dir) / SWEEP_RECORD,
+                      SweepRecord.model_validate(record).as_dict())

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from perencode.common.errors import UserError
-from perencode.config import plugins, registry
+from perencode.config import registry
 from perencode.config.recipe import Recipe
 from perencode.store import identity, records, runs
 
@@ -61,7 +61,7 @@ def summarise(run_dir: str | Path) -> tuple[Recipe, dict[str, Any]]:
     story: state, results, training, device, duration, fingerprint, origins, mismatches."""
     run_dir = Path(run_dir)
     recipe = runs.read_recipe(run_dir, any_kind=True)
-    registry.RECORDED.update(plugins.recorded_labels(run_dir))
+    registry.RECORDED.update(runs.recorded_labels(run_dir))
     run = runs.Run(run_dir)
     status = run.status()
     rows = run.metrics()
@@ -87,14 +87,14 @@ def summarise(run_dir: str | Path) -> tuple[Recipe, dict[str, Any]]:
         story["results"] = {k: v for k, v in scored.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)
                             and k not in records.EVAL_IDENTITY}
-    env_path = run_dir / "env.json"
     try:
-        env = runs.read_json(env_path) if env_path.is_file() else {}
+        env = runs.env_record(run_dir) or records.EnvRecord()
     except UserError:
-        env = {}
+        env = records.EnvRecord()
     story["device"] = env.get("device")
     story["device_name"] = env.get("device_name")
-    story["tag"] = runs.sweep_record(run_dir).get("tag")
+    sweep = runs.sweep_record(run_dir)
+    story["tag"] = sweep.tag if sweep else None
     story["fingerprint"] = identity.short(run_dir)
     story["origin"] = identity.describe(run_dir)
     story["mismatches"] = mismatches(run_dir, recipe)

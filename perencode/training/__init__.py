@@ -1,3 +1,5 @@
-"""The training step and what watches it: the session that owns the step, the memory check
-before a run (`preflight`) and the metrics it logs (`tracking`). It never imports analysis or
-commands (docs/architecture.md)."""
+"""Training and what watches it: the loop (`loop`), the session that owns the step
+(`session`), the memory a run needs, checked before it starts (`preflight`), and the
+TensorBoard event files of its logged rows (`tensorboard`; `metrics.jsonl` itself is
+appended by perencode.store.runs). It never imports analysis or commands
+(docs/architecture.md)."""

@@ -25,7 +25,7 @@ import torch
 from perencode import __version__
 from perencode.commands.crosscheck import (
     gradient_stability,
-    init,
+    initial_weights,
     lm,
     loop,
     loss,
@@ -69,7 +69,7 @@ GROUPS: tuple[tuple[str, str, str, Callable[[Authors], list[Comparison]]], ...] 
     ("schedule", "learning-rate schedule", "timm CosineLRScheduler", schedule.check_schedule),
     ("forward", "forward logits", "model.rnn.RNN, model.ssm.SSM", models.check_forward),
     ("initialisation", "initial parameters of fresh models", "model.rnn.RNN, model.ssm.SSM",
-     init.check_init),
+     initial_weights.check_init),
     ("Adam trajectory", "parameters after Adam steps", "train_palindrome[_ssm].Learner",
      models.check_trajectory),
     ("training loop", "lr, loss and parameters at every iteration of perencode's loop",

@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from perencode.commands.sweep.plan import PlannedRun, RunState
+from perencode.commands.sweep.cells import PlannedRun, RunState
 from perencode.common.console import console, fit_name
 
 STYLE = {RunState.DONE: "green", RunState.FAILED: "bold red", RunState.CONFLICT: "bold red",

@@ -30,9 +30,9 @@ from perencode.analysis.cost import (
     shape_key,
     work,
 )
+from perencode.commands.sweep.cells import FINISHED, PlannedRun, RunState
 from perencode.commands.sweep.local import perencode_command, thread_env
 from perencode.commands.sweep.options import Executor
-from perencode.commands.sweep.plan import FINISHED, PlannedRun, RunState
 from perencode.common.console import console, print_table
 from perencode.common.device import available_cores, resolve_device
 from perencode.common.files import atomic_write_text

@@ -21,8 +21,16 @@ from typing import Any
 
 from perencode.analysis.cost import local_wall_hours
 from perencode.commands.sweep.board import Board, interrupted_line
+from perencode.commands.sweep.cells import (
+    PlannedRun,
+    RunState,
+    claim,
+    claim_at_start,
+    refresh,
+    refresh_stopped,
+    twin_busy,
+)
 from perencode.commands.sweep.options import SweepOptions
-from perencode.commands.sweep.plan import PlannedRun, RunState, claim, refresh, refresh_stopped
 from perencode.common.device import (
     RUNS_SHARING_ENV,
     available_cores,
@@ -86,12 +94,14 @@ class LocalExecutor:
     def __init__(self, options: SweepOptions, grid: Grid, out: Path, slurm: SlurmConfig) -> None:
         self.jobs, self.runs_per_gpu, self.device = options.jobs, options.runs_per_gpu, \
             options.device
+        self.out = out
 
     def run(self, ready: list[PlannedRun], planned: list[PlannedRun], board: Board,
             handed: list[str]) -> bool:
         if not ready:
             return True
-        return run_local(ready, board, self.jobs, self.runs_per_gpu, self.device, handed)
+        return run_local(ready, board, self.jobs, self.runs_per_gpu, self.device, handed,
+                         self.out)
 
     def timing(self, hours: list[float]) -> str:
         gpus = max(1, math.ceil(self.jobs / self.runs_per_gpu))
@@ -108,9 +118,10 @@ class LocalExecutor:
 
 
 def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: int,
-              device: str, handed: list[str] | None = None) -> bool:
+              device: str, handed: list[str] | None = None, out: Path | None = None) -> bool:
     """Up to `jobs` runs at once as subprocesses, GPUs round-robin, each handed the plugins
-    `handed`; False if interrupted."""
+    `handed`; False if interrupted. With `out` (the runs root), a cell is matched against
+    the runs other sweeps claimed there since the plan as it starts (`claim_at_start`)."""
     gpus = visible_gpus(device)
     slots = min(jobs, len(gpus) * runs_per_gpu) if gpus else jobs
     threads = max(1, available_cores() // max(1, min(slots, len(ready))))
@@ -125,8 +136,13 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
             run.message = (f"still held by {describe(holder)}, a worker of an earlier "
                            f"sweep; waiting for it")
             return True
-        if not claim(run):
+        if not (claim(run) if out is None else claim_at_start(run, out)):
             return False
+        busy = None if out is None else twin_busy(run, out)
+        if busy is not None:  # linked to a run another sweep trains: wait for it in its slot
+            run.proc, run.state = None, RunState.RUNNING
+            run.message = f"same recipe as {run.twin}, which {busy} trains; waiting for it"
+            return True
         # With a GPU of its own (CUDA_VISIBLE_DEVICES) a run sees it as device 0.
         command = [*run.commands.pop(0), "--device", "cuda" if gpus else device]
         env = thread_env(threads, run.gpu, handed)
@@ -143,8 +159,8 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
     try:
         while queue or active:
             for run in list(active):
-                if run.proc is None:  # waiting for an earlier sweep's worker
-                    refresh(run)
+                if run.proc is None:  # waiting for an earlier sweep's worker, or another
+                    refresh(run)      # sweep's run of the same recipe
                     if live_holder(run.dir) is None and not start(run):
                         active.remove(run)
                     continue

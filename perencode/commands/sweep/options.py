@@ -14,7 +14,7 @@ from perencode.common import defaults
 
 if TYPE_CHECKING:
     from perencode.commands.sweep.board import Board
-    from perencode.commands.sweep.plan import PlannedRun
+    from perencode.commands.sweep.cells import PlannedRun
     from perencode.config.grid import Grid, SlurmConfig
 
 # The options of `perencode sweep`: perencode.cli's sweep command takes these aliases, and

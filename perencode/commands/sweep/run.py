@@ -8,10 +8,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from perencode.commands.sweep.board import Board
+from perencode.commands.sweep.cells import (
+    FINISHED,
+    PlannedRun,
+    RunState,
+    mark_queued,
+    plan,
+    prepare,
+)
 from perencode.commands.sweep.estimates import measure, print_plan
 from perencode.commands.sweep.local import LocalExecutor
 from perencode.commands.sweep.options import Executor, SweepOptions
-from perencode.commands.sweep.plan import FINISHED, PlannedRun, RunState, mark_queued, plan, prepare
 from perencode.commands.sweep.slurm import SlurmExecutor
 from perencode.commands.sweep.validate import validate_in_worker
 from perencode.common import defaults

@@ -20,9 +20,9 @@ from submitit.slurm.slurm import _convert_mem, _make_sbatch_string
 
 from perencode.analysis.cost import slurm_jobs
 from perencode.commands.sweep.board import Board
+from perencode.commands.sweep.cells import PlannedRun, RunState, live_jobs, record_jobs, refresh
 from perencode.commands.sweep.local import launch, thread_env
 from perencode.commands.sweep.options import SweepOptions
-from perencode.commands.sweep.plan import PlannedRun, RunState, live_jobs, record_jobs, refresh
 from perencode.common.console import console
 from perencode.common.errors import UserError
 from perencode.config.grid import Grid, SlurmConfig

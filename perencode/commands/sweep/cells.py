@@ -5,9 +5,12 @@ is perencode.store.runs.Run."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import subprocess
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ from perencode.common.files import atomic_write_json, tail_lines
 from perencode.config.grid import Cell, Grid
 from perencode.config.recipe import differences, run_key
 from perencode.store import records, runs
+from perencode.store.lock import Locked, describe, hold, live_holder
 
 
 class RunState(str, enum.Enum):
@@ -63,6 +67,7 @@ class PlannedRun:
     proc: Any = None                 # the local executor's subprocess.Popen
     log: Any = None
     gpu: str | None = None
+    planned_at: float = field(default_factory=time.time)  # when `plan` saw the runs under OUT
 
     @property
     def iterations(self) -> int:
@@ -73,13 +78,16 @@ class PlannedRun:
 # Runs on disk
 # --------------------------------------------------------------------------------------
 
-def claimed_runs(out: Path) -> dict[str, Path]:
-    """run_key -> directory of every run (finished or not) under `out`."""
+def claimed_runs(out: Path, since: float | None = None) -> dict[str, Path]:
+    """run_key -> directory of every run (finished or not) under `out`; with `since`, only
+    the runs claimed (recipe.toml written) at or after that time."""
     found: dict[str, Path] = {}
     if not out.is_dir():
         return found
     for run_dir in runs.find_runs([out], notes=[]):  # the plan names its own cells
         try:
+            if since is not None and (run_dir / "recipe.toml").stat().st_mtime < since:
+                continue
             found.setdefault(run_key(runs.read_recipe(run_dir)), run_dir.resolve())
         except UserError:
             continue  # not a readable run: the sweep of its own grid reports it
@@ -284,11 +292,77 @@ def claim(run: PlannedRun) -> bool:
         if run.state in (RunState.NEW, RunState.PARTIAL):
             runs.Run(run.dir).claim(run.cell.recipe)
             if run.cell.record:
-                atomic_write_json(run.dir / runs.SWEEP_RECORD, run.cell.record)
+                runs.record_sweep(run.dir, run.cell.record)
     except (UserError, OSError) as exc:
         run.state, run.message = RunState.FAILED, str(exc)
         return False
     return True
+
+
+# How long a cell's start waits for another sweep's claim under the same OUT (a few
+# milliseconds each), and how much older than the plan a run claimed since may look (the
+# clocks of a shared filesystem's server and of this host may differ).
+CLAIM_WAIT_SECONDS, CLOCK_SKEW_SECONDS = 60.0, 60.0
+
+
+@contextlib.contextmanager
+def _claiming(out: Path) -> Iterator[None]:
+    """OUT's own lock (perencode.store.lock), held while a cell is matched and claimed: of
+    two sweeps starting cells of the same recipe, one claims it and the other sees the
+    claim. Another sweep's claim lasts milliseconds: waited for."""
+    deadline = time.monotonic() + CLAIM_WAIT_SECONDS
+    while True:
+        try:
+            with hold(out, "perencode sweep: claiming a cell"):
+                yield
+            return
+        except Locked:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def claim_at_start(run: PlannedRun, out: Path) -> bool:
+    """`claim` for an executor that claims each cell as it starts it (a local sweep). A new
+    cell whose recipe another sweep claimed under `out` after this sweep planned (two
+    sweeps of overlapping grids started together) is linked to that run instead, as `plan`
+    links one claimed before (RunState.REUSE): the recipe is trained once, and `twin_busy`
+    says while this sweep waits for it. The match and the claim hold `out`'s lock. False:
+    the run FAILED, with the reason."""
+    if run.state != RunState.NEW or run.dir.is_symlink() or run.dir.exists():
+        return claim(run)
+    try:
+        with _claiming(out):
+            twin = claimed_runs(out, run.planned_at - CLOCK_SKEW_SECONDS).get(
+                run_key(run.cell.recipe))
+            if twin is None or twin == run.dir.resolve():
+                return claim(run)
+            run.dir.parent.mkdir(parents=True, exist_ok=True)
+            run.dir.symlink_to(os.path.relpath(twin, run.dir.parent), target_is_directory=True)
+    except (UserError, OSError) as exc:
+        run.state, run.message = RunState.FAILED, str(exc)
+        return False
+    run.state, run.twin = RunState.REUSE, twin
+    run.message = f"same recipe as {twin}, which another sweep claimed after this one planned"
+    run.twin_job = twin_job(out, twin)
+    return True
+
+
+def twin_busy(run: PlannedRun, out: Path) -> str | None:
+    """Who is training the run a cell is linked to, or is about to (`describe`d): its
+    trainer, or the live sweep that claimed it and has not started it yet (that sweep holds
+    its run tree, OUT/<grid>). None: nobody, the link may go on (it resumes the run, or
+    finds it complete)."""
+    if run.twin is None:
+        return None
+    holder = live_holder(run.twin)
+    if holder is None and not started(run.twin):
+        try:
+            tree = Path(os.path.relpath(run.twin, out.resolve())).parts[0]
+        except (ValueError, IndexError):
+            return None
+        holder = live_holder(out / tree) if tree != ".." else None
+    return describe(holder) if holder is not None else None
 
 
 def prepare(todo: list[PlannedRun], claim_now: bool = True) -> list[PlannedRun]:
