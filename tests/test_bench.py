@@ -1,5 +1,5 @@
 """perencode.commands.bench (the timed training step and its bare reference; tests/test_cli.py times
-both through `perencode bench --baseline`) and the compute model of perencode.analysis.cost
+both through `perencode bench --baseline`) and the compute model of perencode.training.planning
 (FLOPs and parameters per iteration), on known answers."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from perencode.analysis.cost import flops_per_iteration, layer_parameters
 from perencode.commands.bench import bare_loop, bench
 from perencode.common.errors import UserError
 from perencode.config import registry
 from perencode.config.recipe import validate
 from perencode.kinds.models import SequenceModel, Shapes
 from perencode.kinds.models.rnn import CELLS
+from perencode.training.planning import flops_per_iteration, layer_parameters
 from perencode.training.session import build
 
 CPU = torch.device("cpu")

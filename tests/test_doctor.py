@@ -15,7 +15,7 @@ from conftest import ROOT, run_cli, unfinish
 
 from perencode.commands import doctor
 from perencode.config import registry
-from perencode.training import preflight, session
+from perencode.training import planning, session
 from perencode.training.session import CHUNK_LOGITS
 
 CPU = torch.device("cpu")
@@ -189,11 +189,11 @@ def test_a_checkpoint_from_another_device_type_resumes_on_a_new_stream(tmp_path,
 
 @pytest.mark.slow
 def test_memory_ratio_on_the_cpu():
-    """The estimate is perencode.training.preflight's; the peak is a fresh process's resident-set
+    """The estimate is perencode.training.planning's; the peak is a fresh process's resident-set
     growth over its size after imports; the CPU doctor's shape lands in the range."""
     recipe = doctor.small_recipe("gru", "sinusoidal", doctor.CPU_MEMORY_SIZE)
     estimate, peak, ratio = doctor.memory_ratio(recipe, CPU)
-    assert estimate == preflight.estimate(recipe, CHUNK_LOGITS).total
+    assert estimate == planning.estimate(recipe, CHUNK_LOGITS).total
     assert ratio == peak / estimate
     low, high = doctor.MEMORY_RATIO["cpu"]
     assert low <= ratio <= high

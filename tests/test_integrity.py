@@ -74,7 +74,7 @@ def test_the_code_of_a_run_is_its_training_and_scoring_path():
             "perencode.kinds.models.rnn", "perencode.kinds.encoding", "perencode.kinds.scoring",
             "perencode.kinds.tasks.reverse"} <= set(modules)
     assert not {"perencode.cli", "perencode.analysis.plots", "perencode.commands.report",
-                "perencode.commands.sweep"} & set(modules)
+                "perencode.commands.sweep", "perencode.training.planning"} & set(modules)
     assert all(len(digest) == 64 for digest in modules.values())
 
 
@@ -95,6 +95,26 @@ def test_an_edit_to_shared_code_is_named_and_changes_the_fingerprint(run, tmp_pa
     with pytest.raises(UserError, match=r"perencode.kinds.models.base changed since the run was "
                        r"made.*`perencode eval --accept-code`"):
         identity.check(run, recipe_of(), "eval")
+
+
+def test_an_edit_to_planning_is_no_change_of_a_runs_code(tmp_path, monkeypatch):
+    """The loop imports planning (its memory check), but planning's estimates change no
+    number a run records: an edit to its GPU table leaves the run's code as it was, while an
+    edit to the model code beside it does not."""
+    before = identity.modules_record(recipe_of())
+    root = tmp_path / "edited"
+    shutil.copytree(ROOT / "perencode", root / "perencode",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    planning = root / "perencode" / "training" / "planning.py"
+    text = planning.read_text()
+    assert '"a100": GPU(' in text
+    planning.write_text(text.replace('"a100": GPU(', '"a100": GPU(  # edited\n', 1)
+                        + "\nEDITED = True\n")
+    monkeypatch.setattr(identity, "PACKAGE", root / "perencode")
+    assert identity.modules_record(recipe_of()) == before
+    monkeypatch.setattr(identity, "PACKAGE", edited_package(tmp_path / "b") / "perencode")
+    changed = identity.modules_record(recipe_of())
+    assert [m for m in before if changed[m] != before[m]] == ["perencode.kinds.models.base"]
 
 
 @pytest.mark.slow

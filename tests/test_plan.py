@@ -1,4 +1,4 @@
-"""`perencode plan` (perencode.commands.plan) and its cost model (perencode.analysis.cost): the
+"""`perencode plan` (perencode.commands.plan) and its cost model (perencode.training.planning): the
 parts pinned to hand-computed values, the unique runs equal to the sweep's planning, a budget, and
 the way from a plan through `sweep` to `verify` on a tiny grid on the CPU."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_cli, tiny_recipe, tiny_toml
 
-from perencode.analysis import cost
+from perencode.analysis import stats
 from perencode.analysis.verdicts import load_claims
 from perencode.commands.plan import (
     Run,
@@ -29,10 +29,11 @@ from perencode.commands.sweep.cells import RunState, prepare
 from perencode.commands.sweep.cells import plan as sweep_plan
 from perencode.config.grid import SlurmConfig, load_grid
 from perencode.config.recipe import run_key, validate
+from perencode.training import planning
 
 pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
 
-A100 = cost.gpu("a100")
+A100 = planning.gpu("a100")
 TINY = tiny_toml(optim={"lr": 1e-2, "warmup": 2}, train={"checkpoint_every": 10})
 AXES = """
 [grid]
@@ -51,27 +52,27 @@ def recipe(**tables):
 def test_flops_split_into_recurrent_layer_and_head_by_hand():
     # reverse, L = 4: T = 8 steps, 4 scored outputs; B = 8, E = 8, H = 16, K = 8; a GRU has
     # 3 gates, each mapping the input (E = 8 vanilla) and the state: 3 x (8 x 16 + 16 x 16)
-    w = cost.work(recipe(task={"vocab_size": 8}, encoding={"kind": "none"}))
+    w = planning.work(recipe(task={"vocab_size": 8}, encoding={"kind": "none"}))
     assert w.layer == 3 * 2 * 8 * 8 * (3 * (8 * 16 + 16 * 16)) == 442_368
     assert w.head == 3 * 2 * 8 * 4 * 16 * 8 == 24_576
     assert w.layer_switch == "cudnn" and w.scored == 4
-    assert w.total == cost.flops_per_iteration(recipe(task={"vocab_size": 8},
+    assert w.total == planning.flops_per_iteration(recipe(task={"vocab_size": 8},
                                                       encoding={"kind": "none"}))
 
 
 def test_cudnn_layers_run_in_tf32_and_heads_in_fp32_unless_asked():
-    w = cost.work(recipe(task={"vocab_size": 8}))
-    assert cost.rates(w, A100) == (156e12, 19.5e12)          # torch's defaults
-    assert cost.rates(w, A100, "tf32") == (156e12, 156e12)   # train.precision = "tf32"
-    assert cost.rates(w, cost.gpu("v100")) == (15.7e12, 15.7e12)  # Volta has no TF32
-    s4d = cost.work(recipe(model={"arch": "s4d", "d_state": 8}))
-    assert s4d.layer_switch == "matmul" and cost.rates(s4d, A100)[0] == 19.5e12
-    assert cost.modelled_seconds(w, A100, efficiency=cost.PEAK) == pytest.approx(
+    w = planning.work(recipe(task={"vocab_size": 8}))
+    assert planning.rates(w, A100) == (156e12, 19.5e12)          # torch's defaults
+    assert planning.rates(w, A100, "tf32") == (156e12, 156e12)   # train.precision = "tf32"
+    assert planning.rates(w, planning.gpu("v100")) == (15.7e12, 15.7e12)  # Volta has no TF32
+    s4d = planning.work(recipe(model={"arch": "s4d", "d_state": 8}))
+    assert s4d.layer_switch == "matmul" and planning.rates(s4d, A100)[0] == 19.5e12
+    assert planning.modelled_seconds(w, A100, efficiency=planning.PEAK) == pytest.approx(
         w.layer / 156e12 + w.head / 19.5e12)
-    assert cost.modelled_seconds(w, A100) == pytest.approx(
+    assert planning.modelled_seconds(w, A100) == pytest.approx(
         w.layer / (156e12 * 0.25) + w.head / (19.5e12 * 0.8))
     # an S4D's layer is matmuls: fp32, at the matmul efficiency
-    assert cost.modelled_seconds(s4d, A100) == pytest.approx(
+    assert planning.modelled_seconds(s4d, A100) == pytest.approx(
         s4d.layer / (19.5e12 * 0.8) + s4d.head / (19.5e12 * 0.8))
 
 
@@ -80,17 +81,17 @@ def test_the_language_model_counts_only_its_scored_positions(tmp_path):
     data.mkdir()
     lm = {"name": "lm", "vocab_size": 64, "length": 32, "data": str(data)}
     r = validate({**tiny_recipe(), "task": lm}, "test")
-    w = cost.work(r)
+    w = planning.work(r)
     # not prepared: WikiText-103's published size gives the expected positions, at most
     # the input length (32 here)
     assert w.scored == 32 and w.scored_source.startswith("expected from WikiText-103")
     # at the paper's 1,024: 103,227,021 tokens / 600,000 paragraphs x 1.2 pieces, less one
-    assert cost.expected_lm_scored(1024) == pytest.approx(103_227_021 / 600_000 * 1.2 - 1)
-    assert (cost.expected_lm_scored(1024, 0) < cost.expected_lm_scored(1024)
-            < cost.expected_lm_scored(1024, 2) < 1024)  # the plan's range tops at the bound
+    assert planning.expected_lm_scored(1024) == pytest.approx(103_227_021 / 600_000 * 1.2 - 1)
+    assert (planning.expected_lm_scored(1024, 0) < planning.expected_lm_scored(1024)
+            < planning.expected_lm_scored(1024, 2) < 1024)  # the plan's range tops at the bound
     (data / "manifest.json").write_text(json.dumps(
         {"splits": {"train": {"sequences": 4, "scored_tokens": 30}}}))
-    w = cost.work(r)
+    w = planning.work(r)
     assert w.scored == 7.5 and w.scored_source.endswith("manifest.json")
     # head over 7.5 positions a sequence (K = 63 classes, H = 16, B = 8); the layer over all
     # 32 padded steps (the tiny recipe's GRU: 3 gates)
@@ -99,27 +100,28 @@ def test_the_language_model_counts_only_its_scored_positions(tmp_path):
 
 
 def test_gpu_names_and_an_unknown_one():
-    assert cost.gpu("A100-80GB") is cost.gpu("a100") and cost.gpu("4090").memory_gb == 24
+    assert planning.gpu("A100-80GB") is planning.gpu("a100")
+    assert planning.gpu("4090").memory_gb == 24
     code, text = run_cli("plan", str(ROOT / "recipes/paper/fig10_lstm_predecessor.toml"),
                          "--gpu", "tpu")
     assert code == 2 and "--gpu 'tpu': expected one of a100, a100-40gb, h100" in text
 
 
 def test_welch_power_by_hand():
-    assert cost.t_quantile(0.95, 4) == pytest.approx(2.1318, abs=1e-4)
-    assert cost.t_quantile(0.80, 8) == pytest.approx(0.8889, abs=1e-4)
+    assert stats.t_quantile(0.95, 4) == pytest.approx(2.1318, abs=1e-4)
+    assert stats.t_quantile(0.80, 8) == pytest.approx(0.8889, abs=1e-4)
     # 5 seeds a group, df 8: (1.8595 + 0.8889) x sqrt(2 / 5)
-    assert cost.detectable_effect(5) == pytest.approx((1.8595 + 0.8889) * math.sqrt(0.4),
+    assert stats.detectable_effect(5) == pytest.approx((1.8595 + 0.8889) * math.sqrt(0.4),
                                                       abs=1e-3)
-    assert cost.seeds_needed(2.0) == 5 and cost.seeds_needed(1.0) == 14
-    assert cost.detectable_effect(1) == math.inf
+    assert stats.seeds_needed(2.0) == 5 and stats.seeds_needed(1.0) == 14
+    assert stats.detectable_effect(1) == math.inf
 
 
 # -- executors ----------------------------------------------------------------------------------
 
 def _runs(hours: list[float]) -> list[Run]:
     r = recipe()
-    w = cost.work(r)
+    w = planning.work(r)
     return [Run(str(i), r, "g", [], w, h * 3600 / r.train.iterations, "", 0)
             for i, h in enumerate(hours)]
 
@@ -268,7 +270,7 @@ def test_plan_sweep_verify_marks_the_claims_outside_the_plan(tmp_path):
                for r in unique.values())
     out = tmp_path / "plan"
     code, text = run_cli("plan", grid, "--gpu", "a100", "--claims", claims, "--budget",
-                         f"{cost.GPU_CHECK_MINUTES[1] / 60 + 2.5 * most!r}", "--seeds", "2",
+                         f"{planning.GPU_CHECK_MINUTES[1] / 60 + 2.5 * most!r}", "--seeds", "2",
                          "--write", out)
     assert code == 0, text
     written = json.loads((out / "plan.json").read_text())
@@ -312,8 +314,9 @@ def test_precision_is_in_the_identity_only_when_not_the_authors():
     assert "precision" not in authors.identity()["train"]  # runs made before it keep theirs
     assert tf32.identity()["train"]["precision"] == "tf32"
     assert run_key(authors) != run_key(tf32)
-    w = cost.work(tf32)
-    assert cost.modelled_seconds(w, A100, tf32.train.precision) < cost.modelled_seconds(w, A100)
+    w = planning.work(tf32)
+    assert (planning.modelled_seconds(w, A100, tf32.train.precision)
+            < planning.modelled_seconds(w, A100))
 
 
 def test_the_session_sets_torchs_tf32_switches_by_the_recipe():
@@ -350,19 +353,19 @@ def test_a_measurement_on_that_gpu_replaces_the_model(tmp_path):
     grid.write_text(TINY + AXES)
     [g] = grids = [load_grid(grid)]
     measured = g.cells[0].recipe
-    cost.Estimates(tmp_path / "runs").put("NVIDIA A100-SXM4-80GB", measured, 0.5,
+    planning.Estimates(tmp_path / "runs").put("NVIDIA A100-SXM4-80GB", measured, 0.5,
                                           spread=(0.4, 0.7))
     _, unique = cost_runs(grids, A100, tmp_path / "runs")
     runs = {r.recipe.train.seed: r for r in unique.values()
             if run_key(r.recipe) == run_key(measured)}
     assert runs[111].seconds == 0.5 and runs[111].measured == "measured"
     others = [r for r in unique.values() if r.recipe.model_dump() != measured.model_dump()
-              and cost.shape_key(r.recipe) != cost.shape_key(measured)]
+              and planning.shape_key(r.recipe) != planning.shape_key(measured)]
     assert others and all(r.measured == "extrapolated" for r in others)
     for r in others:
-        assert r.seconds == pytest.approx(0.5 * cost.flops_per_iteration(r.recipe)
-                                          / cost.flops_per_iteration(measured))
-    _, on_h100 = cost_runs(grids, cost.gpu("h100"), tmp_path / "runs")
+        assert r.seconds == pytest.approx(0.5 * planning.flops_per_iteration(r.recipe)
+                                          / planning.flops_per_iteration(measured))
+    _, on_h100 = cost_runs(grids, planning.gpu("h100"), tmp_path / "runs")
     assert all(r.measured == "" for r in on_h100.values())
 
 

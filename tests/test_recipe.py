@@ -4,7 +4,6 @@ from typing import Any
 import pytest
 from conftest import ROOT
 
-from perencode.analysis.cost import COSTLESS_TRAIN_FIELDS
 from perencode.common.errors import UserError
 from perencode.config.recipe import (
     BOOKKEEPING,
@@ -17,6 +16,7 @@ from perencode.config.recipe import (
     parse_value,
 )
 from perencode.config.schema import schema_rows
+from perencode.training.planning import COSTLESS_TRAIN_FIELDS
 
 
 def write(tmp_path, text: str) -> Path:

@@ -15,13 +15,13 @@ from fake_runs import fake_run
 from test_plugins import autoloading, error_line
 from test_sweep import TINY
 
-from perencode.analysis.cost import held_out_iterations
 from perencode.analysis.verdicts import Claim
 from perencode.common.errors import UserError
 from perencode.config import plugins, registry
 from perencode.config.grid import axis_options, load_grid
 from perencode.config.recipe import read_toml, tomllib, validate
 from perencode.store import runs as runs_module
+from perencode.training.planning import held_out_iterations
 
 pytestmark = pytest.mark.forked_children  # the sweep's children as forks (tests/forked.py)
 

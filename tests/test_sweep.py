@@ -20,13 +20,13 @@ from typer.testing import CliRunner
 
 import perencode.commands.sweep.estimates as cost_module
 import perencode.training.session as session_module
-from perencode.analysis import cost
 from perencode.cli import app
 from perencode.commands.sweep.options import SweepOptions
 from perencode.commands.sweep.run import run_sweep
 from perencode.commands.sweep.slurm import TrainJob
 from perencode.config.grid import load_grid
 from perencode.store import runs
+from perencode.training import planning
 
 TINY = tiny_toml(optim={"lr": 1e-2, "warmup": 2}, train={"checkpoint_every": 10})
 AXES = """
@@ -187,13 +187,13 @@ def test_disk_estimate_is_the_size_of_the_kept_checkpoints(tmp_path):
     grid.write_text(TINY + AXES)
     recipe = load_grid(grid).cells[0].recipe
     _, model = build(recipe, torch.device("cpu"))
-    assert cost.parameter_count(recipe) == sum(p.numel() for p in model.parameters())
+    assert planning.parameter_count(recipe) == sum(p.numel() for p in model.parameters())
     big = load_grid(ROOT / "recipes/paper/fig02_lstm_reverse.toml",
                     only=["vocab_size=16384", "encoding=sinusoidal", "seed=111"]).cells[0]
-    assert cost.checkpoint_bytes(big.recipe) == pytest.approx(239e6, rel=0.01)
-    assert cost.checkpoints_on_disk(big.recipe) == 1
+    assert planning.checkpoint_bytes(big.recipe) == pytest.approx(239e6, rel=0.01)
+    assert planning.checkpoints_on_disk(big.recipe) == 1
     stability = load_grid(ROOT / "recipes/paper/fig03_lstm_dual_frequency.toml").cells[0]
-    assert cost.checkpoints_on_disk(stability.recipe) == 60  # 300,000 / 5,000
+    assert planning.checkpoints_on_disk(stability.recipe) == 60  # 300,000 / 5,000
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ budget left is below its minimum (a skipped or failed step never stops the next)
   speed    ms per step at the paper's shapes: free-running (CUDA events, one sync at the
            end, as training runs) and synchronised per step, against the bare cuDNN loop
   tf32     the K = 16,384 LSTM's and the S4D's step with TF32 on cuBLAS (the heads)
-  memory   perencode.training.preflight's estimate against the allocator's peak (two steps and the
+  memory   perencode.training.planning's estimate against the allocator's peak (two steps and the
            held-out evaluation) for the largest synthetic model of each kind; the
            language model's head against its estimate
   share    steps/s of 1 and of 4 training processes at once on the one GPU
@@ -46,7 +46,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout's perencode, installed or not
 
-from perencode.analysis import cost  # noqa: E402
 from perencode.commands import bench, doctor  # noqa: E402
 from perencode.common.device import (  # noqa: E402
     free_running_seconds,
@@ -57,7 +56,7 @@ from perencode.common.device import (  # noqa: E402
 from perencode.config.recipe import Recipe, load_recipe  # noqa: E402
 from perencode.kinds.models.rnn import CELLS  # noqa: E402
 from perencode.store import environment  # noqa: E402
-from perencode.training import preflight  # noqa: E402
+from perencode.training import planning  # noqa: E402
 from perencode.training.session import CHUNK_LOGITS, Session  # noqa: E402
 
 # (name, seconds it may take at most, seconds it needs at least) in running order.
@@ -226,7 +225,7 @@ class Check:
             per_step = free_running_seconds(synced, self.n, 0, self.device)
             row: dict[str, Any] = {
                 "ms_free": round(1e3 * free, 2), "ms_synced_each_step": round(1e3 * per_step, 2),
-                "tflops": round(cost.flops_per_iteration(r) / free / 1e12, 2)}
+                "tflops": round(planning.flops_per_iteration(r) / free / 1e12, 2)}
             del s
             if r.model.arch in CELLS and r.task.name in ("reverse", "sort"):
                 bare = bench.bare_loop(r, self.device)
@@ -262,7 +261,7 @@ class Check:
                          "peak_gib": round(peak / 2 ** 30, 3), "ratio": round(ratio, 2)}
         lm = load_recipe(ROOT / "recipes" / "lstm_wikitext103.toml")
         out["lstm_wikitext103 estimate_gib (not run: needs the prepared data)"] = round(
-            preflight.estimate(lm, CHUNK_LOGITS).total / 2 ** 30, 2)
+            planning.estimate(lm, CHUNK_LOGITS).total / 2 ** 30, 2)
         if self.cuda:
             free, total = torch.cuda.mem_get_info(self.device)
             out["free_gib_now"], out["total_gib"] = round(free / 2 ** 30, 2), round(

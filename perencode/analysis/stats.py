@@ -365,6 +365,48 @@ def seeds_to_decide(test: HypothesisTest, power: float = 0.8,
 
 
 # --------------------------------------------------------------------------------------
+# Seeds a plan needs (`perencode plan`): the power of the verdicts' test (a one-sided
+# Welch t at 95%)
+# --------------------------------------------------------------------------------------
+
+LEVEL, POWER = 0.95, 0.80
+
+
+def detectable_effect(n: int, groups: int = 2, alpha: float = 1 - LEVEL) -> float:
+    """The smallest effect, in units of the seeds' standard deviation, that a one-sided t
+    test at LEVEL decides with POWER from n seeds a group: two groups (a difference of
+    means; Welch's df at equal n and spread is 2n - 2) or one (a mean against a threshold,
+    df n - 1). The usual approximation (t_level + t_power) x standard error, with central
+    t quantiles."""
+    if n < 2:
+        return math.inf
+    df = groups * (n - 1)
+    return (t_quantile(1 - alpha, df) + t_quantile(POWER, df)) * math.sqrt(groups / n)
+
+
+def seeds_needed(effect: float, groups: int = 2, most: int = 100,
+                 alpha: float = 1 - LEVEL, floor: int | None = None) -> int | None:
+    """Seeds a group that decide an effect of `effect` standard deviations at `alpha` with
+    POWER (detectable_effect), never fewer than `floor` (default: what the exact test of a
+    constant cell needs at `alpha`, exact_minimum: a cell whose seeds agree is decided by
+    it); None if more than `most`."""
+    for n in range(exact_minimum(groups, alpha) if floor is None else floor, most + 1):
+        if detectable_effect(n, groups, alpha) <= effect:
+            return n
+    return None
+
+
+def exact_minimum(groups: int, alpha: float = 1 - LEVEL) -> int:
+    """The fewest seeds a group at which the verdicts' exact test of a constant cell can
+    decide at `alpha` (sign_test, rank_test): the sign test, p = 2^-n, for one group
+    (5 at 0.05); the permutation test, p = 1 / C(2n, n), for two (3 at 0.05)."""
+    n = 2
+    while (0.5 ** n if groups == 1 else 1 / math.comb(2 * n, n)) > alpha + 1e-12:
+        n += 1
+    return n
+
+
+# --------------------------------------------------------------------------------------
 # The distribution-free reading, and runs whose shape contradicts a t-test's assumption
 # --------------------------------------------------------------------------------------
 

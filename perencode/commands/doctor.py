@@ -10,7 +10,7 @@ why"). A check that raises becomes one FAIL row naming the exception, never a tr
 - determinism: the same steps twice on one device, bit-identical or not (`determinism`);
 - resume across devices: a run checkpointed on one device finishes on the other, through
   `perencode train` and its run directory (`resume_across`);
-- memory: perencode.training.preflight's estimate against the measured peak (`memory_ratio`);
+- memory: perencode.training.planning's estimate against the measured peak (`memory_ratio`);
 - speed: `bench --baseline` at the paper's Fig. 2 GRU shape, and each paper grid's
   device-hours extrapolated from it (the `sweep --estimate` cache is filled on the way).
 
@@ -41,7 +41,6 @@ from typing import Any
 
 import torch
 
-from perencode.analysis.cost import Estimates, device_label
 from perencode.common import defaults
 from perencode.common.console import console
 from perencode.common.device import device_model, host_syncs, kernel_support
@@ -60,7 +59,8 @@ from perencode.kinds.models import SequenceModel
 from perencode.kinds.tasks import Batch
 from perencode.store import checkpoints, runs
 from perencode.store.environment import cpu_capability, cpu_model, gpu_driver, perencode_command
-from perencode.training import preflight
+from perencode.training import planning
+from perencode.training.planning import Estimates, device_label
 from perencode.training.session import CHUNK_LOGITS, Session
 
 PASS, FAIL, INFO = "pass", "FAIL", "info"
@@ -148,7 +148,7 @@ CPU_SIZE = {"vocab_size": 16, "length": 8, "hidden_size": 16, "embed_size": 16,
 CPU_MEMORY_SIZE = {"vocab_size": 256, "length": 64, "hidden_size": 128, "embed_size": 128,
                    "batch_size": 128}
 # The measured peak over the estimate, by device type. The estimate counts the tensors a
-# step keeps (cuDNN's saved state for the RNNs, perencode.training.preflight), not the allocator's
+# step keeps (cuDNN's saved state for the RNNs, perencode.training.planning), not the allocator's
 # slack: on CUDA the two should agree within a factor of 2. The CPU's RNN kernels keep
 # more per step for the backward pass than cuDNN (1.8x the estimate for the GRU at
 # CPU_MEMORY_SIZE on an x86-64 Linux machine), hence the wider CPU range.
@@ -161,7 +161,7 @@ SPEED_RATIO = 2.0
 FIG2_GRU = "recipes/gru_vocab256.toml"
 PAPER_GRIDS = "recipes/paper"
 # The memory checks on a GPU: the largest synthetic recipe of each model kind by
-# perencode.training.preflight's estimate (the K = 16,384 LSTM peaks at its held-out evaluation,
+# perencode.training.planning's estimate (the K = 16,384 LSTM peaks at its held-out evaluation,
 # about 9.5 GiB). The language model's (24.5 GiB) needs its prepared data: not checked here.
 DEVICE_MEMORY = (FIG2_GRU, "recipes/lstm_vocab16384.toml", "recipes/s4d_dualfreq_vocab2048.toml")
 
@@ -388,7 +388,7 @@ def resume_ok(result: dict, recipe: Recipe) -> bool:
 
 def memory_workload(recipe: Recipe, device: torch.device) -> None:
     """What a run holds at once: the model, Adam's state, two training steps and the
-    held-out evaluation (the two phases perencode.training.preflight estimates)."""
+    held-out evaluation (the two phases perencode.training.planning estimates)."""
 
     session = Session(recipe, device)
     for _ in range(2):
@@ -449,7 +449,7 @@ def _peak_child() -> None:
 
 def memory_ratio(recipe: Recipe, device: torch.device) -> tuple[int, int, float]:
     """(estimated bytes, measured peak bytes, measured / estimated)."""
-    estimate = preflight.estimate(recipe, CHUNK_LOGITS).total
+    estimate = planning.estimate(recipe, CHUNK_LOGITS).total
     peak = measured_peak(recipe, device)
     return estimate, peak, peak / estimate
 
@@ -645,7 +645,7 @@ def speed_checks(device: torch.device, recipe: Recipe, grids: list[Path], runs_r
     each grid from the `sweep --estimate` cache under `runs_root`, which this fills: the
     recipe's shape from that bench, an architecture not yet measured from its grid's first
     cell (3 iterations, as `--estimate` times it); the other shapes extrapolated by FLOPs
-    (perencode.analysis.cost). A cell shared by two grids counts in each. Each bench runs in
+    (perencode.training.planning). A cell shared by two grids counts in each. Each bench runs in
     a child process, as `sweep --estimate`'s do."""
     with tempfile.TemporaryDirectory(prefix="perencode-doctor-") as folder:
         return _speed_checks(device, recipe, grids, runs_root, grid_overrides, iterations,

@@ -2,7 +2,7 @@
 
 For grids (or a folder of them, `recipes/paper`): the unique runs (a recipe shared by two
 grids is one run, as the sweep links it), their device-hours on a GPU of the table in
-perencode.analysis.cost (or as `bench` measured them on that GPU: `sweep --estimate`'s cache),
+perencode.training.planning (or as `bench` measured them on that GPU: `sweep --estimate`'s cache),
 the wall time for the executor, the memory a run needs and the claims each grid's cells
 serve. With a budget: the claims, headline first (the claims file's order), whose cells fit
 in it, written as grid files `perencode sweep` runs as they are, and a plan.json that
@@ -27,21 +27,7 @@ import pandas as pd
 import torch
 from rich.table import Table
 
-from perencode.analysis import cost, sequential
-from perencode.analysis.cost import (
-    EFFICIENCY,
-    GPU,
-    GPUS,
-    PEAK,
-    Estimates,
-    Work,
-    gpu,
-    local_wall_hours,
-    modelled_seconds,
-    shape_key,
-    slurm_jobs,
-    work,
-)
+from perencode.analysis import sequential, stats
 from perencode.analysis.results import collect, flatten
 from perencode.analysis.verdicts import (
     FAIL,
@@ -59,7 +45,21 @@ from perencode.common.files import atomic_write_json, atomic_write_text
 from perencode.config.grid import Grid, SlurmConfig, SweepConfig, load_grid
 from perencode.config.recipe import Recipe, run_key
 from perencode.config.validation import validate_table
-from perencode.training.preflight import estimate
+from perencode.training import planning
+from perencode.training.planning import (
+    EFFICIENCY,
+    GPU,
+    GPUS,
+    PEAK,
+    Estimates,
+    Work,
+    gpu,
+    local_wall_hours,
+    modelled_seconds,
+    shape_key,
+    slurm_jobs,
+    work,
+)
 from perencode.training.session import CHUNK_LOGITS
 
 PLAN_FILE = "plan.json"
@@ -173,7 +173,7 @@ def cost_runs(grids: list[Grid], device: GPU, runs_root: Path, precision: str | 
             recipe = cell.recipe
             shape = shape_key(recipe)
             if shape not in sized:
-                sized[shape] = (work(recipe), estimate(recipe, CHUNK_LOGITS).total)
+                sized[shape] = (work(recipe), planning.estimate(recipe, CHUNK_LOGITS).total)
             flops, memory = sized[shape]
             seconds, how = None, ""
             if label is not None and precision is None:
@@ -196,12 +196,12 @@ def _span(w: Work, recipe: Recipe, device: GPU, precision: str) -> tuple[float, 
     """Seconds per iteration at the slow and the fast end of the model's assumptions: the
     efficiencies of EFFICIENCY_RANGE, and for a corpus not prepared, its scored positions
     from the most (the input length, an upper bound) to the fewest expected."""
-    slow = {k: v[0] for k, v in cost.EFFICIENCY_RANGE.items()}
-    fast = {k: v[1] for k, v in cost.EFFICIENCY_RANGE.items()}
+    slow = {k: v[0] for k, v in planning.EFFICIENCY_RANGE.items()}
+    fast = {k: v[1] for k, v in planning.EFFICIENCY_RANGE.items()}
     most = least = w
     if w.scored_source.startswith("expected") and w.scored > 0:
-        outputs = float(cost.shapes(recipe.task).outputs)
-        fewest = cost.expected_lm_scored(int(outputs), 0)
+        outputs = float(planning.shapes(recipe.task).outputs)
+        fewest = planning.expected_lm_scored(int(outputs), 0)
         most = replace(w, head=w.head * outputs / w.scored)
         least = replace(w, head=w.head * fewest / w.scored)
     return (modelled_seconds(least, device, precision, fast),
@@ -366,7 +366,7 @@ def size_claim(claim: Claim, observed: dict[str, float], effect: float | None,
     (perencode.analysis.sequential)."""
     groups = groups_of(claim)
     alpha, exact = claim_alpha(claim) * alpha_scale, claim_alpha(claim, True) * alpha_scale
-    floor = cost.exact_minimum(groups, exact)
+    floor = stats.exact_minimum(groups, exact)
     if seeds is not None:
         return Sized(seeds, "--seeds", None, f"--seeds {seeds}")
     for size, source, why in ((observed.get(claim.id), "observed", "the runs observed"),
@@ -380,7 +380,7 @@ def size_claim(claim: Claim, observed: dict[str, float], effect: float | None,
         if math.isinf(size):
             return Sized(floor, source, size, f"{why}: constant cells, the exact test's "
                                               f"fewest at alpha {exact:.3g}")
-        n = cost.seeds_needed(size, groups, alpha=alpha, floor=floor)
+        n = stats.seeds_needed(size, groups, alpha=alpha, floor=floor)
         if n is None:
             return Sized(101, source, size, f"{why}: over 100 seeds")
         return Sized(n, source, size, f"{why}: {size:.2g} sd at alpha {alpha:.3g}, 80% power")
@@ -411,9 +411,9 @@ def run_parts(run: Run, executor: str, cfg: SlurmConfig | None) -> dict[str, tup
     iters = run.recipe.train.iterations
     lo, hi = run.range_seconds
     train = (lo * iters / 3600, run.hours, hi * iters / 3600)
-    e = cost.evaluation_iterations(run.recipe)
+    e = planning.evaluation_iterations(run.recipe)
     evaluation = (lo * e / 3600, run.seconds * e / 3600, hi * e / 3600)
-    start = tuple(m / 60 for m in cost.STARTUP_MINUTES)
+    start = tuple(m / 60 for m in planning.STARTUP_MINUTES)
     parts: dict[str, tuple] = {"training": train, "evaluation": evaluation, "start-up": start}
     if executor == "slurm" and cfg is not None:
         usable = cfg.time_min / 60 - cfg.signal_delay_s / 3600
@@ -455,7 +455,7 @@ def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFra
     the keys of runs trained already (a first stage's), which cost nothing more; `served`:
     claim_runs of each claim where the caller has them already."""
     observed = observed or {}
-    device = device or cost.gpu("a100")
+    device = device or planning.gpu("a100")
     by_config: dict[str, list[Run]] = {}
     for run in unique.values():
         by_config.setdefault(run.config, []).append(run)
@@ -463,12 +463,12 @@ def within_budget(claims: list[Claim], unique: dict[str, Run], table: pd.DataFra
         same.sort(key=lambda r: r.recipe.train.seed)
     index = {c.id: c for c in claims}
     parts_of = {k: run_parts(r, executor, cfg) for k, r in unique.items()}
-    stab = {k: tuple(cost.stability_hours(r.recipe, device, {"matmul": m})
-                     for m in (cost.EFFICIENCY_RANGE["matmul"][1], cost.EFFICIENCY["matmul"],
-                               cost.EFFICIENCY_RANGE["matmul"][0]))
+    matmul = planning.EFFICIENCY_RANGE["matmul"]
+    stab = {k: tuple(planning.stability_hours(r.recipe, device, {"matmul": m})
+                     for m in (matmul[1], planning.EFFICIENCY["matmul"], matmul[0]))
             for k, r in unique.items()}
     priced = Priced()
-    priced.add("GPU check", *(m / 60 for m in cost.GPU_CHECK_MINUTES))
+    priced.add("GPU check", *(m / 60 for m in planning.GPU_CHECK_MINUTES))
     wanted: dict[str, tuple[set[str], Sized]] = {}
     left_out: list[tuple[Claim, str]] = []
     sized_all: dict[str, Sized] = {}
@@ -709,12 +709,12 @@ def _unique(values: list) -> list:
 # --------------------------------------------------------------------------------------
 
 def local_wall(runs: list[Run], gpus: int, runs_per_gpu: int) -> float:
-    """Hours until the last of `runs` ends on the local executor (cost.local_wall_hours)."""
+    """Hours until the last of `runs` ends on the local executor (planning.local_wall_hours)."""
     return local_wall_hours([r.hours for r in runs], gpus, runs_per_gpu)
 
 
 def slurm_view(runs: list[Run], cfg: SlurmConfig) -> dict[str, Any]:
-    """The SLURM jobs of `runs` (cost.slurm_jobs)."""
+    """The SLURM jobs of `runs` (planning.slurm_jobs)."""
     return slurm_jobs([r.hours for r in runs], cfg)
 
 
@@ -776,7 +776,7 @@ def plan(paths: list[Path], gpu_name: str | None = None, claims: str | Path = de
         "gpu": {"name": device.name, "from": device_source, "fp32_tflops": device.fp32,
                 "tf32_tflops": device.tf32, "half_tflops": device.half,
                 "memory_gb": device.memory_gb, "bandwidth_gbs": device.bandwidth_gbs},
-        "model": {"efficiency": EFFICIENCY, "efficiency_range": cost.EFFICIENCY_RANGE,
+        "model": {"efficiency": EFFICIENCY, "efficiency_range": planning.EFFICIENCY_RANGE,
                   "measured_runs": measured, "modelled_runs": len(runs) - measured},
         "grids": [], "cells": sum(len(g.cells) for g in grids), "runs": len(runs),
         "gpu_hours": total, "gpu_hours_at_peak": floor,

@@ -157,6 +157,10 @@ def code_record(section: str, name: str) -> dict[str, Any] | None:
 # base class, ...) is a change of the run's code, as an edit to a kind's own module is.
 PACKAGE = Path(__file__).resolve().parents[1]
 ROOTS = ("perencode.training.loop", "perencode.commands.evaluate", "perencode.commands.stability")
+# On the path but no source of its numbers: planning's estimates and the memory check only
+# let a run start or refuse it, so an edit to the GPU table or the memory model is no change
+# of a run's code (what planning imports is reached through the loop anyway).
+ESTIMATES_ONLY = frozenset({"perencode.training.planning"})
 
 
 def _package_file(module: str) -> Path | None:
@@ -203,7 +207,7 @@ def _closure(roots: tuple[str, ...]) -> dict[str, Path]:
     todo = list(roots)
     while todo:
         module = todo.pop()
-        path = _package_file(module) if module not in found else None
+        path = None if module in found or module in ESTIMATES_ONLY else _package_file(module)
         if path is None:
             continue
         found[module] = path

@@ -32,7 +32,7 @@ from perencode.kinds.tasks import Batch, held_out_warning
 from perencode.store import identity, runs
 from perencode.store.lock import PARENT_ENV
 from perencode.store.records import EVAL_IDENTITY, HELD_OUT, EvalRecord, MetricsRow, StatusRecord
-from perencode.training import preflight
+from perencode.training import planning
 from perencode.training.session import CHUNK_LOGITS, NotFinite, Session
 from perencode.training.tensorboard import TensorBoardLog
 
@@ -166,7 +166,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = defa
     the checkpoint. `tensorboard` also writes the log steps as TensorBoard event files.
 
     Before anything is written, a recipe that cannot fit in the device's memory is refused
-    (perencode.training.preflight; `force` skips that), and the task and model are built (a missing
+    (perencode.training.planning; `force` skips that), and the task and model are built (a missing
     data file fails there): a run directory is claimed (recipe.toml) only by a recipe that
     passed every check that can fail before the first step, so fixing it and running again
     is never refused as "a different recipe". The run directory is locked from its claim
@@ -184,7 +184,7 @@ def train(recipe: Recipe, run_dir: str | Path, device: str | torch.device = defa
     if unsupported:
         console.print(f"[yellow]warning:[/] {unsupported}", highlight=False, soft_wrap=True)
     if not force and not runs.Run(run_dir).is_complete():
-        preflight.check_memory(recipe, device, CHUNK_LOGITS, runs_sharing())
+        planning.check_memory(recipe, device, CHUNK_LOGITS, runs_sharing())
     new_dir = not run_dir.exists()
     claimed = False
     try:

@@ -1,6 +1,6 @@
-"""What a grid costs: disk, compute and device-hours of each of its runs (perencode.analysis.cost),
-measured per shape by `sweep --estimate` and cached, so that `sweep --dry-run` prints them
-at once without running a training step.
+"""What a grid costs: disk, compute and device-hours of each of its runs
+(perencode.training.planning), measured per shape by `sweep --estimate` and cached, so that
+`sweep --dry-run` prints them at once without running a training step.
 
 Device-hours of a shape not measured on this device are extrapolated from measured shapes
 of the same architecture by their FLOP ratio, and marked `~`.
@@ -17,7 +17,13 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
-from perencode.analysis.cost import (
+from perencode.commands.sweep.cells import FINISHED, PlannedRun, RunState
+from perencode.commands.sweep.local import perencode_command, thread_env
+from perencode.commands.sweep.options import Executor
+from perencode.common.console import console, print_table
+from perencode.common.device import available_cores, resolve_device
+from perencode.common.files import atomic_write_text
+from perencode.training.planning import (
     GPUS,
     Estimates,
     Work,
@@ -30,12 +36,6 @@ from perencode.analysis.cost import (
     shape_key,
     work,
 )
-from perencode.commands.sweep.cells import FINISHED, PlannedRun, RunState
-from perencode.commands.sweep.local import perencode_command, thread_env
-from perencode.commands.sweep.options import Executor
-from perencode.common.console import console, print_table
-from perencode.common.device import available_cores, resolve_device
-from perencode.common.files import atomic_write_text
 
 ESTIMATE_REPEATS = 3  # bench children a shape is timed in, the median cached
 

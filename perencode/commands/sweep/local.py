@@ -19,7 +19,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from perencode.analysis.cost import local_wall_hours
 from perencode.commands.sweep.board import Board, interrupted_line
 from perencode.commands.sweep.cells import (
     PlannedRun,
@@ -42,6 +41,7 @@ from perencode.config.grid import Grid, SlurmConfig
 from perencode.store import runs
 from perencode.store.environment import perencode_command
 from perencode.store.lock import PARENT_ENV, describe, live_holder
+from perencode.training.planning import local_wall_hours
 
 
 def _die_with(parent: int):
@@ -197,7 +197,7 @@ def run_local(ready: list[PlannedRun], board: Board, jobs: int, runs_per_gpu: in
                     load = Counter(r.gpu for r in active)
                     run.gpu = min(gpus, key=lambda g: load[g])
                     # The first run on a GPU checks its memory for all the runs that will
-                    # share it (perencode.training.preflight); the next ones see its memory taken.
+                    # share it (perencode.training.planning); the next ones see its memory taken.
                     if load[run.gpu] == 0:
                         sharing = min(runs_per_gpu, len(queue) + 1, -(-slots // len(gpus)))
                 if start(run, sharing):

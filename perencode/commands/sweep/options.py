@@ -109,5 +109,5 @@ class Executor(Protocol):
 
     def timing(self, hours: list[float]) -> str:
         """`--dry-run`'s line on how it would run runs of these device-hours: wall time,
-        jobs, time limits (perencode.analysis.cost.local_wall_hours, slurm_jobs)."""
+        jobs, time limits (perencode.training.planning.local_wall_hours, slurm_jobs)."""
         ...

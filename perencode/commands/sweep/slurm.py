@@ -18,7 +18,6 @@ from typing import Any
 import submitit
 from submitit.slurm.slurm import _convert_mem, _make_sbatch_string
 
-from perencode.analysis.cost import slurm_jobs
 from perencode.commands.sweep.board import Board
 from perencode.commands.sweep.cells import PlannedRun, RunState, live_jobs, record_jobs, refresh
 from perencode.commands.sweep.local import launch, thread_env
@@ -27,6 +26,7 @@ from perencode.common.console import console
 from perencode.common.errors import UserError
 from perencode.config.grid import Grid, SlurmConfig
 from perencode.store import runs
+from perencode.training.planning import slurm_jobs
 
 
 class TrainJob(submitit.helpers.Checkpointable):

@@ -93,7 +93,7 @@ def flops_per_step(cfg: ModelConfig, inputs: int, steps: int) -> float:
 
 
 GATES = {"gru": 3, "lstm": 4}
-# saved_per_step (perencode.training.preflight): a GRU keeps its input and hidden gate
+# saved_per_step (perencode.training.planning): a GRU keeps its input and hidden gate
 # pre-activations (3H + 3H), the reset and update gates and the output; an LSTM its four
 # gates from input and state, their activations, the cell state and its tanh.
 register_model(ModelKind("gru", build, label="GRU", summary="single-layer nn.GRU",

@@ -195,7 +195,7 @@ register_model(ModelKind(
     # Stability pairs share 22 steps before the target at t = 23 (Fig. 5 caption;
     # docs/paper-facts.md#s4d-stability).
     stability_prefix=22,
-    # Kept for backward (perencode.training.preflight): in_proj's output, the FFT spectra and
+    # Kept for backward (perencode.training.planning): in_proj's output, the FFT spectra and
     # products, the 2L-long inverse, the GELU input and output, out_proj's 2H output and
     # the GLU's output.
     saved_per_step=13,

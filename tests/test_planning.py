@@ -1,4 +1,4 @@
-"""perencode.training.preflight: the memory a recipe needs, checked before anything is written."""
+"""perencode.training.planning: the memory a recipe needs, checked before anything is written."""
 
 import itertools
 import time
@@ -15,7 +15,7 @@ from perencode.config.recipe import load_recipe, validate
 from perencode.kinds.models import build_model
 from perencode.kinds.tasks import make
 from perencode.kinds.tasks import shapes as make_shapes
-from perencode.training import preflight, session
+from perencode.training import planning, session
 from perencode.training.session import build
 
 RECIPE = ROOT / "recipes" / "gru_vocab256.toml"
@@ -43,10 +43,10 @@ def test_parameter_count_is_exact(arch):
             ("duplicate", "concat")]):
         r = recipe(arch, task, kind, mode)
         model = build_model(r, make(r.task, 0).shapes)
-        assert preflight.parameter_count(r) == sum(p.numel() for p in model.parameters()), \
+        assert planning.parameter_count(r) == sum(p.numel() for p in model.parameters()), \
             (task, kind, mode)
-        assert preflight.buffer_bytes(r) == sum(b.numel() * 4 for b in model.buffers())
-        assert preflight.estimate(r, session.CHUNK_LOGITS).state_bytes == \
+        assert planning.buffer_bytes(r) == sum(b.numel() * 4 for b in model.buffers())
+        assert planning.estimate(r, session.CHUNK_LOGITS).state_bytes == \
             16 * sum(p.numel() for p in model.parameters())
 
 
@@ -74,21 +74,21 @@ def test_activation_estimate_is_near_what_autograd_keeps(arch, task):
                   "model": {"arch": arch, "hidden_size": 128, "embed_size": 64,
                             **({"d_state": 16} if arch == "s4d" else {})},
                   "train": {"batch_size": 32, "eval_batch_size": 8}}, "test")
-    ratio = preflight.estimate(r, session.CHUNK_LOGITS).activation_bytes / saved_bytes(r)
+    ratio = planning.estimate(r, session.CHUNK_LOGITS).activation_bytes / saved_bytes(r)
     assert 0.75 < ratio < 2.0, ratio
 
 
 def test_the_head_is_counted_in_chunks_as_the_loss_computes_it():
     r = recipe(batch_size=8)
     chunk = session.CHUNK_LOGITS
-    assert preflight._head(1 << 20, 1 << 12, chunk, 3) == 3 * chunk
-    assert preflight._head(1 << 20, 1 << 12, None, 2) == 2 << 32
-    assert preflight._head(8 * 6, 16, chunk, 3) == 3 * 8 * 6 * 16
+    assert planning._head(1 << 20, 1 << 12, chunk, 3) == 3 * chunk
+    assert planning._head(1 << 20, 1 << 12, None, 2) == 2 << 32
+    assert planning._head(8 * 6, 16, chunk, 3) == 3 * 8 * 6 * 16
     # Evaluation scores the held-out rows in batches of eval_batch_size, without gradients.
-    small, large = (preflight.estimate(recipe(batch_size=1, eval_batch_size=n), chunk)
+    small, large = (planning.estimate(recipe(batch_size=1, eval_batch_size=n), chunk)
                     for n in (1, 8))
     assert large.activation_bytes > small.activation_bytes
-    whole = preflight.estimate(r, chunk)
+    whole = planning.estimate(r, chunk)
     assert whole.total > whole.state_bytes
 
 
@@ -97,7 +97,7 @@ def test_train_honours_the_cgroup_and_slurm_memory_limits(cli, tmp_path, monkeyp
     allocation (--mem) is refused, naming the limit."""
     no_slurm(monkeypatch)
     overrides = tiny_overrides("train.iterations=5", "train.batch_size=64")
-    need = preflight.estimate(load_recipe(RECIPE, overrides[1::2]), session.CHUNK_LOGITS).total
+    need = planning.estimate(load_recipe(RECIPE, overrides[1::2]), session.CHUNK_LOGITS).total
     available = device.memory_available()
     assert available and 1 << 20 < need < available[0] // 2  # fits the free RAM
     args = ["train", RECIPE, "--device", "cpu", "--no-progress", *overrides]
@@ -132,7 +132,7 @@ def test_a_recipe_that_cannot_fit_is_refused_before_anything_is_written(cli, tmp
 def test_force_skips_the_check(cli, tmp_path, monkeypatch):
     args = ["train", RECIPE, "--device", "cpu", "--no-progress",
             *tiny_overrides("train.iterations=5", "task.vocab_size=8", "task.length=6")]
-    monkeypatch.setattr(preflight, "device_memory", lambda device: (1 << 10, "a toy"))
+    monkeypatch.setattr(planning, "device_memory", lambda device: (1 << 10, "a toy"))
     code, text = cli(*args, "--run-dir", tmp_path / "a")
     assert code == 2 and "more than the 0.0 GiB of a toy" in text and not (tmp_path / "a").exists()
     code, text = cli(*args, "--run-dir", tmp_path / "b", "--force")
@@ -141,11 +141,11 @@ def test_force_skips_the_check(cli, tmp_path, monkeypatch):
 
 
 def test_check_raises_a_user_error_naming_the_fields(monkeypatch):
-    monkeypatch.setattr(preflight, "device_memory", lambda device: (1 << 10, "x"))
+    monkeypatch.setattr(planning, "device_memory", lambda device: (1 << 10, "x"))
     with pytest.raises(UserError, match=r"train.batch_size \(8\)"):
-        preflight.check_memory(recipe(batch_size=8), torch.device("cpu"), session.CHUNK_LOGITS)
-    monkeypatch.setattr(preflight, "device_memory", lambda device: None)  # unknown: no check
-    assert preflight.check_memory(recipe(batch_size=8), torch.device("cpu"),
+        planning.check_memory(recipe(batch_size=8), torch.device("cpu"), session.CHUNK_LOGITS)
+    monkeypatch.setattr(planning, "device_memory", lambda device: None)  # unknown: no check
+    assert planning.check_memory(recipe(batch_size=8), torch.device("cpu"),
                                   session.CHUNK_LOGITS).total > 0
 
 
@@ -157,11 +157,11 @@ def test_the_heads_backward_is_counted_at_its_peak():
     s, m, B = make_shapes(r.task), r.model, r.train.batch_size
     assert B * s.outputs * s.num_classes > session.CHUNK_LOGITS  # chunked
     per_step_in = m.embed_size  # vanilla: no encoding input
-    train = B * s.steps * (per_step_in + preflight.saved_per_step(m.arch) * m.hidden_size)
+    train = B * s.steps * (per_step_in + planning.saved_per_step(m.arch) * m.hidden_size)
     head = 3 * session.CHUNK_LOGITS
-    assert preflight.FLOAT * head == 12 << 30
-    assert preflight.estimate(r, session.CHUNK_LOGITS).activation_bytes == \
-        preflight.FLOAT * (train + head)
+    assert planning.FLOAT * head == 12 << 30
+    assert planning.estimate(r, session.CHUNK_LOGITS).activation_bytes == \
+        planning.FLOAT * (train + head)
 
 
 def test_the_k16384_lstm_peaks_at_its_held_out_evaluation():
@@ -172,8 +172,8 @@ def test_the_k16384_lstm_peaks_at_its_held_out_evaluation():
     evaluation_head = 2 * tc.eval_batch_size * s.outputs * s.num_classes
     training_head = 3 * tc.batch_size * s.outputs * s.num_classes
     assert evaluation_head > training_head
-    need = preflight.estimate(r, session.CHUNK_LOGITS)
-    assert need.activation_bytes >= preflight.FLOAT * evaluation_head == 8 << 30
+    need = planning.estimate(r, session.CHUNK_LOGITS)
+    assert need.activation_bytes >= planning.FLOAT * evaluation_head == 8 << 30
     assert 9 << 30 < need.total < 10 << 30
 
 
@@ -190,20 +190,20 @@ def test_runs_sharing_a_gpu_are_checked_against_its_free_memory(monkeypatch):
     """The first run a sweep starts on a GPU counts every run that will share it (its
     --runs-per-gpu) against the memory free there; a run alone against what others left."""
     r = recipe(batch_size=8)
-    need = preflight.estimate(r, session.CHUNK_LOGITS).total
+    need = planning.estimate(r, session.CHUNK_LOGITS).total
     gpu = simulated_gpu(monkeypatch, free=6 * need, total=100 * need)
-    assert preflight.check_memory(r, gpu, session.CHUNK_LOGITS, runs_sharing=6).total == need
+    assert planning.check_memory(r, gpu, session.CHUNK_LOGITS, runs_sharing=6).total == need
     gpu = simulated_gpu(monkeypatch, free=6 * need - 1, total=100 * need)
     with pytest.raises(UserError) as refused:
-        preflight.check_memory(r, gpu, session.CHUNK_LOGITS, runs_sharing=6)
+        planning.check_memory(r, gpu, session.CHUNK_LOGITS, runs_sharing=6)
     text = str(refused.value)
     assert "6 runs sharing it (--runs-per-gpu) need about" in text and \
         "lower --runs-per-gpu" in text and "of cuda (Fake GPU 16GB: free of its" in text, text
-    assert preflight.check_memory(r, gpu, session.CHUNK_LOGITS, runs_sharing=5).total == need
+    assert planning.check_memory(r, gpu, session.CHUNK_LOGITS, runs_sharing=5).total == need
     # Another process holds the card: its total would fit, what is free does not.
     gpu = simulated_gpu(monkeypatch, free=need - 1, total=100 * need)
     with pytest.raises(UserError, match="not enough memory"):
-        preflight.check_memory(r, gpu, session.CHUNK_LOGITS)
+        planning.check_memory(r, gpu, session.CHUNK_LOGITS)
 
 
 def test_train_counts_the_runs_a_sweep_says_will_share_its_gpu(monkeypatch):

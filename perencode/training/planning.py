@@ -1,8 +1,42 @@
-"""What a run costs, whichever command asks (`sweep --dry-run`/`--estimate`, `doctor`,
+"""Planning: what a run will cost, before it exists. Memory (and the check `train` runs
+before writing anything), disk, compute, device-hours and wall time, whichever command asks
+(`train`, `sweep --dry-run`/`--estimate`, `doctor`, `plan`). One module, on the training
+floor because the training loop calls its memory check; it imports `kinds/`, `config/` and
+`common/` only. Its estimates change no number a run records, so a run's code
+(perencode.store.identity) leaves it out: an edit to the GPU table or the memory model does
+not make a finished run's code "changed".
+
+Memory. Will this recipe fit? The memory a training run needs, estimated before any file is written.
+
+`estimate(recipe)` counts, from the recipe and its task's sizes (perencode.kinds.tasks.shapes;
+no data is read and the model is built on the meta device only):
+- the parameters, exactly as perencode.kinds.models builds them, times 16 bytes: fp32 weights,
+  their gradients and Adam's two moments;
+- the activations one training step keeps for its backward pass: embedding and encoding
+  [B, T, E + D_in], the sequence model's saved state [B, T, c * H] (c per architecture,
+  `saved_per_step`), and the head at its backward's peak: the saved log-softmax, its
+  gradient and the logits' gradient, three [B, T_out, K] (three chunks of
+  session.CHUNK_LOGITS when session.loss_fn chunks them: the language model's head then
+  holds 12 GiB, not the 8 GiB of the forward pass);
+- or the held-out evaluation at train.eval_batch_size (the final one, or train.eval_every's),
+  without gradients, where that is larger: its logits and their log-softmax, never chunked.
+  It is the peak of the K = 16,384 LSTMs (eval batch 1,024: about 9.5 GiB a run).
+Weights, gradients and Adam's moments are all alive at the final evaluation (the last
+step's gradients are freed by the next step only).
+`check_memory(recipe, device, runs_sharing=n)` refuses, with one line, a recipe whose estimate
+times the runs that will share the device exceeds the memory free on it
+(perencode.common.device.device_memory): on the CPU the tightest of this process's cgroup limit,
+its SLURM allocation and the available RAM (what a new process can take without swapping);
+on a CUDA device what cudaMemGetInfo says is free, so that memory other processes hold
+(other runs sharing the GPU among them) is not counted as this run's. The estimate leaves
+out allocator slack and the CUDA context, so a refusal means the run cannot fit.
+
+Cost. What a run costs, whichever command asks (`sweep --dry-run`/`--estimate`, `doctor`,
 `plan`): disk (exact sizes of the checkpoints kept), compute (a FLOP count per iteration,
 split into the recurrent layer's and the head's), seconds per iteration measured per shape
 and cached in a folder's .estimates.json, or modelled for a GPU of a table from its
-published rates (`plan`), and the seeds a claim needs.
+published rates (`plan`), and the wall time of an executor's jobs (the seeds a claim
+needs are statistics: perencode.analysis.stats).
 
 Seconds per iteration of a shape not measured on this device are extrapolated from measured
 shapes of the same architecture by their FLOP ratio.
@@ -20,16 +54,133 @@ from typing import Any, cast
 
 import torch
 
-from perencode.analysis.stats import t_quantile
+from perencode.common.device import device_memory
 from perencode.common.errors import UserError
 from perencode.common.files import atomic_write_json
 from perencode.config import registry
 from perencode.config.grid import SlurmConfig
 from perencode.config.recipe import BOOKKEEPING, Recipe
 from perencode.kinds.encoding import input_width
-from perencode.kinds.models import SequenceModel
+from perencode.kinds.models import SequenceModel, build_model
 from perencode.kinds.tasks import shapes
-from perencode.training.preflight import meta_model, parameter_count
+
+# --------------------------------------------------------------------------------------
+# Memory: will this recipe fit?
+# --------------------------------------------------------------------------------------
+
+FLOAT = 4  # bytes: every parameter and activation is fp32
+# Without gradients only a step's input and output of the sequence model are alive at once.
+LIVE_PER_STEP_EVAL = 2
+GIB = 1 << 30
+
+
+def meta_model(recipe: Recipe) -> torch.nn.Module:
+    """The model perencode.kinds.models.build_model makes for `recipe`, built on the meta device
+    (no memory, no initialisation) at the task's sizes."""
+    sizes = shapes(recipe.task)  # a task measured here is built on the CPU, not the meta device
+    with torch.device("meta"):
+        return build_model(recipe, sizes)
+
+
+def parameter_count(recipe: Recipe) -> int:
+    """Trainable parameters of the model of `recipe` (counted on `meta_model`)."""
+    return sum(p.numel() for p in meta_model(recipe).parameters() if p.requires_grad)
+
+
+def saved_per_step(arch: str) -> int:
+    """Floats per sample and step, in units of H, that the model keeps for its backward pass
+    (its registration, perencode.config.registry; else the largest of the registered models')."""
+    saved = registry.get("model", arch).saved_per_step
+    if saved is None:
+        saved = max(k.saved_per_step or 0 for k in registry.registry("model").values())
+    return saved
+
+
+def buffer_bytes(recipe: Recipe) -> int:
+    """Fixed encoding tables (sinusoidal, random), which are not trained."""
+    encoding = registry.get("encoding", recipe.encoding.kind)
+    if encoding.table is not None and not encoding.trained:
+        return shapes(recipe.task).steps * recipe.model.embed_size * FLOAT
+    return 0
+
+
+# [rows, K] tensors alive at once at the head's peak. Training, in the backward pass: the
+# log-softmax cross_entropy saved, the gradient reaching it and the gradient it passes to
+# the logits (a chunk recomputed by session.loss_fn's checkpoint holds the same three).
+# Evaluation: the logits and their log-softmax (argmax, or the language model's
+# cross-entropy per token).
+HEAD_TRAIN, HEAD_EVAL = 3, 2
+
+
+def _head(rows: int, classes: int, chunk_logits: int | None, alive: int) -> int:
+    """Floats of `alive` [rows, K] tensors for `rows` scored outputs, computed
+    `chunk_logits` at a time above that many (None: all at once)."""
+    if chunk_logits is not None and rows * classes > chunk_logits:
+        return alive * chunk_logits
+    return alive * rows * classes
+
+
+@dataclass(frozen=True)
+class Estimate:
+    parameters: int
+    state_bytes: int  # weights, gradients and Adam moments
+    activation_bytes: int  # the larger of a training step's and an evaluation pass's
+    buffer_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.state_bytes + self.activation_bytes + self.buffer_bytes
+
+
+def estimate(recipe: Recipe, chunk_logits: int) -> Estimate:
+    """The memory a run of `recipe` needs; its loss computes the head `chunk_logits` logits
+    at a time above that many (session.CHUNK_LOGITS)."""
+    m, tc, s = recipe.model, recipe.train, shapes(recipe.task)
+    E, H, D = m.embed_size, m.hidden_size, input_width(recipe.encoding, m.embed_size)
+    per_step_in = E + (D if registry.get("encoding", recipe.encoding.kind).adds_input else 0)
+    B, T, T_out, K = tc.batch_size, s.steps, s.outputs, s.num_classes
+    train = B * T * (per_step_in + saved_per_step(m.arch) * H) + \
+        _head(B * T_out, K, chunk_logits, HEAD_TRAIN)
+    B_eval = min(tc.eval_batch_size, s.held_out_rows or tc.eval_batch_size)
+    evaluation = B_eval * T * (per_step_in + LIVE_PER_STEP_EVAL * H) + \
+        _head(B_eval * T_out, K, None, HEAD_EVAL)
+    params = parameter_count(recipe)
+    return Estimate(params, 4 * FLOAT * params, FLOAT * max(train, evaluation),
+                    buffer_bytes(recipe))
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def check_memory(recipe: Recipe, device: torch.device, chunk_logits: int,
+                 runs_sharing: int = 1) -> Estimate:
+    """Raise UserError when `runs_sharing` runs of `recipe` (this one and those that will
+    start beside it on the device) cannot fit in the memory free on `device`; return one
+    run's estimate."""
+    need = estimate(recipe, chunk_logits)
+    memory = device_memory(device)
+    if memory is not None and runs_sharing * need.total > memory[0]:
+        have, what = memory
+        m, tc = recipe.model, recipe.train
+        shared = (f"{runs_sharing} runs sharing it (--runs-per-gpu) need about "
+                  f"{_gib(runs_sharing * need.total)}; each " if runs_sharing > 1 else "")
+        raise UserError(
+            f"not enough memory for this recipe: {shared}it needs about {_gib(need.total)} "
+            f"({need.parameters:,} parameters with gradients and Adam: "
+            f"{_gib(need.state_bytes)}; activations at batch {tc.batch_size} or the "
+            f"held-out evaluation at {tc.eval_batch_size}: {_gib(need.activation_bytes)}), "
+            f"more than the {_gib(have)} of {what}; "
+            + ("lower --runs-per-gpu, " if runs_sharing > 1 else "")
+            + f"lower model.hidden_size ({m.hidden_size}), model.embed_size ({m.embed_size}), "
+            f"train.batch_size ({tc.batch_size}) or train.eval_batch_size "
+            f"({tc.eval_batch_size}), or pass --force to try anyway")
+    return need
+
+
+# --------------------------------------------------------------------------------------
+# Cost: disk, compute, device-hours and wall time
+# --------------------------------------------------------------------------------------
 
 # Training fields that do not change what one iteration costs: the bookkeeping (recipe.py),
 # and the number of iterations, which changes a run's results but not the price of each.
@@ -299,47 +450,6 @@ def modelled_seconds(w: Work, device: GPU, precision: str = "authors",
 
 
 PEAK = {"cudnn": 1.0, "matmul": 1.0}
-
-
-# --------------------------------------------------------------------------------------
-# Seeds a claim needs: the power of the verdicts' test (a one-sided Welch t at 95%)
-# --------------------------------------------------------------------------------------
-
-LEVEL, POWER = 0.95, 0.80
-
-
-def detectable_effect(n: int, groups: int = 2, alpha: float = 1 - LEVEL) -> float:
-    """The smallest effect, in units of the seeds' standard deviation, that a one-sided t
-    test at LEVEL decides with POWER from n seeds a group: two groups (a difference of
-    means; Welch's df at equal n and spread is 2n - 2) or one (a mean against a threshold,
-    df n - 1). The usual approximation (t_level + t_power) x standard error, with central
-    t quantiles."""
-    if n < 2:
-        return math.inf
-    df = groups * (n - 1)
-    return (t_quantile(1 - alpha, df) + t_quantile(POWER, df)) * math.sqrt(groups / n)
-
-
-def seeds_needed(effect: float, groups: int = 2, most: int = 100,
-                 alpha: float = 1 - LEVEL, floor: int | None = None) -> int | None:
-    """Seeds a group that decide an effect of `effect` standard deviations at `alpha` with
-    POWER (detectable_effect), never fewer than `floor` (default: what the exact test of a
-    constant cell needs at `alpha`, exact_minimum: a cell whose seeds agree is decided by
-    it); None if more than `most`."""
-    for n in range(exact_minimum(groups, alpha) if floor is None else floor, most + 1):
-        if detectable_effect(n, groups, alpha) <= effect:
-            return n
-    return None
-
-
-def exact_minimum(groups: int, alpha: float = 1 - LEVEL) -> int:
-    """The fewest seeds a group at which the verdicts' exact test of a constant cell can
-    decide at `alpha` (perencode.analysis.stats): the sign test, p = 2^-n, for one group
-    (5 at 0.05); the permutation test, p = 1 / C(2n, n), for two (3 at 0.05)."""
-    n = 2
-    while (0.5 ** n if groups == 1 else 1 / math.comb(2 * n, n)) > alpha + 1e-12:
-        n += 1
-    return n
 
 
 # --------------------------------------------------------------------------------------
