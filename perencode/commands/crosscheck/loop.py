@@ -57,6 +57,16 @@ SCALED = {"s4d": ("in_proj.", "s4d.out_proj.", "head.")}
 # A peak learning rate that moves the scaled model far enough for clipping to matter on
 # later steps too (the package's default is 1e-3).
 LR = 1e-2
+# The S4D's sides sum in different orders (their FFT convolution is not ours), so its fp32
+# tolerance grows with fp32's own drift on this machine: our fp32 run's largest distance
+# from our fp64 run (the rounding 30 steps compound, which depends on the threads: the two
+# sides 4e-5 apart on one thread, 1.6e-4 on two, our drift 1.8e-4 there). Two fp32 runs
+# each that far from exact are at most twice that apart; DRIFT leaves room for theirs
+# drifting more than ours. The RNNs' sides run the same kernels in the same order, so
+# their fp32 tolerance stays 1e-5 (their drift from fp64 is no measure of that: Adam turns
+# the rounding of gradients near 0 into steps of the learning rate's size, 1e-2 for the
+# LSTM). fp64 (1e-12) is the check that shows a learning rate or a clip applied otherwise.
+DRIFT = 4.0
 
 
 def script(arch: str, task: str) -> str:
@@ -153,14 +163,23 @@ def _their_rows(rows: Tensor, task_name: str):
     return rows
 
 
+def fp32_drift(fp32: list[dict[str, Tensor]], fp64: list[dict[str, Tensor]]) -> float:
+    """The largest |parameter| distance, over steps, between our fp32 and fp64 runs of the
+    same batches: the rounding fp32 compounds here, on this machine's threads."""
+    return max((float((a[n].double() - b[n]).abs().max()) for a, b in zip(fp32, fp64)
+                for n in b if b[n].is_floating_point()), default=0.0)
+
+
 def compare(authors: Authors, arch: str, task_name: str = "reverse") -> Comparison:
     rec = recipe(arch, task_name)
     errors: dict[str, float] = {}
     parts: dict[str, str] = {}
     fired: list[int] = []
     largest = 0.0
+    own: dict[str, list[dict[str, Tensor]]] = {}
     for name, dtype in DTYPES.items():
         initial, mine, my_states = ours(arch, dtype, task_name)
+        own[name] = my_states
         other, their_states = theirs(authors, arch, dtype, initial,
                                      [_their_rows(r[3], task_name) for r in mine], task_name)
         target = their_model(authors, arch, "none")
@@ -180,6 +199,8 @@ def compare(authors: Authors, arch: str, task_name: str = "reverse") -> Comparis
                 f"norm up to {largest:.2f} > clip {rec.optim.clip_norm})" if fired else
                 "clipping never fired: a clipping fault would not be seen")
     label = arch if task_name == "reverse" else f"{arch} {task_name}"
+    drift = fp32_drift(own["fp32"], own["fp64"]) if arch == "s4d" else 0.0
+    base = 1e-4 if arch == "s4d" else 1e-5
     check = numeric(
         f"training loop: {label}",
         f"lr, loss and parameters after each of {rec.train.iterations} iterations of "
@@ -191,9 +212,12 @@ def compare(authors: Authors, arch: str, task_name: str = "reverse") -> Comparis
         "batches",
         # fp32: summation orders differ and 30 steps compound them; fp64 shows a
         # learning rate or a clip applied otherwise (they move parameters by > 1e-6).
-        # The S4D's FFT convolution sums in another order than theirs: fp32 1e-4.
-        {"fp32": 1e-4 if arch == "s4d" else 1e-5, "fp64": 1e-12}, errors,
-        reason="; ".join(f"{d}: {parts[d]}" for d in DTYPES), unit="max over steps of "
+        # The S4D's FFT convolution sums in another order than theirs: fp32 1e-4 at least,
+        # DRIFT x its drift on this machine.
+        {"fp32": max(base, DRIFT * drift), "fp64": 1e-12}, errors,
+        reason="; ".join(f"{d}: {parts[d]}" for d in DTYPES) + (
+            f"; fp32 tolerance max({base:g}, {DRIFT:g} x our fp32 run's drift from fp64, "
+            f"{drift:.2g})" if arch == "s4d" else ""), unit="max over steps of "
         "|lr ours - theirs| / peak, |loss difference|, max |parameter difference|")
     if not fired:
         check.verdict, check.reason = "disagree", f"{clipping}; {check.reason}"
