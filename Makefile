@@ -11,15 +11,15 @@ export OMP_NUM_THREADS ?= 1
 PERENCODE ?= $(PY) -m perencode
 PERENCODE_DEPS ?= install
 
-.PHONY: help install test test-fast lint
+.PHONY: help install test test-fast lint durations
 .DEFAULT_GOAL := help
 
 help:
 	@echo "make quickstart   the paper's headline effect: GPU demo where CUDA is present, else CPU"
-	@echo "make test         the test suite (everything; CI runs it): about 1,900 s of CPU,"
-	@echo "                  17 min wall on an idle 2-core machine (AMD EPYC, 2 workers)"
+	@echo "make test         the test suite (everything; CI runs it): about 1,838 s of CPU,"
+	@echo "                  16 min wall on a 2-core AMD EPYC, load 2.0 (tools/durations.py)"
 	@echo "make test-fast    the tests not marked slow: a smoke check of every command, about"
-	@echo "                  300 s of CPU, 160 s wall on an idle 2-core machine (AMD EPYC, 2 workers)"
+	@echo "                  261 s of CPU, 139 s wall on a 2-core AMD EPYC, load 1.1 (tools/durations.py)"
 	@echo "make lint         ruff, and mypy on the package and its tests (pyproject.toml [tool.mypy])"
 	@echo "make test-slurm   the sweep tests on a real single-node SLURM cluster (root; apt-get)"
 	@echo "make install      create $(VENV) and install perencode into it"
@@ -27,8 +27,10 @@ help:
 	@echo "make test-compat  the fast tests and the version-sensitive slow ones under Python 3.10 +"
 	@echo "                  torch 2.1.1 (the container's stack), then make rehearsal from a wheel"
 	@echo "                  install without a checkout (COMPAT_MARKERS= for every test)"
-	@echo "make rehearsal    make reproduce-all at CPU size in minutes (EXECUTOR=slurm too)"
+	@echo "make rehearsal    make reproduce-all at CPU size, ~15 min on 2 cores (EXECUTOR=slurm too)"
 	@echo "make doctor       on a GPU node before any submit: is training right and fast there?"
+	@echo "make durations    measure the durations the docs quote (NAMES=\"doctor test\"; default all)"
+	@echo "                  and write them into the docs (tools/durations.py, docs/durations.json)"
 	@echo "make device-check first contact with a GPU: syncs, resume, speed, memory (< 8 min)"
 	@echo "make docker-build / docker-quickstart / docker-reproduce / apptainer-build"
 
@@ -70,5 +72,10 @@ test-fast: install
 lint: install
 	$(PY) -m ruff check perencode tests
 	$(PY) -m mypy
+
+# The durations the docs quote, measured here and written into the docs (tools/durations.py).
+NAMES ?= all
+durations: install
+	$(PY) tools/durations.py measure $(NAMES)
 
 -include make/*.mk
