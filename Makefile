@@ -27,7 +27,7 @@ help:
 	@echo "make test-compat  the fast tests and the version-sensitive slow ones under Python 3.10 +"
 	@echo "                  torch 2.1.1 (the container's stack), then make rehearsal from a wheel"
 	@echo "                  install without a checkout (COMPAT_MARKERS= for every test)"
-	@echo "make rehearsal    make reproduce-all at CPU size, ~15 min on 2 cores (EXECUTOR=slurm too)"
+	@echo "make rehearsal    make reproduce-all at CPU size, 8-17 min on 2 cores (EXECUTOR=slurm too)"
 	@echo "make doctor       on a GPU node before any submit: is training right and fast there?"
 	@echo "make durations    measure the durations the docs quote (NAMES=\"doctor test\"; default all)"
 	@echo "                  and write them into the docs (tools/durations.py, docs/durations.json)"
