@@ -29,7 +29,7 @@ from filelock import FileLock
 from typer.testing import CliRunner
 
 from perencode.cli import app
-from perencode.commands.sweep.local import launch as LAUNCH
+from perencode.commands.sweep.child import launch as LAUNCH
 from perencode.config.recipe import apply_overrides, foreign_options, read_toml
 
 torch.set_num_threads(1)
@@ -208,19 +208,19 @@ def _forked_children(request):
         return
     import forked
 
-    from perencode.commands.sweep import local, slurm
+    from perencode.commands.sweep import child, local
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(local, "launch", forked.launch)
-        patch.setattr(slurm, "launch", forked.launch)
+        patch.setattr(child, "launch", forked.launch)  # the SLURM job's (TrainJob)
         yield
 
 
 @pytest.fixture
 def real_children(monkeypatch):
     """The sweep's children as new `perencode` processes, in a module of forked ones."""
-    from perencode.commands.sweep import local, slurm
+    from perencode.commands.sweep import child, local
     monkeypatch.setattr(local, "launch", LAUNCH)
-    monkeypatch.setattr(slurm, "launch", LAUNCH)
+    monkeypatch.setattr(child, "launch", LAUNCH)
 
 
 def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
@@ -246,6 +246,29 @@ def copy_of(folder: Path, to: Path) -> Path:
     """`folder` copied to `to` (links kept as links): a built-once folder a test may change."""
     shutil.copytree(folder, to, symlinks=True)
     return to
+
+
+def _doctor_on_the_cpu(folder: Path) -> None:
+    env = {k: v for k, v in subprocess_env().items() if k != "COLUMNS"}
+    folder.mkdir(parents=True)
+    done = subprocess.run([PYTHON, "-m", "perencode", "doctor", "--device", "cpu", "--runs",
+                           str(folder / "runs")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    for name, text in (("code", str(done.returncode)), ("stdout", done.stdout),
+                       ("stderr", done.stderr)):
+        (folder / name).write_text(text)
+
+
+@pytest.fixture(scope="session")
+def doctor_on_the_cpu(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """`perencode doctor --device cpu --runs FOLDER` as a user runs it with its output piped
+    (as in a log: no terminal, no COLUMNS), once per session: what it printed and FOLDER
+    (tests/test_doctor.py reads its verdicts, tests/test_sweep_output.py its lines)."""
+    folder = built_once(tmp_path_factory, "doctor-cpu", _doctor_on_the_cpu)
+    done = subprocess.CompletedProcess(["perencode", "doctor"], int((folder / "code").read_text()),
+                                       (folder / "stdout").read_text(),
+                                       (folder / "stderr").read_text())
+    return done, folder / "runs"
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 is not what is under test (the `forked_children` fixture of tests/conftest.py).
 
 A sweep starts each command of a cell as `perencode COMMAND...` in a new process
-(perencode.commands.sweep.local.launch). A new process pays for its imports before it trains:
+(perencode.commands.sweep.child.launch). A new process pays for its imports before it trains:
 about 6 CPU-seconds (torch, then torch._dynamo, which torch.optim loads with its first
 parameter group), against a second or two for a tiny run. A fork of the test process, which
 has all of it loaded, starts in milliseconds and is still a process of its own: its own pid,
@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from perencode.common.device import set_parent_death_signal
+from perencode.common.processes import set_parent_death_signal
 from perencode.store import runs
 from perencode.store.lock import PARENT_ENV
 
@@ -112,7 +112,7 @@ def _save_coverage() -> None:
 
 
 def launch(command: list[str], run_dir: Path, env: dict[str, str]) -> tuple[Forked, Any]:
-    """perencode.commands.sweep.local.launch, with the child forked from this process."""
+    """perencode.commands.sweep.child.launch, with the child forked from this process."""
     log = open(run_dir / "train.log", "a", encoding="utf-8")  # noqa: SIM115 - closed by caller
     argv = ["perencode", *command]
     log.write(f"# {runs.now()} {' '.join(argv)} (forked by the tests)\n")

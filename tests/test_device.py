@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from perencode.common import device
+from perencode.common import device, processes
 from perencode.common.device import resolve_device
 from perencode.common.errors import UserError
 
@@ -176,11 +176,11 @@ def test_the_parent_death_signal_is_set_and_cleared():
     libc, got = ctypes.CDLL(None), ctypes.c_int(-1)
     PR_GET_PDEATHSIG = 2  # linux/prctl.h
     try:
-        device.set_parent_death_signal(signal.SIGTERM)
+        processes.set_parent_death_signal(signal.SIGTERM)
         libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(got))
         assert got.value == signal.SIGTERM
     finally:
-        device.set_parent_death_signal(0)
+        processes.set_parent_death_signal(0)
     libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(got))
     assert got.value == 0
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
 import subprocess
 
 import pytest
 import torch
-from conftest import ROOT, run_cli, unfinish
+from conftest import ROOT, run_cli, subprocess_env, unfinish
 
 from perencode.commands import doctor
 from perencode.config import registry
@@ -266,19 +265,21 @@ def test_cli_rejects_an_unknown_device():
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only machine's doctor")
-def test_doctor_on_a_cpu_only_machine_passes_and_says_what_it_did_not_run(tmp_path):
-    code, text = run_cli("doctor", "--runs", tmp_path)
+def test_doctor_on_a_cpu_only_machine_passes_and_says_what_it_did_not_run(doctor_on_the_cpu):
+    done, runs = doctor_on_the_cpu  # `perencode doctor --device cpu`, its output piped
+    code, text = done.returncode, done.stdout + done.stderr
     assert code == 0, text
     summary = text.strip().splitlines()[-1]
     # The torch row passes on the paper's torch (2.1.1, `make test-compat`) and is only
     # information on another: the count of passed rows depends on the installed torch.
     on_paper_torch = torch.__version__.split("+")[0] == doctor.PAPER_TORCH
-    # The thread-count row is there only where OMP_NUM_THREADS is set (make sets it to 1).
-    passed = 3 + on_paper_torch + ("OMP_NUM_THREADS" in os.environ)
+    # The thread-count row is there only where OMP_NUM_THREADS is set (the tests' processes
+    # have it: conftest.subprocess_env).
+    passed = 3 + on_paper_torch + ("OMP_NUM_THREADS" in subprocess_env())
     assert summary.startswith(f"doctor: 0 failed, {passed} passed, 7 not run"), summary
     # CUDA stack, kernels for the GPU, equivalence, resume, memory, host syncs, speed
     assert text.count("not run: no CUDA") == 7
-    assert not (tmp_path / ".estimates.json").exists()  # speed runs on a GPU only
+    assert not (runs / ".estimates.json").exists()  # speed runs on a GPU only
 
 
 def test_tf32_follows_the_switch_each_model_registers(monkeypatch):

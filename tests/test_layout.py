@@ -143,6 +143,19 @@ def test_the_cli_starts_without_torch():
     assert sorted(ast.literal_eval(loaded)) == sorted(CLI_START)
 
 
+def test_a_slurm_job_loads_no_torch_before_it_starts_its_run():
+    """A SLURM job unpickles its TrainJob (perencode.commands.sweep.child) and starts the
+    run's `perencode` command, which loads torch itself: the job's own process loads submitit
+    and the light modules below, and nothing heavier (a few seconds of CPU a run)."""
+    code = ("import pickle, sys\n"
+            "from perencode.commands.sweep.child import TrainJob\n"
+            "job = pickle.loads(pickle.dumps(TrainJob()))\n"
+            f"print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in {HEAVY!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=subprocess_env(), check=True).stdout.strip().splitlines()[-1]
+    assert set(ast.literal_eval(out)) == {"submitit"}
+
+
 # The floors, bottom up: a module imports only modules of its own floor or of floors below
 # it (and the package's __init__, for its version). The modules at the root (the CLI,
 # `python -m perencode`, the plugin API) stand on all of them.

@@ -139,9 +139,9 @@ def test_grid_runs_as_one_job_array_with_accounting(tmp_path):
     assert text.count("done") >= 4
 
 
-def iterations_for(seconds: float, tmp_path: Path) -> int:
+def iterations_for(seconds: float, tmp_path: Path, least: int = 20) -> int:
     """Iterations of the TINY recipe that train for about `seconds` on this machine (timed
-    on 2,000 of them from metrics.jsonl's clock), in thousands, at least 20,000."""
+    on 2,000 of them from metrics.jsonl's clock), in thousands, at least `least` thousand."""
     probe = write_grid(tmp_path, "probe", '[grid]\n"train.seed" = [111]\n',
                        replace={"iterations = 10": "iterations = 2000",
                                 "checkpoint_every = 10": "checkpoint_every = 2000",
@@ -153,7 +153,7 @@ def iterations_for(seconds: float, tmp_path: Path) -> int:
                     "--device", "cpu", "--no-progress"], env=subprocess_env(), check=True,
                    capture_output=True, timeout=300)
     rate = 2000 / runs.Run(run).metrics()[-1].seconds
-    return max(20, int(rate * seconds / 1000) + 1) * 1000
+    return max(least, int(rate * seconds / 1000) + 1) * 1000
 
 
 def test_time_limit_signals_checkpoints_requeues_and_resumes(tmp_path):
@@ -189,12 +189,12 @@ def test_time_limit_signals_checkpoints_requeues_and_resumes(tmp_path):
 
 
 def test_cancelled_job_resumes_with_the_next_sweep(tmp_path):
-    # Long enough (about 30 s here) that the job is cancelled well after its first
-    # checkpoint and well before its end.
-    n = iterations_for(30, tmp_path)
+    # About 10 s of training with a checkpoint every tenth of it: the test watches for the
+    # first (a second or so in) and cancels the job at once, some 9 s before its end.
+    n = iterations_for(10, tmp_path, least=2)
     grid = write_grid(tmp_path, "cancel", '[grid]\n"train.seed" = [222]\n',
                       replace={"iterations = 10": f"iterations = {n}",
-                               "checkpoint_every = 10": f"checkpoint_every = {n // 4}",
+                               "checkpoint_every = 10": f"checkpoint_every = {n // 10}",
                                "log_every = 5": "log_every = 500"})
     out = tmp_path / "runs"
     holder: dict = {}
@@ -203,7 +203,7 @@ def test_cancelled_job_resumes_with_the_next_sweep(tmp_path):
     run_dir = out / "cancel" / "seed=222"
     deadline = time.monotonic() + 180
     while not runs.Run(run_dir).checkpoints() and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     assert runs.Run(run_dir).checkpoints(), "the job never reached its first checkpoint"
     subprocess.run(["scancel", "--name", "perencode-cancel"], check=True, timeout=30)
     thread.join()

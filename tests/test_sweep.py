@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 import perencode.commands.sweep.estimates as cost_module
 import perencode.training.session as session_module
 from perencode.cli import app
+from perencode.commands.sweep.child import TrainJob
 from perencode.commands.sweep.options import SweepOptions
 from perencode.commands.sweep.run import run_sweep
-from perencode.commands.sweep.slurm import TrainJob
 from perencode.config.grid import load_grid
 from perencode.store import runs
 from perencode.training import planning
@@ -338,7 +338,8 @@ def test_children_run_the_installed_perencode_not_a_checkout_in_the_working_dir(
         tmp_path, monkeypatch, real_children):
     """A container started with a checkout mounted at its working directory, or the
     rehearsal's export: the sweep's children must run the package their parent runs."""
-    from perencode.commands.sweep.local import launch, perencode_command, thread_env
+    from perencode.commands.sweep.child import launch, thread_env
+    from perencode.common.processes import perencode_command
 
     (tmp_path / "perencode").mkdir()
     (tmp_path / "perencode" / "__init__.py").write_text("raise SystemExit(7)\n")

@@ -258,8 +258,8 @@ def test_the_doctors_own_runs_print_nothing(capsys):
 
 
 @pytest.mark.slow
-def test_the_doctor_prints_its_steps_and_its_table_only(tmp_path):
-    done = _piped("doctor", "--device", "cpu", "--runs", tmp_path)
+def test_the_doctor_prints_its_steps_and_its_table_only(doctor_on_the_cpu):
+    done, _ = doctor_on_the_cpu  # `perencode doctor --device cpu`, piped
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout == ""
     lines = [line for line in done.stderr.splitlines() if line.strip()]

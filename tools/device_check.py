@@ -53,6 +53,7 @@ from perencode.common.device import (  # noqa: E402
     kernel_support,
     synchronize,
 )
+from perencode.common.processes import perencode_command  # noqa: E402
 from perencode.config.recipe import Recipe, load_recipe  # noqa: E402
 from perencode.kinds.models.rnn import CELLS  # noqa: E402
 from perencode.store import environment  # noqa: E402
@@ -294,7 +295,7 @@ class Check:
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         table = self.out / "doctor.txt"  # written as it goes: kept if the step runs out
         with open(table, "w", encoding="utf-8") as f:
-            done = subprocess.run([*environment.perencode_command(), "doctor", "--device",
+            done = subprocess.run([*perencode_command(), "doctor", "--device",
                                    str(self.device), "--runs", str(self.out / "doctor-runs")],
                                   stdout=f, stderr=subprocess.STDOUT, text=True,
                                   timeout=max(1, self.left() - 5),

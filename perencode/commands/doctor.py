@@ -45,6 +45,7 @@ from perencode.common import defaults
 from perencode.common.console import console
 from perencode.common.device import device_model, host_syncs, kernel_support
 from perencode.common.files import atomic_write_text
+from perencode.common.processes import perencode_command
 from perencode.config import registry
 from perencode.config.grid import load_grid, repository_root
 from perencode.config.recipe import (
@@ -58,7 +59,7 @@ from perencode.config.recipe import (
 from perencode.kinds.models import SequenceModel
 from perencode.kinds.tasks import Batch
 from perencode.store import checkpoints, runs
-from perencode.store.environment import cpu_capability, cpu_model, gpu_driver, perencode_command
+from perencode.store.environment import cpu_capability, cpu_model, gpu_driver
 from perencode.training import planning
 from perencode.training.planning import Estimates, device_label
 from perencode.training.session import CHUNK_LOGITS, Session

@@ -4,10 +4,7 @@ its tie to the process that started it (Linux's parent death signal)."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
-import sys
 import time
 import warnings
 from collections import Counter
@@ -200,18 +197,6 @@ def kernel_support(device: torch.device) -> str | None:
             f"sm_{major}{minor}")
 
 
-# linux/prctl.h: the kernel sends a process this signal when its parent dies.
-PR_SET_PDEATHSIG = 1
-# Loaded at import: a forked child (a Popen preexec_fn) must not load a library.
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) \
-    if sys.platform.startswith("linux") else None
-
-
-def set_parent_death_signal(signum: int) -> None:
-    """Linux: the kernel sends this process `signum` when its parent dies (0: nothing);
-    elsewhere nothing happens (the caller watches its parent itself)."""
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signum)
 
 
 def visible_gpus(device: str) -> list[str]:

@@ -4,7 +4,6 @@ and the packages results depend on)."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import platform
 import shutil
@@ -23,25 +22,11 @@ from perencode.config import plugins
 PACKAGE_DIR = Path(perencode.__file__).resolve().parent
 
 
-def perencode_command() -> list[str]:
-    """How children run the perencode this process runs: the console script beside the
-    interpreter, else `python -m perencode`. The script puts its own folder first on
-    sys.path, where `-m` puts the working directory: a checkout there (a container started
-    with it mounted at /work) would otherwise run instead of the installed package."""
-    script = Path(sys.executable).with_name("perencode")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "perencode"]
-
-
 # Where the package is no git checkout (a wheel, a container image), the commit it was built
 # from can be given here; the Docker image sets it from a build argument.
 GIT_COMMIT_VARIABLE = "PERENCODE_GIT_COMMIT"
 PACKAGES = ("numpy", "pydantic", "typer", "rich", "pandas", "matplotlib", "seaborn",
             "submitit", "sentencepiece", "tensorboard", "datasets")
-
-
-def now() -> str:
-    """The time in UTC, to the second (ISO 8601): a run's records' timestamps."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def git_commit(folder: str | Path | None = None) -> str | None:

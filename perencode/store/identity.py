@@ -58,8 +58,8 @@ from perencode.common.errors import UserError
 from perencode.common.files import atomic_write_json
 from perencode.config import plugins, registry
 from perencode.config.recipe import Recipe, differences, migrate_stored, validate
-from perencode.store.environment import git_commit, now
-from perencode.store.records import IdentityRecord, read_identity
+from perencode.store.environment import git_commit
+from perencode.store.records import IdentityRecord, now, read_identity
 
 RECORD = "identity.json"  # perencode.store.records.IdentityRecord
 UNVERIFIED = "unverified"

@@ -20,6 +20,7 @@ version lacked is said beside its version number below.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import math
 from pathlib import Path
@@ -29,6 +30,12 @@ from pydantic import BaseModel, ConfigDict
 
 from perencode.common.errors import UserError
 from perencode.config.recipe import Recipe
+
+
+def now() -> str:
+    """The time in UTC, to the second (ISO 8601): a run's records' timestamps."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
 
 # eval.json opens with the run's identity, eval key -> recipe field (results.py reads the
 # recipe's own copy and leaves these out of the metrics).

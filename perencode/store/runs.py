@@ -66,7 +66,6 @@ from perencode.config.recipe import Recipe, differences, migrate_stored, read_to
 from perencode.store import environment, identity
 from perencode.store.checkpoints import foreign_reason, whole
 from perencode.store.checkpoints import load as load_checkpoint
-from perencode.store.environment import now
 from perencode.store.lock import LOCK_NAME, hold
 from perencode.store.records import (
     DIVERGED,
@@ -82,6 +81,7 @@ from perencode.store.records import (
     eval_identity,
     infer_status,
     metrics_row,
+    now,
     read_env,
     read_eval,
     read_json,  # noqa: F401  (a run's other JSON files: `runs.read_json`)

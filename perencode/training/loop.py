@@ -22,10 +22,10 @@ from perencode.common.device import (
     kernel_support,
     resolve_device,
     runs_sharing,
-    set_parent_death_signal,
 )
 from perencode.common.errors import UserError
 from perencode.common.files import WriteError
+from perencode.common.processes import set_parent_death_signal
 from perencode.common.progress import Reporter
 from perencode.config.recipe import Recipe
 from perencode.kinds.tasks import Batch, held_out_warning

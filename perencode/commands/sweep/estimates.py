@@ -18,11 +18,12 @@ import torch
 from rich.table import Table
 
 from perencode.commands.sweep.cells import FINISHED, PlannedRun, RunState
-from perencode.commands.sweep.local import perencode_command, thread_env
+from perencode.commands.sweep.child import thread_env
 from perencode.commands.sweep.options import Executor
 from perencode.common.console import console, print_table
 from perencode.common.device import available_cores, resolve_device
 from perencode.common.files import atomic_write_text
+from perencode.common.processes import perencode_command
 from perencode.training.planning import (
     GPUS,
     Estimates,

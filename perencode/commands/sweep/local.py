@@ -10,14 +10,10 @@ before its workers stop) is waited for, counted against --jobs, and then resumed
 from __future__ import annotations
 
 import math
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from perencode.commands.sweep.board import Board, interrupted_line
 from perencode.commands.sweep.cells import (
@@ -29,55 +25,17 @@ from perencode.commands.sweep.cells import (
     refresh_stopped,
     twin_busy,
 )
+from perencode.commands.sweep.child import launch, thread_env
 from perencode.commands.sweep.options import SweepOptions
 from perencode.common.device import (
     RUNS_SHARING_ENV,
     available_cores,
-    set_parent_death_signal,
     visible_gpus,
 )
-from perencode.config import plugins
 from perencode.config.grid import Grid, SlurmConfig
 from perencode.store import runs
-from perencode.store.environment import perencode_command
-from perencode.store.lock import PARENT_ENV, describe, live_holder
+from perencode.store.lock import describe, live_holder
 from perencode.training.planning import local_wall_hours
-
-
-def _die_with(parent: int):
-    """A preexec_fn for Popen that makes the child receive SIGTERM when `parent` dies
-    (Linux; None elsewhere, where the worker polls its parent instead)."""
-    if not sys.platform.startswith("linux"):
-        return None
-
-    def preexec() -> None:
-        set_parent_death_signal(signal.SIGTERM)
-        if os.getppid() != parent:  # the sweep died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-    return preexec
-
-
-def launch(command: list[str], run_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Any]:
-    """Start `perencode COMMAND...`, appending its output to RUN_DIR/train.log; the child
-    stops (checkpointed) when this process dies."""
-    argv = [*perencode_command(), *command]
-    log = open(run_dir / "train.log", "a", encoding="utf-8")  # noqa: SIM115 - closed by caller
-    log.write(f"# {runs.now()} {' '.join(argv)}\n")
-    log.flush()
-    me = os.getpid()
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                            env={**env, PARENT_ENV: str(me)}, preexec_fn=_die_with(me)), log
-
-
-def thread_env(threads: int, gpu: str | None = None,
-               handed: list[str] | None = None) -> dict[str, str]:
-    """A child's environment: its threads, its GPU, and the plugins it is handed
-    (PERENCODE_PLUGINS, perencode.config.plugins.handed_on)."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               PYTHONUNBUFFERED="1", **plugins.environment(handed or []))
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = gpu
-    return env
 
 
 def raise_interrupt(signum, frame):

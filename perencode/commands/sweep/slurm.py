@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,56 +19,13 @@ from submitit.slurm.slurm import _convert_mem, _make_sbatch_string
 
 from perencode.commands.sweep.board import Board
 from perencode.commands.sweep.cells import PlannedRun, RunState, live_jobs, record_jobs, refresh
-from perencode.commands.sweep.local import launch, thread_env
+from perencode.commands.sweep.child import TrainJob
 from perencode.commands.sweep.options import SweepOptions
 from perencode.common.console import console
 from perencode.common.errors import UserError
 from perencode.config.grid import Grid, SlurmConfig
 from perencode.store import runs
 from perencode.training.planning import slurm_jobs
-
-
-class TrainJob(submitit.helpers.Checkpointable):
-    """One run's commands as a SLURM job (submitit). On a time-out or preemption submitit
-    calls `checkpoint`: the child `perencode train` gets SIGTERM, saves checkpoints/resume.pt
-    and exits; the requeued job starts the commands again and training resumes."""
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen | None = None
-
-    def __call__(self, run_dir: str, commands: list[list[str]], device: str,
-                 threads: int, handed: list[str] | None = None) -> str:
-        # `handed`: the sweep's plugins, given to each command (not left to the job's
-        # inherited environment, which a cluster may not pass on: sbatch --export=NONE).
-        for command in commands:
-            if command[0] == "train" and runs.Run(run_dir).is_complete():
-                continue  # a requeued job whose training had finished
-            self.proc, log = launch([*command, "--device", device], Path(run_dir),
-                                    thread_env(threads, None, handed))
-            try:
-                code = self._wait(self.proc)
-            finally:
-                log.close()
-            if code != 0:
-                raise RuntimeError(f"perencode {command[0]} exited with code {code}; log: "
-                                   f"{Path(run_dir) / 'train.log'}")
-        return run_dir
-
-    @staticmethod
-    def _wait(proc: subprocess.Popen) -> int:
-        # Polling, not Popen.wait(): SLURM's signal runs `checkpoint` in this thread, inside
-        # this loop, and a Popen.wait() interrupted there would still hold the Popen's lock
-        # that `checkpoint` needs (a deadlock a real scheduler exposed).
-        while (code := proc.poll()) is None:
-            time.sleep(0.2)
-        return code
-
-    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self._wait(self.proc)
-        # A fresh callable: the Popen of this attempt cannot be pickled.
-        return submitit.helpers.DelayedSubmission(TrainJob(), *args, **kwargs)
 
 
 def parameters(name: str, options: SlurmConfig, dependency: list[str] | None = None

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from typing import Any
 
-from perencode.commands.sweep.local import perencode_command
 from perencode.common.console import console
 from perencode.common.errors import UserError
+from perencode.common.processes import perencode_command
 from perencode.config import plugins
 from perencode.config.recipe import tomllib, validate
 
