@@ -4,6 +4,8 @@ path on real tiny runs is in test_sweep.py."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 import pandas as pd
@@ -36,16 +38,19 @@ def drawing(runs: list[Path], out: Path) -> tuple[list[Path], dict[str, Figure]]
     return written, saved
 
 
-# The figures `drawn` saved, by file stem (read by `drawing_saved`).
+# The figures `drawn` saved, by file stem (read by `drawing_saved`), and what it printed.
 SAVED: dict[str, Figure] = {}
+PRINTED: list[str] = []
 
 
 @pytest.fixture(scope="module")
 def drawn(paper_like, tmp_path_factory) -> tuple[Path, list[Path]]:
     """Every figure of `paper_like`, drawn once for the module: (folder, written files)."""
     out = tmp_path_factory.mktemp("figures")
-    written, saved = drawing([paper_like], out)
+    with contextlib.redirect_stderr(io.StringIO()) as printed:
+        written, saved = drawing([paper_like], out)
     SAVED.update(saved)
+    PRINTED.append(printed.getvalue())
     return out, written
 
 
@@ -312,12 +317,12 @@ def test_legends_never_cover_data(drawn):
 
 
 @pytest.mark.slow
-def test_unfinished_runs_in_results_are_named(paper_like, tmp_path, capsys):
-    make_figures([paper_like], out=tmp_path)
-    err = " ".join(capsys.readouterr().err.split())
+def test_unfinished_runs_in_results_are_named(paper_like, drawn):
+    out, _ = drawn  # make_figures([paper_like]), and what it printed
+    err = " ".join(PRINTED[0].split())
     assert "1 unfinished run(s) listed in results.csv (complete = False)" in err
     assert f"{paper_like}/unfinished" in err
-    table = pd.read_csv(tmp_path / "results.csv")
+    table = pd.read_csv(out / "results.csv")
     assert list(table.loc[~table["complete"], "run"]) == [str(paper_like / "unfinished")]
     assert "origin" not in table.columns  # a folder of this machine, only for grouping
 
