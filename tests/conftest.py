@@ -19,6 +19,7 @@ from pathlib import Path
 os.environ["PERENCODE_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 os.environ.pop("PERENCODE_PLUGINS", None)
 
+import forked  # before any test module: what a new process registers (tests/forked.py)
 import pytest
 import tomli_w
 import torch
@@ -206,8 +207,6 @@ def _forked_children(request):
     if request.node.get_closest_marker("forked_children") is None:
         yield
         return
-    import forked
-
     from perencode.commands.sweep import child, local
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(local, "launch", forked.launch)

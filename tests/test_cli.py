@@ -343,15 +343,13 @@ def trained(tmp_path_factory) -> Path:
     return run
 
 
-@pytest.mark.slow  # a perencode process: in make test and test-compat, not test-fast
+@pytest.mark.slow  # a perencode process (forked): in make test and test-compat, not test-fast
 @pytest.mark.compat
 def test_eval_prints_its_results_on_stdout_and_as_json(trained):
-    import subprocess
+    import forked
+    from conftest import subprocess_env
 
-    from conftest import PYTHON, subprocess_env
-
-    done = subprocess.run([PYTHON, "-m", "perencode", "eval", str(trained), "--device", "cpu"],
-                          capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    done = forked.run(["eval", trained, "--device", "cpu"], env=subprocess_env(), timeout=300)
     assert done.returncode == 0 and "token_accuracy" in done.stdout, done.stderr
     assert "token_accuracy" not in done.stderr
     code, out, _ = streams("eval", trained, "--device", "cpu", "--json")

@@ -11,14 +11,13 @@ import errno
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import forked
 import pytest
 from conftest import (
-    PYTHON,
     RECIPE,
     ROOT,
     finished_run,
@@ -375,9 +374,7 @@ def test_a_plugin_whose_import_ends_the_process_is_one_line_and_exit_2(tmp_path,
     sweep = ["sweep", str(ROOT / "recipes/paper/fig02_gru_reverse.toml"), "--runs",
              str(tmp_path / "runs"), "--dry-run"]
     for command in (_args(tmp_path / "run"), *([sweep] if case == "sys.exit(0)" else [])):
-        done = subprocess.run([PYTHON, "-m", "perencode", "--plugin", str(plugin), *command],
-                              capture_output=True, text=True, env=subprocess_env(),
-                              timeout=120)
+        done = forked.run(["--plugin", plugin, *command], env=subprocess_env(), timeout=120)
         text = done.stdout + done.stderr
         line = one_line(done.returncode, text)
         assert line.startswith(f"error: plugin {plugin}: importing it failed: {says}"), line

@@ -5,20 +5,40 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import subprocess
+from types import SimpleNamespace
 
+import forked
 import pytest
 import torch
 from conftest import ROOT, run_cli, subprocess_env, unfinish
 
 from perencode.commands import doctor
+from perencode.common.processes import perencode_command
 from perencode.config import registry
 from perencode.training import planning, session
 from perencode.training.session import CHUNK_LOGITS
 
 CPU = torch.device("cpu")
 TINY = doctor.CPU_SIZE
+
+
+@pytest.fixture
+def forked_commands(monkeypatch):
+    """The `perencode` commands the doctor runs (train, bench) as forks of this process
+    (tests/forked.py), for a test of what the doctor makes of them: each is still a process
+    of its own reading and writing its run directory. `doctor_on_the_cpu` (tests/conftest.py)
+    runs the doctor whole, with real children."""
+    prefix = perencode_command()
+
+    def run(args, **kwargs):  # subprocess.run, as doctor.run_command calls it
+        if args[:len(prefix)] != prefix:
+            return subprocess.run(args, **kwargs)
+        return forked.run(args[len(prefix):], env=dict(os.environ), timeout=kwargs.get("timeout"))
+
+    monkeypatch.setattr(doctor, "subprocess", SimpleNamespace(run=run))
 
 
 @pytest.mark.parametrize(("arch", "encoding"), doctor.equivalence_models())
@@ -98,7 +118,7 @@ def resume_recipe():
 
 @pytest.mark.compat
 @pytest.mark.slow  # `perencode train` / `bench` children
-def test_resume_across_devices_through_the_run_directory(tmp_path):
+def test_resume_across_devices_through_the_run_directory(tmp_path, forked_commands):
     recipe = resume_recipe()
     result = doctor.resume_across(recipe, CPU, CPU, tmp_path)
     assert result == {"resumed_from": 2, "starts": ["cpu", "cpu"], "final_iteration": 4,
@@ -142,7 +162,7 @@ def test_the_cpu_doctor_says_why_it_counts_no_host_syncs(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # `perencode train` / `bench` children
-def test_resume_check_fails_when_training_starts_over(monkeypatch, tmp_path):
+def test_resume_check_fails_when_training_starts_over(monkeypatch, tmp_path, forked_commands):
     """A second start that cannot read the middle checkpoint sets it aside and trains from
     iteration 0: the same numbers on the CPU, but not a resume."""
     real, starts = doctor.train_child, []
@@ -208,7 +228,7 @@ def test_a_check_that_raises_is_one_failed_row():
 
 
 @pytest.mark.slow  # `perencode train` / `bench` children
-def test_speed_fills_the_estimate_cache_and_prices_each_grid(tmp_path):
+def test_speed_fills_the_estimate_cache_and_prices_each_grid(tmp_path, forked_commands):
     tiny = ["model.hidden_size=8", "model.embed_size=8", "task.length=4",
             "train.batch_size=4", "task.held_out=8"]
     from perencode.config.recipe import load_recipe

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import pytest
 from conftest import PYTHON, ROOT, run_cli, subprocess_env
 from test_sweep import TINY
@@ -46,9 +47,15 @@ def autoloading(env: dict) -> dict:
 
 def perencode(*args, python: str = PYTHON, env: dict | None = None, cwd: Path | None = None,
               timeout: float = 300, autoload: bool = False) -> tuple[int, str]:
-    """`python -m perencode ARGS...` in a fresh process: (exit code, stdout + stderr);
-    `autoload`: with the installed plugins."""
+    """`python -m perencode ARGS...` in a process of its own: (exit code, stdout + stderr);
+    `autoload`: with the installed plugins. The process is a fork of this one
+    (tests/forked.py) unless a fresh interpreter is what differs: another Python, installed
+    plugins found at start (`autoload`), or a PYTHONPATH of the test's own."""
+    fresh = python != PYTHON or autoload or "PYTHONPATH" in (env or {})
     env = {**subprocess_env(), **(env or {})}
+    if not fresh:
+        done = forked.run([*args], env=env, cwd=cwd, timeout=timeout)
+        return done.returncode, done.stdout + done.stderr
     proc = subprocess.run([python, "-m", "perencode", *map(str, args)], capture_output=True,
                           text=True, env=autoloading(env) if autoload else env, cwd=cwd,
                           timeout=timeout)

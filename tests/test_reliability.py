@@ -22,6 +22,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import forked
 import pytest
 import torch
 from conftest import (
@@ -190,9 +191,8 @@ def test_a_sweep_conflict_names_the_run_once(tmp_path):
     cell = tmp_path / "runs/g/seed=1"
     cell.mkdir(parents=True)
     (cell / "recipe.toml").write_text(RECIPE.read_text())
-    done = subprocess.run([PYTHON, "-m", "perencode", "sweep", str(grid), "--runs",
-                           str(tmp_path / "runs"), "--device", "cpu", "--no-progress"],
-                          env=subprocess_env(), capture_output=True, text=True, cwd=tmp_path)
+    done = forked.run(["sweep", grid, "--runs", tmp_path / "runs", "--device", "cpu",
+                       "--no-progress"], env=subprocess_env(), cwd=tmp_path)
     conflict = [line for line in (done.stdout + done.stderr).splitlines()
                 if line.startswith("conflict:")]
     assert done.returncode == 1 and len(conflict) == 1, done.stdout + done.stderr

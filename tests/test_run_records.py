@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
+import forked
 import pandas as pd
 import pytest
 from conftest import (
-    PYTHON,
     RECIPE,
     ROOT,
     flat,
@@ -41,10 +40,10 @@ def _train_args(run_dir: Path, *extra: str, recipe: Path = RECIPE) -> list[str]:
 
 
 def _perencode(*args, cwd: Path | None = None, timeout: float = 120) -> tuple[int, str]:
-    """`perencode ARGS` in a process of its own: (exit code, stdout and stderr)."""
-    done = subprocess.run([PYTHON, "-m", "perencode", *map(str, args)], capture_output=True,
-                          text=True, env={**subprocess_env(), "COLUMNS": "250"}, cwd=cwd,
-                          timeout=timeout)
+    """`perencode ARGS` in a process of its own (a fork of this one: tests/forked.py): (exit
+    code, stdout and stderr)."""
+    done = forked.run([*args], env={**subprocess_env(), "COLUMNS": "250"}, cwd=cwd,
+                      timeout=timeout)
     return done.returncode, done.stdout + done.stderr
 
 

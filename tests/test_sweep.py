@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import threading
 import time
 
+import forked
 import pandas as pd
 import pytest
 import torch
-from conftest import PYTHON, ROOT, assert_scores_consistent, subprocess_env, tiny_toml, unfinish
+from conftest import ROOT, assert_scores_consistent, subprocess_env, tiny_toml, unfinish
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
@@ -305,15 +305,14 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY.replace("iterations = 10", "iterations = 30") + AXES)
     out = tmp_path / "runs"
-    first = subprocess.Popen([PYTHON, "-m", "perencode", "sweep", str(grid), "--runs", str(out),
-                              "--only", "vocab_size=8", "--only", "seed=111", "--device",
-                              "cpu", "--no-progress"], env=subprocess_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert first.stdout is not None
+    log = tmp_path / "first.log"
+    first = forked.start(["sweep", grid, "--runs", out, "--only", "vocab_size=8", "--only",
+                          "seed=111", "--device", "cpu", "--no-progress"],
+                         env=subprocess_env(), output=log)  # a fork of this process
     lock = out / "tiny" / ".perencode.lock"
     deadline = time.monotonic() + 60
     while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
-        assert first.poll() is None, first.stdout.read().decode()
+        assert first.poll() is None, log.read_text()
         time.sleep(0.01)
     # The first sweep stopped (alive, holding its lock) while the second starts: a short
     # grid outlives the second's start on a loaded machine.
@@ -326,7 +325,7 @@ def test_second_sweep_on_one_run_tree_exits_2_naming_the_first(tmp_path):
     assert code == 2, output
     assert text.startswith(f"error: {out / 'tiny'}: in use by `perencode sweep {grid}` (pid "
                            f"{first.pid} on "), text
-    assert first.wait(timeout=300) == 0, first.stdout.read().decode()
+    assert first.wait(timeout=300) == 0, log.read_text()
     for encoding in ("none", "sinusoidal"):
         cell = out / "tiny" / f"vocab_size=8/encoding={encoding}/seed=111"
         steps = [r.step for r in runs.Run(cell).metrics()]

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import forked
 import pytest
 import typer.main
 from conftest import PYTHON, run_cli, subprocess_env, tiny_toml
@@ -45,8 +46,7 @@ def _grid(tmp_path: Path, iterations: int = 10) -> Path:
 def _piped(*args) -> subprocess.CompletedProcess:
     """`perencode ARGS` with stdout and stderr a pipe and no COLUMNS: as in a log."""
     env = {k: v for k, v in subprocess_env().items() if k != "COLUMNS"}
-    return subprocess.run([PYTHON, "-m", "perencode", *map(str, args)], env=env,
-                          capture_output=True, text=True, timeout=240)
+    return forked.run([*args], env=env, timeout=240)  # a fork of this process: tests/forked.py
 
 
 def _ctrl_c_as_in_a_terminal():

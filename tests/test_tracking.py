@@ -12,6 +12,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+import forked
 import pytest
 from conftest import PYTHON, ROOT, subprocess_env, tiny_overrides
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -116,8 +117,7 @@ def test_sigkill_and_resume_every_step_once(tmp_path):
     last = runs.Run(run_dir).checkpoints()[-1][0]
     logged = max(step for _, step, _ in scalar_events(run_dir))
     assert last == 500 and logged > last
-    done = subprocess.run([PYTHON, "-m", "perencode", *args], env=subprocess_env(),
-                          capture_output=True, text=True)
+    done = forked.run(args, env=subprocess_env())  # resumed in a fork of this process
     assert done.returncode == 0, done.stderr
     assert_each_step_once(run_dir, list(range(5, 1001, 5)))
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import forked
 import pytest
 import torch
 from conftest import (
@@ -75,6 +76,13 @@ def _assert_same_weights(a: dict, b: dict) -> None:
 def _spawn(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen([PYTHON, "-m", "perencode", *args], env=subprocess_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess:
+    """`perencode ARGS` to its end in a process of its own, forked from this one
+    (tests/forked.py): the uninterrupted twin of a killed run, the resume of one, the second
+    of two processes. The process killed is always a new interpreter (`_spawn`)."""
+    return forked.run(args, env=subprocess_env(), timeout=120)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -157,8 +165,7 @@ def test_run_dir_contents_and_eval(cli, tmp_path):
 @pytest.mark.slow
 def test_resume_after_sigkill_is_bit_identical(tmp_path):
     full = tmp_path / "full"
-    assert subprocess.run([PYTHON, "-m", "perencode", *_train_args(full, 40)],
-                          env=subprocess_env(), capture_output=True).returncode == 0
+    assert _run(_train_args(full, 40)).returncode == 0
 
     cut = tmp_path / "cut"
     proc = _spawn(_train_args(cut, 40))
@@ -167,8 +174,7 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
     proc.wait()
     assert not (cut / "eval.json").exists()
     assert json.loads((cut / ".perencode.lock").read_text())["pid"] == proc.pid  # left behind
-    done = subprocess.run([PYTHON, "-m", "perencode", *_train_args(cut, 40)],
-                          env=subprocess_env(), capture_output=True, text=True)
+    done = _run(_train_args(cut, 40))
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"pid {proc.pid}" in done.stderr and "taking over" in done.stderr  # stale lock
     assert not (cut / ".perencode.lock").exists()
@@ -183,8 +189,7 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_resumes_identically(tmp_path):
     full = tmp_path / "full"
-    assert subprocess.run([PYTHON, "-m", "perencode", *_train_args(full, 300, 1000)],
-                          env=subprocess_env(), capture_output=True).returncode == 0
+    assert _run(_train_args(full, 300, 1000)).returncode == 0
     cut = tmp_path / "cut"
     proc = _spawn(_train_args(cut, 300, 1000))
     _wait_for(cut / "metrics.jsonl", proc)
@@ -194,8 +199,7 @@ def test_sigterm_saves_a_checkpoint_and_resumes_identically(tmp_path):
     assert (cut / "checkpoints" / "resume.pt").exists()
     stopped_at = runs.load_checkpoint(cut / "checkpoints" / "resume.pt")["iteration"]
     assert 0 < stopped_at < 300
-    done = subprocess.run([PYTHON, "-m", "perencode", *_train_args(cut, 300, 1000)],
-                          env=subprocess_env(), capture_output=True, text=True)
+    done = _run(_train_args(cut, 300, 1000))
     assert done.returncode == 0, done.stdout + done.stderr
     said = " ".join((done.stdout + done.stderr).split())
     assert f"{cut}: resuming from iteration {stopped_at} of 300" in said
@@ -369,9 +373,7 @@ def test_two_train_processes_on_one_run_dir_train_once(tmp_path):
     _wait_for(out / "metrics.jsonl", first)
     os.kill(first.pid, signal.SIGSTOP)
     try:
-        second = subprocess.run([PYTHON, "-m", "perencode", *_train_args(out, 300, 100)],
-                                env=subprocess_env(), capture_output=True, text=True,
-                                timeout=120)
+        second = _run(_train_args(out, 300, 100))
     finally:
         os.kill(first.pid, signal.SIGCONT)
     output, _ = first.communicate(timeout=120)
