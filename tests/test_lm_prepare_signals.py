@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import PYTHON, flat, one_line, run_cli, spawned_children, subprocess_env
@@ -292,3 +293,42 @@ def test_a_read_only_parent_still_confirms_an_up_to_date_build(tmp_path, small):
                         "folder")
     assert json.loads((out / "manifest.json").read_text()) == manifest
     assert sorted(p.name for p in parent.iterdir()) == ["data"]
+
+
+def test_a_trainer_that_outlives_sigterm_is_killed(monkeypatch, tmp_path):
+    """Interrupted while SentencePiece trains, lm-prepare ends its trainer: SIGTERM, a
+    second's wait, then SIGKILL for one that is still there (a trainer busy in C code that
+    does not end at once). Whether a real one takes the second path depends on the machine's
+    load; a stand-in that ignores SIGTERM takes it every time."""
+    calls: list[str] = []
+
+    class Stubborn:  # multiprocessing.Process, as _train_tokenizer uses it
+        exitcode = None
+
+        def __init__(self, **kwargs):
+            self.killed = False
+
+        def start(self):
+            calls.append("start")
+
+        def is_alive(self):
+            return not self.killed
+
+        def join(self, timeout=None):
+            calls.append(f"join {timeout}")
+            if timeout == 0.2:  # the wait while it trains: Ctrl-C arrives
+                raise KeyboardInterrupt
+
+        def terminate(self):
+            calls.append("terminate")  # ignored
+
+        def kill(self):
+            calls.append("kill")
+            self.killed = True
+
+    context = SimpleNamespace(Process=Stubborn)
+    monkeypatch.setattr(lm_prepare, "multiprocessing",
+                        SimpleNamespace(get_context=lambda method: context))
+    with pytest.raises(KeyboardInterrupt):
+        lm_prepare._train_tokenizer(tmp_path / "train.txt", tmp_path, {}, progress=False)
+    assert calls == ["start", "join 0.2", "terminate", "join 1.0", "kill", "join None"]
