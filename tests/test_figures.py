@@ -98,6 +98,37 @@ def test_missing_cells_are_warned_and_settings_split(paper_like, tmp_path, capsy
                     "fig02_reverse_vocabulary__hidden_size=512__nonpaper.png"]
 
 
+def test_the_pdf_places_every_panel_where_the_pngs_layout_put_it(tmp_path):
+    """_save solves the constrained layout for the PNG (room for the legend below and the
+    subtitle above) and draws the PDF with the same positions."""
+    def figure():
+        fig, axes = plots._subplots(1, 2)
+        for ax in axes.flat:
+            ax.plot([1, 10, 100], [0.2, 0.5, 0.9], label="Sinusoidal PE")
+            ax.set_xscale("log")
+            ax.set_ylabel("Token accuracy")
+        return fig
+
+    fig, positions = figure(), []
+    savefig = fig.savefig
+
+    def saving(*args, **options):
+        savefig(*args, **options)
+        positions.append([ax.get_position().bounds for ax in fig.axes])
+
+    fig.savefig = saving
+    paths = plots._save(fig, tmp_path / "fig02_reverse", note="Not the paper's settings: x")
+    assert [p.name for p in paths] == ["fig02_reverse.png", "fig02_reverse.pdf"]
+    assert paths[1].read_bytes().startswith(b"%PDF") and imread(paths[0]).shape[2] == 4
+    assert len(positions) == 2 and positions[0] == positions[1]
+    unlaid = figure()
+    unlaid.set_layout_engine("none")
+    default = [ax.get_position().bounds for ax in unlaid.axes]
+    legend = fig.legends[0].get_window_extent(FigureCanvasAgg(fig).get_renderer())
+    assert positions[0] != default and all(
+        not legend.overlaps(ax.get_window_extent()) for ax in fig.axes)
+
+
 def test_no_runs_is_an_error(tmp_path):
     from perencode.common.errors import UserError
 

@@ -6,6 +6,7 @@ between them) run them."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -115,6 +116,35 @@ def test_an_edit_to_planning_is_no_change_of_a_runs_code(tmp_path, monkeypatch):
     monkeypatch.setattr(identity, "PACKAGE", edited_package(tmp_path / "b") / "perencode")
     changed = identity.modules_record(recipe_of())
     assert [m for m in before if changed[m] != before[m]] == ["perencode.kinds.models.base"]
+
+
+def test_an_edit_after_a_first_record_is_in_the_next(tmp_path, monkeypatch):
+    """The import closure is found once per process, and found again when one of its files
+    changes: an edited module's hash is new, and a module a file newly imports joins."""
+    root = tmp_path / "copy"
+    shutil.copytree(ROOT / "perencode", root / "perencode",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(identity, "PACKAGE", root / "perencode")
+    before = identity.modules_record(recipe_of())
+    assert identity.modules_record(recipe_of()) == before
+
+    def edit(path: Path, old: str, new: str) -> None:
+        text = path.read_text()
+        assert old in text
+        stamp = path.stat().st_mtime_ns
+        path.write_text(text.replace(old, new, 1))
+        os.utime(path, ns=(stamp + 10**9, stamp + 10**9))  # a later time, whatever the clock
+
+    edit(root / "perencode" / "kinds" / "models" / "base.py", BASE_LINE,
+         BASE_LINE[:-1] + " * 2)")
+    edited = identity.modules_record(recipe_of())
+    assert [m for m in before if edited[m] != before[m]] == ["perencode.kinds.models.base"]
+    assert "perencode.analysis.plots" not in edited
+    edit(root / "perencode" / "training" / "session.py", "\nimport ",
+         "\nimport perencode.analysis.plots\nimport ")
+    joined = identity.modules_record(recipe_of())
+    assert "perencode.analysis.plots" in joined and joined["perencode.training.session"] \
+        != edited["perencode.training.session"]
 
 
 @pytest.mark.slow

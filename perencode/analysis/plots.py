@@ -171,6 +171,9 @@ def _save(fig, stem: Path, note: str = "", error_bars: bool = True) -> list[Path
         buffer = io.BytesIO()
         fig.savefig(buffer, format=path.suffix[1:], dpi=150)
         atomic_write_bytes(path, buffer.getvalue())
+        # the PDF keeps the PNG's layout: constrained layout is not solved twice (a third
+        # of a figure's time), and both files place every panel and label alike
+        fig.set_layout_engine("none")
     plt.close(fig)
     return paths
 

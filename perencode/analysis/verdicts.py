@@ -186,14 +186,20 @@ def load_claims(path: str | Path) -> list[Claim]:
 # --------------------------------------------------------------------------------------
 
 def select(df: pd.DataFrame, filters: dict[str, Any], source: str) -> pd.DataFrame:
+    """The rows of `df` that pass every filter, each filter checked (`_same_kind`) against
+    the rows the filters before it left. Only a filter's own column is cut as it goes; the
+    table, once, at the end."""
+    if not filters:
+        return df
+    mask = np.ones(len(df), dtype=bool)
     for column, rule in filters.items():
         if column not in df.columns:
             raise UserError(f"{source}: no column '{column}' to filter on"
                             f"{_did_you_mean(column, df.columns)}")
-        values = df[column]
+        values = df[column][mask]
         _same_kind(values, column, rule, source)
         if isinstance(rule, dict):
-            keep = pd.Series(True, index=df.index)
+            keep = pd.Series(True, index=values.index)
             if "missing" in rule:
                 keep &= values.isna() if rule["missing"] else values.notna()
             if "min" in rule:
@@ -207,8 +213,8 @@ def select(df: pd.DataFrame, filters: dict[str, Any], source: str) -> pd.DataFra
             keep = values.isin(rule)
         else:
             keep = values == rule
-        df = df[keep]
-    return df
+        mask[mask] = keep.to_numpy(dtype=bool, na_value=False)  # unknown is no match
+    return df[mask]
 
 
 def _given(rule: Any) -> list:
@@ -227,7 +233,9 @@ def _same_kind(values: pd.Series, column: str, rule: Any, source: str) -> None:
     if present.empty:
         return
     numeric = pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
-    texts = present.map(lambda v: isinstance(v, str)).all()
+    numbers = [g for g in _given(rule) if isinstance(g, (int, float)) and not isinstance(g, bool)]
+    texts = bool(numbers) and (isinstance(values.dtype, pd.StringDtype)
+                               or present.map(lambda v: isinstance(v, str)).all())
     for given in _given(rule):
         if numeric and isinstance(given, str):
             raise UserError(f"{source}: {column} = '{given}' is text, but {column} holds "

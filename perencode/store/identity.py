@@ -200,10 +200,26 @@ def _imports(path: str, stamp: float, module: str | None) -> frozenset[str]:
     return frozenset(found)
 
 
+# (PACKAGE, roots) -> the closure found and the modification time of each of its files
+_CLOSURES: dict[tuple[Path, tuple[str, ...]], tuple[dict[str, Path], dict[Path, float]]] = {}
+
+
+def _stamp(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
 def _closure(roots: tuple[str, ...]) -> dict[str, Path]:
     """perencode module -> source file: `roots` and every perencode module they import,
-    directly or not."""
+    directly or not. Found once per process and package folder, and found again when a file
+    of it was edited or removed since (an edit is what makes a module import another)."""
+    cached = _CLOSURES.get((PACKAGE, roots))
+    if cached is not None and all(_stamp(path) == stamp for path, stamp in cached[1].items()):
+        return dict(cached[0])
     found: dict[str, Path] = {}
+    stamps: dict[Path, float] = {}
     todo = list(roots)
     while todo:
         module = todo.pop()
@@ -211,8 +227,15 @@ def _closure(roots: tuple[str, ...]) -> dict[str, Path]:
         if path is None:
             continue
         found[module] = path
-        todo.extend(_imports(str(path), path.stat().st_mtime, module))
+        stamps[path] = path.stat().st_mtime
+        todo.extend(_imports(str(path), stamps[path], module))
+    _CLOSURES[(PACKAGE, roots)] = (dict(found), stamps)
     return found
+
+
+@functools.cache
+def _code_sha256(path: str, stamp: float) -> str:
+    return hashlib.sha256(_file_code(path, stamp)).hexdigest()
 
 
 def modules_record(recipe: Recipe) -> dict[str, str]:
@@ -226,7 +249,7 @@ def modules_record(recipe: Recipe) -> dict[str, str]:
             files, root = _module_files(plugin.module, plugin.file)
             for path in files:
                 roots |= _imports(str(path), path.stat().st_mtime, None)
-    return {module: hashlib.sha256(_file_code(str(path), path.stat().st_mtime)).hexdigest()
+    return {module: _code_sha256(str(path), path.stat().st_mtime)
             for module, path in sorted(_closure(tuple(sorted(roots))).items())}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 import sys
 import types
@@ -247,12 +248,30 @@ def _placeholder_timm(reason: str) -> None:
     scheduler.CosineLRScheduler = MissingScheduler
 
 
-def _theirs(name: str, module: types.ModuleType | None, code: Path) -> bool:
-    top = name.split(".")[0]
-    if top in _THEIR_PACKAGES or top == "timm" or name.startswith("_authors_"):
-        return True
-    file = getattr(module, "__file__", None) or ""
-    return bool(file) and Path(file).resolve().is_relative_to(code.resolve())
+def _their_modules(code: Path) -> list[str]:
+    """The names in sys.modules of their modules: their packages, timm (real or stand-in),
+    and any module whose file lies in their code/ folder (symbolic links followed)."""
+    root = os.path.join(os.path.realpath(code), "")
+    # a module's folder -> inside code/ (a few hundred folders hold the thousands of modules
+    # torch imports: each is resolved once)
+    folders: dict[str, bool] = {}
+    found = []
+
+    def inside(file: str) -> bool:
+        folder = os.path.dirname(file)
+        if folder not in folders:
+            folders[folder] = os.path.join(os.path.realpath(folder), "").startswith(root)
+        if os.path.islink(file):
+            return os.path.realpath(file).startswith(root)
+        return folders[folder]
+
+    for name, module in list(sys.modules.items()):
+        top = name.split(".")[0]
+        file = getattr(module, "__file__", None) or ""
+        if top in _THEIR_PACKAGES or top == "timm" or name.startswith("_authors_") \
+                or (isinstance(file, str) and file and inside(file)):
+            found.append(name)
+    return found
 
 
 @contextmanager
@@ -260,7 +279,7 @@ def authors_code(repo: Repository) -> Iterator[Authors]:
     """Their code/ folder first on sys.path, and their modules importable, inside the block;
     afterwards sys.path and sys.modules are as they were."""
     code = str(repo.code)
-    saved = {n: m for n, m in sys.modules.items() if _theirs(n, m, repo.code)}
+    saved = {n: sys.modules[n] for n in _their_modules(repo.code)}
     for name in saved:
         del sys.modules[name]
     sys.path.insert(0, code)
@@ -269,6 +288,6 @@ def authors_code(repo: Repository) -> Iterator[Authors]:
     finally:
         if code in sys.path:
             sys.path.remove(code)
-        for name in [n for n, m in list(sys.modules.items()) if _theirs(n, m, repo.code)]:
+        for name in _their_modules(repo.code):
             del sys.modules[name]
         sys.modules.update(saved)
