@@ -75,7 +75,7 @@ COMPAT_MARKERS ?= not slow or compat
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -m ruff check --target-version py310 --select E9 perencode tests
 	@$(COMPAT_VENV)/bin/python -c 'import sys, torch, numpy; print(f"test-compat: python {sys.version.split()[0]}, torch {torch.__version__}, numpy {numpy.__version__}")'
-	$(COMPAT_VENV)/bin/python -m pytest $(PYTEST_PARALLEL) $(if $(COMPAT_MARKERS),-m "$(COMPAT_MARKERS)")
+	$(PYTEST_ENV) $(COMPAT_VENV)/bin/python -m pytest $(PYTEST_PARALLEL) $(if $(COMPAT_MARKERS),-m "$(COMPAT_MARKERS)")
 	$(MAKE) --no-print-directory rehearsal-wheel
 
 # The container's install, rehearsed without a container: the package's wheel installed (not

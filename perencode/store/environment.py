@@ -4,6 +4,7 @@ and the packages results depend on)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
@@ -56,13 +57,20 @@ def git_dirty(folder: str | Path | None = None) -> bool | None:
 def package_versions() -> dict[str, str | None]:
     """Installed versions (None: not installed), read from the package metadata without
     importing the packages."""
+    return dict(_installed())
+
+
+@functools.lru_cache(maxsize=1)
+def _installed() -> tuple[tuple[str, str | None], ...]:
+    """PACKAGES' versions, read once per process (each look-up searches every folder on
+    sys.path): a process runs with the packages it started with."""
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    return versions
+    return tuple(versions.items())
 
 
 def gpu_driver() -> str | None:
