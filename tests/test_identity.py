@@ -214,7 +214,7 @@ def test_a_language_model_run_keeps_its_data(tmp_path, monkeypatch):
     make_corpus(corpus)
     here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
     prepare_cli(corpus, here / "lmdata")
-    prepare_cli(corpus, elsewhere / "lmdata")
+    shutil.copytree(here / "lmdata", elsewhere / "lmdata")
     (elsewhere / "lmdata" / "valid.idx").write_bytes(b"")  # another, broken folder
     monkeypatch.chdir(here)
     run = here / "run"
