@@ -92,6 +92,36 @@ def test_their_modules_are_unloaded_and_ours_put_back(tmp_path):
         del sys.modules["model"]
 
 
+def test_their_modules_are_those_whose_files_resolve_into_their_code(tmp_path):
+    """A module is theirs by its file's real path: through a linked folder or a linked file
+    into their code/ folder it is theirs; a file in a folder beside it is not, nor in a
+    folder whose name begins as code/'s does."""
+    code = tmp_path / "repo" / "code"
+    code.mkdir(parents=True)
+    (code / "theirs_own.py").write_text("")
+    (tmp_path / "beside").mkdir()
+    (tmp_path / "beside" / "code_like.py").write_text("")
+    (tmp_path / "linked_folder").symlink_to(code)
+    (tmp_path / "beside" / "linked_file.py").symlink_to(code / "theirs_own.py")
+    (code.parent / "code_old").mkdir()  # a name that begins as theirs does
+    (code.parent / "code_old" / "old.py").write_text("")
+    files = {"_t_direct": code / "theirs_own.py",
+             "_t_via_folder": tmp_path / "linked_folder" / "theirs_own.py",
+             "_t_via_file": tmp_path / "beside" / "linked_file.py",
+             "_t_beside": tmp_path / "beside" / "code_like.py",
+             "_t_sibling": code.parent / "code_old" / "old.py"}
+    for name, file in files.items():
+        module = types.ModuleType(name)
+        module.__file__ = str(file)
+        sys.modules[name] = module
+    try:
+        found = set(au._their_modules(code)) & set(files)
+        assert found == {"_t_direct", "_t_via_folder", "_t_via_file"}
+    finally:
+        for name in files:
+            del sys.modules[name]
+
+
 def test_welch_known_answers():  # Welch's p-value beside TOST in --train's row
     t, df, p = training.welch([0.9, 0.92, 0.91], [0.88, 0.93, 0.90])
     assert (t, df, p) == pytest.approx((0.4264014327, 2.6162162162, 0.7024220395), rel=1e-8)
