@@ -145,6 +145,8 @@ def test_an_edit_after_a_first_record_is_in_the_next(tmp_path, monkeypatch):
     joined = identity.modules_record(recipe_of())
     assert "perencode.analysis.plots" in joined and joined["perencode.training.session"] \
         != edited["perencode.training.session"]
+    (root / "perencode" / "analysis" / "plots.py").unlink()  # gone: it and what only it imports
+    assert set(identity.modules_record(recipe_of())) == set(edited) < set(joined)
 
 
 @pytest.mark.slow
