@@ -214,6 +214,25 @@ def _forked_children(request):
         yield
 
 
+def fork_perencode_commands(monkeypatch: pytest.MonkeyPatch, module) -> None:
+    """`module`'s subprocess.run, for the `perencode` commands it starts (the doctor's train
+    and bench, the sweep's --estimate benches): forks of this process (tests/forked.py), each
+    still a process of its own with the environment it is given, for a test of what the module
+    makes of their output; any other command is left to subprocess."""
+    from types import SimpleNamespace
+
+    from perencode.common.processes import perencode_command
+    prefix = perencode_command()
+
+    def run(args, **kwargs):
+        if list(args[:len(prefix)]) != prefix:
+            return subprocess.run(args, **kwargs)
+        return forked.run(args[len(prefix):], env=dict(kwargs.get("env") or os.environ),
+                          cwd=kwargs.get("cwd"), timeout=kwargs.get("timeout"))
+
+    monkeypatch.setattr(module, "subprocess", SimpleNamespace(run=run))
+
+
 @pytest.fixture
 def real_children(monkeypatch):
     """The sweep's children as new `perencode` processes, in a module of forked ones."""

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from perencode.common import device, processes
+from perencode.common import device, host, processes
 from perencode.common.device import resolve_device
 from perencode.common.errors import UserError
 
@@ -32,7 +32,7 @@ def test_cuda_index_beyond_device_count(monkeypatch):
 
 def simulated_cgroup(monkeypatch, tmp_path, v2: dict[str, int | str] | None = None,
                      v1: int | None = None):
-    """Point perencode.common.device at a fake /proc/self/cgroup and /sys/fs/cgroup under
+    """Point perencode.common.host at a fake /proc/self/cgroup and /sys/fs/cgroup under
     `tmp_path`: `v2` maps a group path to its memory.max ("max": unlimited), `v1` is the
     memory controller's limit of the group /job."""
     root = tmp_path / "sys" / "fs" / "cgroup"
@@ -48,8 +48,8 @@ def simulated_cgroup(monkeypatch, tmp_path, v2: dict[str, int | str] | None = No
         (root / "memory" / "memory.limit_in_bytes").write_text(f"{(1 << 63) - 4096}\n")
         lines.append("4:memory:/job")
     (tmp_path / "cgroup").write_text("".join(line + "\n" for line in lines))
-    monkeypatch.setattr(device, "PROC_CGROUP", tmp_path / "cgroup")
-    monkeypatch.setattr(device, "CGROUP_ROOT", root)
+    monkeypatch.setattr(host, "PROC_CGROUP", tmp_path / "cgroup")
+    monkeypatch.setattr(host, "CGROUP_ROOT", root)
 
 
 def no_slurm(monkeypatch):
@@ -60,20 +60,20 @@ def no_slurm(monkeypatch):
 def test_memory_available_is_the_tightest_limit(monkeypatch, tmp_path):
     no_slurm(monkeypatch)
     (tmp_path / "meminfo").write_text("MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\n")
-    monkeypatch.setattr(device, "MEMINFO", tmp_path / "meminfo")
+    monkeypatch.setattr(host, "MEMINFO", tmp_path / "meminfo")
     simulated_cgroup(monkeypatch, tmp_path)
-    assert device.memory_available() == (4000000 << 10, "the free RAM (MemAvailable)")
+    assert host.memory_available() == (4000000 << 10, "the free RAM (MemAvailable)")
     # cgroup v2: the tightest memory.max on the way up, "max" being no limit
     simulated_cgroup(monkeypatch, tmp_path, v2={"/a": 3 << 30, "/a/b": "max"})
-    assert device.memory_available() == (3 << 30, "this process's cgroup memory limit")
+    assert host.memory_available() == (3 << 30, "this process's cgroup memory limit")
     simulated_cgroup(monkeypatch, tmp_path / "v1", v1=2 << 30)  # v1: "unlimited" ignored
-    assert device.memory_available() == (2 << 30, "this process's cgroup memory limit")
+    assert host.memory_available() == (2 << 30, "this process's cgroup memory limit")
     monkeypatch.setenv("SLURM_MEM_PER_NODE", "1024")  # MB
-    assert device.memory_available() == (1 << 30, "the SLURM job's memory (--mem)")
+    assert host.memory_available() == (1 << 30, "the SLURM job's memory (--mem)")
     monkeypatch.delenv("SLURM_MEM_PER_NODE")
     monkeypatch.setenv("SLURM_MEM_PER_CPU", "100")
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "3")
-    assert device.memory_available() == (300 << 20, "the SLURM job's memory (--mem-per-cpu)")
+    assert host.memory_available() == (300 << 20, "the SLURM job's memory (--mem-per-cpu)")
 
 
 def test_device_memory_is_the_free_cuda_memory_or_what_this_process_may_use(monkeypatch):

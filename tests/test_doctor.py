@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
 import subprocess
-from types import SimpleNamespace
 
-import forked
 import pytest
 import torch
-from conftest import ROOT, run_cli, subprocess_env, unfinish
+from conftest import ROOT, fork_perencode_commands, run_cli, subprocess_env, unfinish
 
 from perencode.commands import doctor
-from perencode.common.processes import perencode_command
 from perencode.config import registry
 from perencode.training import planning, session
 from perencode.training.session import CHUNK_LOGITS
@@ -31,14 +27,7 @@ def forked_commands(monkeypatch):
     (tests/forked.py), for a test of what the doctor makes of them: each is still a process
     of its own reading and writing its run directory. `doctor_on_the_cpu` (tests/conftest.py)
     runs the doctor whole, with real children."""
-    prefix = perencode_command()
-
-    def run(args, **kwargs):  # subprocess.run, as doctor.run_command calls it
-        if args[:len(prefix)] != prefix:
-            return subprocess.run(args, **kwargs)
-        return forked.run(args[len(prefix):], env=dict(os.environ), timeout=kwargs.get("timeout"))
-
-    monkeypatch.setattr(doctor, "subprocess", SimpleNamespace(run=run))
+    fork_perencode_commands(monkeypatch, doctor)
 
 
 @pytest.mark.parametrize(("arch", "encoding"), doctor.equivalence_models())
@@ -184,8 +173,8 @@ def test_a_checkpoint_from_another_device_type_resumes_on_a_new_stream(tmp_path,
     """A CUDA generator's state is 16 bytes (seed and Philox offset), a CPU generator's
     5,056: a checkpoint written on the GPU is emulated by giving its generator such a
     state. It resumes, reproducibly, and says that its batches changed stream."""
-    from perencode.common.files import atomic_torch_save
     from perencode.store import runs
+    from perencode.store.checkpoints import atomic_torch_save
     from perencode.training.loop import train
 
     recipe = resume_recipe()

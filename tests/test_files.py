@@ -18,8 +18,8 @@ from perencode.common.files import (
     atomic_write_bytes,
     atomic_write_text,
     remove_stale_temps,
-    safe_torch_load,
 )
+from perencode.store.checkpoints import safe_torch_load
 
 
 def refuse(code: int):

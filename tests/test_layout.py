@@ -156,6 +156,17 @@ def test_a_slurm_job_loads_no_torch_before_it_starts_its_run():
     assert set(ast.literal_eval(out)) == {"submitit"}
 
 
+def test_lm_prepare_and_its_sentencepiece_trainer_load_no_torch():
+    """`lm-prepare` reads text and trains SentencePiece in a spawned child, which imports
+    perencode.commands.lm_prepare to find its function: neither loads torch (about 2.5 s of
+    CPU each), only numpy for the token files (sentencepiece when the child trains)."""
+    code = ("import sys\n"
+            "from perencode.commands.lm_prepare import _train_child\n"
+            f"print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in {HEAVY!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=subprocess_env(), check=True).stdout.strip().splitlines()[-1]
+    assert set(ast.literal_eval(out)) == {"numpy"}
+
 # The floors, bottom up: a module imports only modules of its own floor or of floors below
 # it (and the package's __init__, for its version). The modules at the root (the CLI,
 # `python -m perencode`, the plugin API) stand on all of them.

@@ -9,7 +9,7 @@ import torch
 from conftest import ROOT, tiny_overrides
 from test_device import no_slurm, simulated_cgroup
 
-from perencode.common import device
+from perencode.common import device, host
 from perencode.common.errors import UserError
 from perencode.config.recipe import load_recipe, validate
 from perencode.kinds.models import build_model
@@ -98,7 +98,7 @@ def test_train_honours_the_cgroup_and_slurm_memory_limits(cli, tmp_path, monkeyp
     no_slurm(monkeypatch)
     overrides = tiny_overrides("train.iterations=5", "train.batch_size=64")
     need = planning.estimate(load_recipe(RECIPE, overrides[1::2]), session.CHUNK_LOGITS).total
-    available = device.memory_available()
+    available = host.memory_available()
     assert available and 1 << 20 < need < available[0] // 2  # fits the free RAM
     args = ["train", RECIPE, "--device", "cpu", "--no-progress", *overrides]
     simulated_cgroup(monkeypatch, tmp_path, v2={"/job": need - 1})

@@ -43,9 +43,9 @@ from wikitext_like import write_wikitext_like
 
 import perencode.store.lock
 from perencode.commands import lm_prepare
-from perencode.common.files import atomic_torch_save
 from perencode.config.grid import load_grid
 from perencode.store import runs
+from perencode.store.checkpoints import atomic_torch_save
 
 DUALFREQ = ROOT / "recipes/gru_dualfreq_vocab64.toml"
 
@@ -414,13 +414,15 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_workers_of_a_killed_sweep_checkpoint_and_stop(tmp_path):
+def test_workers_of_a_killed_sweep_checkpoint_and_stop(tmp_path, real_children):
+    """The sweep a fork of this process (tests/forked.py), its workers new `perencode train`
+    processes, as the sweep starts them: they outlive a SIGKILL of the sweep only to save a
+    checkpoint."""
     grid = tmp_path / "g.toml"
     grid.write_text(_sweep_grid(1_000_000))
-    sweep = subprocess.Popen([PYTHON, "-m", "perencode", "sweep", str(grid), "--runs",
-                              str(tmp_path / "runs"), "--jobs", "2", "--device", "cpu",
-                              "--no-progress"], env=subprocess_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sweep = forked.start(["sweep", grid, "--runs", tmp_path / "runs", "--jobs", "2", "--device",
+                          "cpu", "--no-progress"], env=subprocess_env(),
+                         output=tmp_path / "sweep.log")
     cells = [tmp_path / "runs/g" / f"seed={s}" for s in (1, 2)]
     t0 = time.time()
     while not all((c / "metrics.jsonl").exists() and _lock_pid(c) for c in cells):
@@ -439,7 +441,11 @@ def test_workers_of_a_killed_sweep_checkpoint_and_stop(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_rerun_waits_for_a_live_worker_and_keeps_to_its_jobs(tmp_path):
+def test_a_rerun_waits_for_a_live_worker_and_keeps_to_its_jobs(tmp_path, monkeypatch):
+    """The worker, the sweep and the sweep's child are forks of this process
+    (tests/forked.py): processes of their own, holding and waiting for the run's lock."""
+    from perencode.commands.sweep import local
+    monkeypatch.setattr(local, "launch", forked.launch)
     grid = tmp_path / "g.toml"
     grid.write_text(_sweep_grid(100))
     cells = load_grid(grid).cells
@@ -447,10 +453,8 @@ def test_a_rerun_waits_for_a_live_worker_and_keeps_to_its_jobs(tmp_path):
     recipe = tmp_path / "cell.toml"
     recipe.write_text(cells[0].recipe.to_toml())
     # A worker left running by an earlier sweep: training the first cell's run directory.
-    worker = subprocess.Popen([PYTHON, "-m", "perencode", "train", str(recipe), "--run-dir",
-                               str(first), "--device", "cpu", "--no-progress"],
-                              env=subprocess_env(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    worker = forked.start(["train", recipe, "--run-dir", first, "--device", "cpu",
+                           "--no-progress"], env=subprocess_env(), output=tmp_path / "worker.log")
     t0 = time.time()
     while not (first / "metrics.jsonl").exists():
         assert time.time() - t0 < 60 and worker.poll() is None
@@ -460,22 +464,20 @@ def test_a_rerun_waits_for_a_live_worker_and_keeps_to_its_jobs(tmp_path):
     worker.send_signal(signal.SIGSTOP)
     resume = threading.Timer(240, worker.send_signal, (signal.SIGCONT,))  # never stopped for good
     resume.start()
-    lines: list[str] = []
+    log = tmp_path / "sweep.log"
     try:
-        sweep = subprocess.Popen([PYTHON, "-m", "perencode", "sweep", str(grid), "--runs",
-                                  str(tmp_path / "runs"), "--jobs", "1", "--device", "cpu"],
-                                 env=subprocess_env(), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
-        assert sweep.stdout is not None
-        for line in sweep.stdout:
-            lines.append(line)
-            if "waiting for it" in line:
-                worker.send_signal(signal.SIGCONT)
-        assert sweep.wait(timeout=300) == 0, "".join(lines)
+        sweep = forked.start(["sweep", grid, "--runs", tmp_path / "runs", "--jobs", "1",
+                              "--device", "cpu"], env=subprocess_env(), output=log)
+        t0 = time.time()
+        while "waiting for it" not in log.read_text() and sweep.poll() is None:
+            assert time.time() - t0 < 240, log.read_text()
+            time.sleep(0.02)
+        worker.send_signal(signal.SIGCONT)
+        assert sweep.wait(timeout=300) == 0, log.read_text()
     finally:
         resume.cancel()
         worker.send_signal(signal.SIGCONT)
-    output = "".join(lines)
+    output = log.read_text()
     assert worker.wait(timeout=60) == 0
     assert "failed" not in output
     assert f"[sweep] seed=1: running - still held by `train` (pid {worker.pid}" in output
@@ -483,8 +485,8 @@ def test_a_rerun_waits_for_a_live_worker_and_keeps_to_its_jobs(tmp_path):
     assert all(runs.Run(tmp_path / "runs/g" / c.name).is_complete() for c in cells)
     # --jobs 1: the second cell started only once the worker had finished the first.
     ended = datetime.fromisoformat(json.loads((first / "env.json").read_text())["end_time"])
-    log = (tmp_path / "runs/g" / cells[1].name / "train.log").read_text()
-    started = datetime.fromisoformat(log.splitlines()[0].split()[1])
+    second = (tmp_path / "runs/g" / cells[1].name / "train.log").read_text()
+    started = datetime.fromisoformat(second.splitlines()[0].split()[1])
     assert started >= ended.replace(microsecond=0)
 
 

@@ -14,7 +14,14 @@ import forked
 import pandas as pd
 import pytest
 import torch
-from conftest import ROOT, assert_scores_consistent, subprocess_env, tiny_toml, unfinish
+from conftest import (
+    ROOT,
+    assert_scores_consistent,
+    fork_perencode_commands,
+    subprocess_env,
+    tiny_toml,
+    unfinish,
+)
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
@@ -197,7 +204,10 @@ def test_disk_estimate_is_the_size_of_the_kept_checkpoints(tmp_path):
 
 
 @pytest.mark.slow
-def test_estimate_measures_each_shape_once_and_the_dry_run_reuses_it(tmp_path):
+def test_estimate_measures_each_shape_once_and_the_dry_run_reuses_it(tmp_path, monkeypatch):
+    # Its `perencode bench` children are forks: what is tested is what the sweep makes of
+    # their timings (bench and its JSON line: tests/test_cli.py).
+    fork_perencode_commands(monkeypatch, cost_module)
     grid = tmp_path / "tiny.toml"
     grid.write_text(TINY + AXES)
     out = tmp_path / "runs"

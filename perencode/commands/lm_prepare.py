@@ -56,9 +56,9 @@ import numpy as np
 
 from perencode.common import defaults
 from perencode.common.console import console
-from perencode.common.device import available_cores, memory_available
 from perencode.common.errors import DISK_ERRORS, UserError
 from perencode.common.files import disk_errors, fsync_dir, tail_lines
+from perencode.common.host import available_cores, memory_available
 from perencode.common.processes import set_parent_death_signal
 from perencode.common.progress import Reporter
 from perencode.kinds.lm_data import (

@@ -1,4 +1,5 @@
-"""Atomic file writes and safe checkpoint loading.
+"""Atomic file writes (and the error of a checkpoint that cannot be read back:
+perencode.store.checkpoints reads them).
 
 Every result or checkpoint is written to a temporary file `.NAME.XXXXXXXX.tmp` in the same
 folder, flushed and fsync'ed, then renamed over the target: a reader sees the old file or
@@ -11,18 +12,14 @@ A write the filesystem refuses for space, quota, permission or a read-only mount
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import tempfile
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from perencode.common.errors import DISK_ERRORS, UserError, refused_write
 
@@ -160,45 +157,6 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def atomic_torch_save(path: str | Path, obj: Any) -> None:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    atomic_write_bytes(path, buf.getvalue())
-
-
-def _reason(exc: Exception) -> str:
-    """The sentence of torch's load error that says what is wrong with the file (its
-    weights-only errors open with advice on loading unsafely, in bold)."""
-    text = plain(str(exc))
-    _, found, after = text.partition("WeightsUnpickler error:")
-    lines = [line.strip() for line in (after if found else text).splitlines() if line.strip()]
-    return lines[0].split(". ")[0].rstrip(".") if lines else type(exc).__name__
-
-
-def safe_torch_load(path: str | Path, kind: str, map_location: str | torch.device = "cpu") -> dict:
-    """Load a checkpoint without unpickling arbitrary objects.
-
-    `kind` is the expected `format` tag of the dict (e.g. "perencode-checkpoint"); a file
-    that is truncated, corrupted, not a dict or of another kind raises UserError.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: checkpoint file not found")
-    try:
-        with warnings.catch_warnings():  # e.g. a foreign pickle protocol: the error says it
-            warnings.simplefilter("ignore")
-            obj = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure to parse means a bad file
-        first = _reason(exc)
-        raise CorruptCheckpoint(
-            f"{path}: not a readable perencode checkpoint (corrupted, truncated or foreign: "
-            f"{first[:160]})"
-        ) from None
-    if not isinstance(obj, dict) or obj.get("format") != kind:
-        raise UserError(f"{path}: foreign checkpoint (expected format '{kind}')")
-    return obj
 
 
 def tail_lines(path: Path, size: int) -> list[str]:

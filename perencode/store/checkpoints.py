@@ -7,11 +7,13 @@ A checkpoint is one dict: format, version, iteration, the resolved recipe, and t
 training session's model, optimizer and random streams (the batch generator's and the CPU
 RNG's state) with the device model it was written on. Those of earlier perencode versions
 also hold "scheduler" ({"step": iteration}, the iteration again: the learning rate is a
-function of it); it is ignored. Loaded with weights_only (perencode.common.files.safe_torch_load).
+function of it); it is ignored. Loaded with weights_only (`safe_torch_load`).
 """
 
 from __future__ import annotations
 
+import io
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from torch import Tensor
 from perencode.common.console import console
 from perencode.common.device import CPU_MODEL, device_model
 from perencode.common.errors import UserError
-from perencode.common.files import CorruptCheckpoint, safe_torch_load
+from perencode.common.files import CorruptCheckpoint, atomic_write_bytes, plain
 from perencode.config.recipe import Recipe, differences, migrate_stored, validate
 
 FORMAT = "perencode-checkpoint"
@@ -33,6 +35,46 @@ VERSION = 1
 # gradient stability triplets these.
 TRAINING_SEED_OFFSET = 1_000_003
 STABILITY_SEED_OFFSET = 2_000_003
+
+
+def atomic_torch_save(path: str | Path, obj: Any) -> None:
+    """`obj` saved by torch into `path`, atomically (perencode.common.files)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _reason(exc: Exception) -> str:
+    """The sentence of torch's load error that says what is wrong with the file (its
+    weights-only errors open with advice on loading unsafely, in bold)."""
+    text = plain(str(exc))
+    _, found, after = text.partition("WeightsUnpickler error:")
+    lines = [line.strip() for line in (after if found else text).splitlines() if line.strip()]
+    return lines[0].split(". ")[0].rstrip(".") if lines else type(exc).__name__
+
+
+def safe_torch_load(path: str | Path, kind: str, map_location: str | torch.device = "cpu") -> dict:
+    """Load a checkpoint without unpickling arbitrary objects.
+
+    `kind` is the expected `format` tag of the dict (e.g. "perencode-checkpoint"); a file
+    that is truncated, corrupted, not a dict or of another kind raises UserError.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: checkpoint file not found")
+    try:
+        with warnings.catch_warnings():  # e.g. a foreign pickle protocol: the error says it
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to parse means a bad file
+        first = _reason(exc)
+        raise CorruptCheckpoint(
+            f"{path}: not a readable perencode checkpoint (corrupted, truncated or foreign: "
+            f"{first[:160]})"
+        ) from None
+    if not isinstance(obj, dict) or obj.get("format") != kind:
+        raise UserError(f"{path}: foreign checkpoint (expected format '{kind}')")
+    return obj
 
 
 def session_state(iteration: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 import perencode
-from perencode.common.device import available_cores, device_model
+from perencode.common.device import device_model
+from perencode.common.host import available_cores
 from perencode.config import plugins
 
 PACKAGE_DIR = Path(perencode.__file__).resolve().parent

@@ -56,7 +56,6 @@ from perencode.common.errors import UserError
 from perencode.common.files import (
     CorruptCheckpoint,
     append_line,
-    atomic_torch_save,
     atomic_write_json,
     atomic_write_text,
     remove_stale_temps,
@@ -64,7 +63,7 @@ from perencode.common.files import (
 from perencode.config import plugins, registry
 from perencode.config.recipe import Recipe, differences, migrate_stored, read_toml, validate
 from perencode.store import environment, identity
-from perencode.store.checkpoints import foreign_reason, whole
+from perencode.store.checkpoints import atomic_torch_save, foreign_reason, whole
 from perencode.store.checkpoints import load as load_checkpoint
 from perencode.store.lock import LOCK_NAME, hold
 from perencode.store.records import (

@@ -21,8 +21,9 @@ from perencode.commands.sweep.cells import FINISHED, PlannedRun, RunState
 from perencode.commands.sweep.child import thread_env
 from perencode.commands.sweep.options import Executor
 from perencode.common.console import console, print_table
-from perencode.common.device import available_cores, resolve_device
+from perencode.common.device import resolve_device
 from perencode.common.files import atomic_write_text
+from perencode.common.host import available_cores
 from perencode.common.processes import perencode_command
 from perencode.training.planning import (
     GPUS,

@@ -27,11 +27,8 @@ from perencode.commands.sweep.cells import (
 )
 from perencode.commands.sweep.child import launch, thread_env
 from perencode.commands.sweep.options import SweepOptions
-from perencode.common.device import (
-    RUNS_SHARING_ENV,
-    available_cores,
-    visible_gpus,
-)
+from perencode.common.device import RUNS_SHARING_ENV, visible_gpus
+from perencode.common.host import available_cores
 from perencode.config.grid import Grid, SlurmConfig
 from perencode.store import runs
 from perencode.store.lock import describe, live_holder
