@@ -94,6 +94,11 @@ $(WHEEL_VENV)/.installed: pyproject.toml $(COMPAT_CONSTRAINTS) $(COMPAT_STAMP)
 		--constraint $(COMPAT_CONSTRAINTS) torch==2.1.1 '.[hf]'
 	touch $@
 
+# test-compat's two installs (its venv, then the wheel's), without its tests: .ci/run starts
+# them in the background, while lint and make test run (mostly downloading and unpacking).
+.PHONY: compat-install
+compat-install: $(WHEEL_VENV)/.installed
+
 # The wheel itself is rebuilt and reinstalled (without its dependencies) every time.
 .PHONY: rehearsal-wheel
 rehearsal-wheel: $(WHEEL_VENV)/.installed
