@@ -18,7 +18,7 @@ from typing import Any
 import forked
 import pytest
 import typer.main
-from conftest import PYTHON, run_cli, subprocess_env, tiny_toml
+from conftest import PYTHON, fork_perencode_commands, run_cli, subprocess_env, tiny_toml
 from conftest import flat as _flat
 from typer.testing import CliRunner
 
@@ -246,8 +246,9 @@ def test_the_command_list_is_not_cut_without_rich():
             assert _flat(command.short_help) in listing, command.short_help
 
 
-@pytest.mark.slow  # two CPU doctor checks in child processes: about 5 s
-def test_the_doctors_own_runs_print_nothing(capsys):
+@pytest.mark.slow  # two CPU doctor checks in child processes (forks: tests/forked.py)
+def test_the_doctors_own_runs_print_nothing(capsys, monkeypatch):
+    fork_perencode_commands(monkeypatch, doctor)
     cpu = doctor.torch.device("cpu")
     recipe = doctor.small_recipe("gru", "sinusoidal", doctor.CPU_SIZE, iterations=4,
                                  checkpoint_every=2, log_every=1, keep_checkpoints="all")
