@@ -290,6 +290,25 @@ def test_held_out_differs_between_seeds():
     assert not torch.equal(task(seed=1, **cfg).held_out, task(seed=2, **cfg).held_out)
 
 
+@pytest.mark.parametrize(("low", "high", "width"), [
+    (0, 2, 10),             # a dense reverse task's rows: one int64 each
+    (-1, 64, 16),           # variable length: -1 pads the rows
+    (0, 16384, 64),         # the paper's widest rows do not fit one int64: compared as rows
+    (0, 1 << 40, 3)])
+def test_duplicated_are_the_rows_seen_before(low, high, width):
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(low, high, (300, width), generator=generator)
+    rows[::7] = rows[3]  # repeats, before and after their first
+    rows[5::11, :-1] = rows[6, :-1]  # rows alike but in their last token
+    seen: set = set()
+    expected = []
+    for row in map(tuple, rows.tolist()):
+        expected.append(row in seen)
+        seen.add(row)
+    assert duplicated(rows).tolist() == expected
+    assert 40 < sum(expected) < 100
+
+
 def test_redraw_duplicates_keeps_order_and_index():
     rows = torch.tensor([[1, 1], [2, 2], [1, 1], [3, 3], [2, 2]])
     assert duplicated(rows).tolist() == [False, False, True, False, True]

@@ -151,11 +151,30 @@ def all_rows(K: int, width: int) -> Tensor:
 def duplicated(rows: Tensor) -> Tensor:
     """bool [N]: True where a row of `rows` [N, M] repeats an earlier row."""
     index = torch.arange(len(rows), device=rows.device)
-    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    keys = _packed(rows)
+    _, inverse = (torch.unique(keys, return_inverse=True) if keys.dim() == 1
+                  else torch.unique(keys, dim=0, return_inverse=True))
     first = torch.full((int(inverse.max()) + 1,), len(rows), dtype=torch.long,
                        device=rows.device)
     first.scatter_reduce_(0, inverse, index, reduce="amin")
     return first[inverse] != index
+
+
+def _packed(rows: Tensor) -> Tensor:
+    """Integer `rows` [N, M] as one int64 each [N] (its digits in base `span`, the values'
+    range), equal exactly where the rows are, when that number fits; else `rows`. Finding
+    equal numbers sorts one column: on a dense held-out set, redrawn a row at a time, that
+    is hundreds of times faster than torch.unique over rows (dim=0)."""
+    if rows.is_floating_point() or rows.dim() != 2 or 0 in rows.shape:
+        return rows
+    low = int(rows.min())
+    span = int(rows.max()) - low + 1
+    width = rows.shape[1]
+    if span ** width >= 1 << 63:
+        return rows
+    weights = torch.tensor([span ** (width - 1 - j) for j in range(width)], dtype=torch.long,
+                           device=rows.device)
+    return ((rows.long() - low) * weights).sum(1)
 
 
 def redraw_duplicates(rows: Tensor, redraw: Callable[[Tensor], Tensor]) -> Tensor:
