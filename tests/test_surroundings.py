@@ -261,7 +261,7 @@ def test_a_sparse_held_out_set_draws_the_batches_it_always_drew(cfg):
     assert torch.equal(ours.get_state(), theirs.get_state())  # the same random numbers used
 
 
-# all but one batch; all but one row (tens of seconds: marked slow)
+# all but one batch; all but one row (a dense set redrawn a row at a time: marked slow)
 @pytest.mark.parametrize("held_out", [960, pytest.param(1023, marks=pytest.mark.slow)])
 def test_a_dense_held_out_set_is_drawn_from_the_rows_left(held_out):
     task = _task(name="reverse", vocab_size=2, length=10, held_out=held_out)
