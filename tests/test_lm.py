@@ -11,6 +11,8 @@ import json
 import math
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -263,3 +265,25 @@ def test_a_full_disk_keeps_the_previous_build(corpus, tmp_path, monkeypatch):
     assert line.endswith(f"{out} keeps its previous build")
     assert (out / "manifest.json").read_bytes() == manifest
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_waiter_on_a_removed_lock_file_takes_the_paths_new_one(tmp_path):
+    """The output's lock (`_locked`): its holder removes `.OUT.lock` before letting go, so a
+    second lm-prepare blocked on it then holds the lock of a file no longer on the path; it
+    tries again and holds the path's new file, which a third would wait on."""
+    out = tmp_path / "wikitext103"
+    lock = tmp_path / ".wikitext103.lock"
+    held: list[bool] = []
+
+    def second() -> None:
+        with lm_prepare._locked(out):
+            held.append(lock.exists())
+
+    with lm_prepare._locked(out):
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        time.sleep(0.5)  # blocked on the first's lock
+        assert waiter.is_alive() and held == []
+    waiter.join(30)
+    assert held == [True] and not lock.exists()
+

@@ -309,6 +309,11 @@ def test_duplicated_are_the_rows_seen_before(low, high, width):
     assert 40 < sum(expected) < 100
 
 
+def test_duplicated_rows_of_floats_are_compared_as_rows():
+    rows = torch.tensor([[0.5, 1.0], [1.0, 0.5], [0.5, 1.0], [0.5, 0.25]])
+    assert duplicated(rows).tolist() == [False, False, True, False]
+
+
 def test_redraw_duplicates_keeps_order_and_index():
     rows = torch.tensor([[1, 1], [2, 2], [1, 1], [3, 3], [2, 2]])
     assert duplicated(rows).tolist() == [False, False, True, False, True]
