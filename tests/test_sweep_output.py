@@ -98,7 +98,8 @@ def test_ctrl_c_ends_a_sweep_with_one_line_and_the_cells_it_never_began_stay_new
 
 def test_a_stopped_run_is_named_at_the_iteration_of_its_checkpoint(tmp_path):
     """A worker stopped at iteration 7 (resume.pt), its last logged row at step 0: the stop
-    line names iteration 7, where it resumes; with no resume.pt, its last step-K.pt."""
+    line names iteration 7, where it resumes; with no resume.pt, its last step-K.pt; with no
+    checkpoint, its logged step."""
     from perencode.commands.sweep.board import interrupted_line
     from perencode.commands.sweep.cells import refresh_stopped
     from perencode.store.records import MetricsRow
@@ -108,6 +109,9 @@ def test_a_stopped_run_is_named_at_the_iteration_of_its_checkpoint(tmp_path):
     run = runs.Run(first.dir)
     run.claim(first.cell.recipe)
     run.log(MetricsRow(step=0, loss=2.0, accuracy=0.1, lr=0.0, seconds=0.1))
+    first.step = 99
+    refresh_stopped(first)  # no checkpoint yet: the logged step stands
+    assert first.step == 0
     run.checkpoint_dir.mkdir()
     run.checkpoint_path(5).write_bytes(b"")
     refresh_stopped(first)
