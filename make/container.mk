@@ -69,7 +69,8 @@ $(COMPAT_STAMP): pyproject.toml $(COMPAT_CONSTRAINTS)
 # The tests: every fast one, and of the slow ones (end-to-end sweeps, the same code paths as
 # the fast ones at greater length) those marked `compat`, where the torch or Python version
 # decides the outcome: bit-identical resume, checkpoints across devices, crosscheck's loop
-# against the authors'. The whole suite twice did not fit CI's 90 minutes; the rehearsal from
+# against the authors'; and the tests of a second or so that are marked slow only to keep
+# make test-fast within its minute (they ran here as fast ones and still do). The whole suite twice did not fit CI's 90 minutes; the rehearsal from
 # the wheel below runs every grid end to end on this stack. COMPAT_MARKERS= runs them all.
 COMPAT_MARKERS ?= not slow or compat
 test-compat: $(COMPAT_STAMP)

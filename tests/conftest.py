@@ -19,26 +19,34 @@ from pathlib import Path
 os.environ["PERENCODE_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 os.environ.pop("PERENCODE_PLUGINS", None)
 
-import forked  # before any test module: what a new process registers (tests/forked.py)
 import pytest
-import tomli_w
-import torch
-import typer.main
-import typer.testing
-from fake_runs import paper_like_runs
 from filelock import FileLock
-from typer.testing import CliRunner
 
-from perencode.cli import app
-from perencode.commands.sweep.child import launch as LAUNCH
-from perencode.config.recipe import apply_overrides, foreign_options, read_toml
-
-torch.set_num_threads(1)
-# typer's CliRunner builds the click command from the app's function signatures on every
-# invoke (about 10 ms a call, seconds over the suite); the app does not change in a test
-# run, so it is built once.
-typer.testing._get_command = functools.lru_cache(maxsize=None)(typer.main.get_command)
 ROOT = Path(__file__).resolve().parents[1]
+LAUNCH: Callable | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a process that runs tests (an xdist worker, or pytest without workers), before any
+    test module is imported: what a new process registers is taken (tests/forked.py), torch
+    set to one thread, and typer's CliRunner made to build the app's command once (it builds
+    the click command from the app's function signatures on every invoke: about 10 ms a
+    call, seconds over the suite; the app does not change in a test run). xdist's controller
+    runs no test and loads none of it: its workers start 5 s sooner (torch alone is 3)."""
+    if not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no":
+        return
+    global LAUNCH
+    import forked  # noqa: F401 - before any test module: the kinds a new process starts with
+    import torch
+    import typer.main
+    import typer.testing
+
+    from perencode.commands.sweep.child import launch
+
+    LAUNCH = launch  # the sweep's own, for `real_children` in a module that forks them
+    torch.set_num_threads(1)
+    typer.testing._get_command = functools.lru_cache(maxsize=None)(typer.main.get_command)
+
 
 # The one tiny configuration of the tests: small enough to train in a second or two on one
 # CPU core, in three forms. `tiny_recipe(**tables)` is a whole tiny recipe as a dict (TINY_RECIPE
@@ -69,6 +77,8 @@ def tiny_recipe(**tables: dict) -> dict:
 
 
 def tiny_toml(**tables: dict) -> str:
+    import tomli_w
+
     """`tiny_recipe(**tables)` as the text of a recipe (or, with `grid`, a grid) file."""
     return tomli_w.dumps(tiny_recipe(**tables))
 
@@ -86,9 +96,16 @@ SLOW_TIMEOUT = 1200
 
 
 def pytest_collection_modifyitems(config, items):
+    """Tests marked slow get SLOW_TIMEOUT; the modules that have any run first (each module
+    still in one piece, in file order within each group), so that a run on xdist's workers
+    ends on short tests that even out the workers, not on a minute-long one started last."""
+    heavy = set()
     for item in items:
-        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
-            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
+        if item.get_closest_marker("slow"):
+            heavy.add(item.nodeid.partition("::")[0])
+            if not item.get_closest_marker("timeout"):
+                item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
+    items.sort(key=lambda item: item.nodeid.partition("::")[0] not in heavy)
 
 
 def tiny_model(arch: str = "gru") -> dict:
@@ -98,6 +115,8 @@ def tiny_model(arch: str = "gru") -> dict:
 def fitting(items: list[str], recipe: Path | dict | None = None) -> list[str]:
     """`items` (TINY and a test's own) less TINY's options that the kinds of `recipe` (a
     path or a dict; None: the default reverse GRU) with `items` applied do not have."""
+    from perencode.config.recipe import apply_overrides, foreign_options, read_toml
+
     data = read_toml(recipe) if isinstance(recipe, Path) else dict(recipe or {})
     foreign = set(foreign_options(apply_overrides(data, items)))
     return [item for item in items if item not in TINY or item.partition("=")[0] not in foreign]
@@ -143,6 +162,9 @@ def one_line(code: int, text: str) -> str:
 
 def run_cli(*args) -> tuple[int, str]:
     """Run `perencode ARGS...` in-process: (exit code, output). Exceptions propagate."""
+    from typer.testing import CliRunner
+
+    from perencode.cli import app
     result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
     return result.exit_code, result.output
 
@@ -207,6 +229,8 @@ def _forked_children(request):
     if request.node.get_closest_marker("forked_children") is None:
         yield
         return
+    import forked
+
     from perencode.commands.sweep import child, local
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(local, "launch", forked.launch)
@@ -220,6 +244,8 @@ def fork_perencode_commands(monkeypatch: pytest.MonkeyPatch, module) -> None:
     still a process of its own with the environment it is given, for a test of what the module
     makes of their output; any other command is left to subprocess."""
     from types import SimpleNamespace
+
+    import forked
 
     from perencode.common.processes import perencode_command
     prefix = perencode_command()
@@ -293,6 +319,8 @@ def doctor_on_the_cpu(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Pa
 def paper_like_shared(tmp_path_factory) -> Path:
     """tests/fake_runs.py's stand-in for the paper's grids, built once per session: read
     only (`paper_like` is a copy of it a module may change)."""
+    from fake_runs import paper_like_runs
+
     return built_once(tmp_path_factory, "paper-like", paper_like_runs)
 
 

@@ -37,6 +37,8 @@ def test_the_bare_loop_is_refused_where_it_has_no_twin(task, arch):
         bench(recipe(task, arch), CPU, iterations=1, warmup=0, baseline=True)
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_the_bare_loop_learns_the_reverse_task():
     """The reference is a real training loop: from the uniform guess's loss (log K) it
     learns to reverse K = 4 tokens of L = 3 within a hundred steps."""

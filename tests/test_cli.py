@@ -250,6 +250,8 @@ def test_recipe_schema_json_is_the_json_schema(cli):
     assert task["reverse"]["properties"]["vocab_size"]["minimum"] == 2
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_train_out_is_the_old_spelling_of_run_dir(cli, tmp_path):
     run = tmp_path / "run"
     args = ["train", RECIPE, "--device", "cpu", "--no-progress",
@@ -261,6 +263,8 @@ def test_train_out_is_the_old_spelling_of_run_dir(cli, tmp_path):
     assert code == 2 and "--out is the old spelling of --run-dir" in text
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_train_names_its_run_as_a_sweep_names_a_seed_and_finds_an_earlier_name(
         cli, tmp_path, monkeypatch):
     """Without --run-dir: runs/<recipe>/seed=111, the sweep's `key=value` spelling; a run an
@@ -446,6 +450,8 @@ def test_eval_of_a_run_with_only_its_resume_checkpoint_says_so(trained, tmp_path
         in " ".join(err.split()), err
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_verify_prints_its_verdicts_on_stdout(trained, tmp_path):
     code, out, err = streams("verify", trained, "--out", tmp_path)
     assert code == 0, err

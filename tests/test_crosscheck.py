@@ -210,6 +210,8 @@ GROUP_PARAMS = [pytest.param(g, id=g[0], marks=[pytest.mark.slow, pytest.mark.co
                              if g[0] in HEAVY_GROUPS else []) for g in GROUP_FUNCTIONS]
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @needs_authors
 @pytest.mark.parametrize("group", GROUP_PARAMS)
 def test_group_agrees_with_the_authors(authors, group):
@@ -224,6 +226,8 @@ def test_group_agrees_with_the_authors(authors, group):
         assert all(math.isfinite(v) for v in c.error.values())
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @needs_authors
 def test_documented_differences_are_named(authors):
     named = {c.name: c.difference for c in tasks.check_dual_frequency(authors)
@@ -265,6 +269,8 @@ class _NoTimm:
         return None
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @needs_authors
 def test_without_timm_only_the_scheduler_checks_are_not_run(monkeypatch):
     monkeypatch.setattr(sys, "meta_path", [_NoTimm(), *sys.meta_path])
@@ -354,6 +360,8 @@ def test_a_held_out_leak_is_seen(authors, monkeypatch):
     assert checks["reverse: sampling"].verdict == AGREE
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @needs_authors
 def test_rarity_and_predecessor_target_are_seen(authors, monkeypatch):
     from perencode.kinds.tasks.dual_frequency import DualFrequencyTask, half_tokens

@@ -19,6 +19,8 @@ def authors():
         yield a
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @needs_authors
 def test_dense_sampling_agrees_and_a_uniform_list_disagrees(authors, monkeypatch):
     from perencode.kinds.tasks.base import SyntheticTask
@@ -34,6 +36,8 @@ def test_dense_sampling_agrees_and_a_uniform_list_disagrees(authors, monkeypatch
     assert checks["dual_frequency: sampling"].verdict == AGREE  # the sparse path is unchanged
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @needs_authors
 def test_bands_agree_and_bands_one_position_off_disagree(authors, monkeypatch):
     from perencode.kinds.tasks.dual_frequency import DualFrequencyTask
@@ -81,6 +85,8 @@ def _after_encoding_init(monkeypatch, change):
     monkeypatch.setattr(PositionalEncoding, "__init__", changed)
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @needs_timm
 @needs_authors
 def test_trained_encodings_agree_and_a_frozen_or_detached_one_disagrees(authors, monkeypatch):
@@ -109,6 +115,8 @@ def test_trained_encodings_agree_and_a_frozen_or_detached_one_disagrees(authors,
     assert checks["Adam trajectory: gru learnable"].verdict == AGREE
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @needs_timm
 @needs_authors
 def test_s4d_loop_agrees_and_untrained_poles_disagree(authors, monkeypatch):
@@ -156,6 +164,8 @@ def test_chunked_loss_agrees_and_a_mean_of_chunk_means_disagrees(authors, monkey
     assert [c.verdict for c in loss.check_chunked_loss(authors)] == [DISAGREE, DISAGREE]
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @needs_timm
 @needs_authors
 def test_resume_agrees_and_a_resume_without_adam_state_disagrees(authors, monkeypatch):
@@ -197,6 +207,8 @@ def test_initialisation_tells_a_trained_table_from_a_buffer(authors, monkeypatch
 # -- round 4: the structure of what is compared (one planted fault per area) -------------
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @needs_authors
 def test_rows_structure_agrees_and_a_coin_per_row_disagrees(authors, monkeypatch):
     from perencode.kinds.tasks.dual_frequency import DualFrequencyTask, half_tokens
@@ -244,6 +256,8 @@ def _bands_from_positions(monkeypatch, band_of):
     monkeypatch.setattr(DualFrequencyTask, "score", banded)
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @needs_authors
 def test_band_membership_agrees_and_a_boundary_one_position_off_disagrees(authors, monkeypatch):
     _bands_from_positions(monkeypatch, lambda p, L: (p - 1) * 4 // L)  # the package's rule
@@ -343,6 +357,8 @@ def test_predecessor_scored_through_session_evaluate_and_a_wrong_target_disagree
     assert checks["predecessor: sampling"].verdict == AGREE
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @needs_authors
 def test_lm_preparation_with_a_looser_heading_rule_disagrees(authors, monkeypatch):
     """lm-prepare in this process (the check runs the CLI; the agreement is

@@ -147,6 +147,8 @@ def test_a_zeroed_row_is_skipped_with_a_note_and_the_resume_keeps_the_rows_after
     assert [r["loss"] for r in rows] == [r["loss"] for r in original if r["step"] != 10]
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_figures_of_a_finished_run_with_a_damaged_row_use_its_last_row(cli, finished,
                                                                       tmp_path):
     run = _copy(finished, tmp_path)
@@ -264,6 +266,8 @@ def test_a_damaged_eval_json_is_one_line_in_every_reader(cli, finished, tmp_path
                              "scores the final checkpoint again"), line
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @pytest.mark.parametrize("data, says", [(b"\xff{}", "not UTF-8 text (byte 0xff at offset 0)"),
                                         (b"[]", "not a JSON object (holds a list)")],
                          ids=["0xff byte", "a list"])
@@ -285,6 +289,8 @@ def test_a_damaged_env_json_is_a_note_in_report_and_set_aside_on_resume(cli, fin
     assert len(runs.read_json(path)["starts"]) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_recipe_with_a_byte_order_mark_loads_and_a_bad_byte_is_one_line(cli, finished,
                                                                           tmp_path):
     run = _copy(finished, tmp_path)

@@ -76,6 +76,25 @@ def test_memory_available_is_the_tightest_limit(monkeypatch, tmp_path):
     assert host.memory_available() == (300 << 20, "the SLURM job's memory (--mem-per-cpu)")
 
 
+def test_without_meminfo_the_free_ram_is_the_free_pages_else_unknown(monkeypatch, tmp_path):
+    """Where there is no /proc/meminfo (or it names no MemAvailable) the free pages count;
+    where neither can be told, the free RAM is unknown (None), not an error."""
+    pages = {"SC_AVPHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(host.os, "sysconf", lambda name: pages[name])
+    monkeypatch.setattr(host, "MEMINFO", tmp_path / "absent")
+    assert host._free_ram() == (1000 * 4096, "the free RAM")
+    (tmp_path / "meminfo").write_text("MemTotal: 8000000 kB\nMemFree: 100 kB\n")
+    monkeypatch.setattr(host, "MEMINFO", tmp_path / "meminfo")
+    assert host._free_ram() == (1000 * 4096, "the free RAM")
+    (tmp_path / "meminfo").write_text("MemAvailable: lots\n")  # unreadable: the pages
+    assert host._free_ram() == (1000 * 4096, "the free RAM")
+
+    def unsupported(name):
+        raise ValueError(f"unrecognized configuration name {name}")
+
+    monkeypatch.setattr(host.os, "sysconf", unsupported)
+    assert host._free_ram() is None
+
 def test_device_memory_is_the_free_cuda_memory_or_what_this_process_may_use(monkeypatch):
     """On a GPU what cudaMemGetInfo says is free, not its total: other processes (other
     runs sharing it among them) hold the rest."""

@@ -81,6 +81,8 @@ def test_rendering_sets_each_figure_from_the_record():
                       "machine 1-core Some CPU -> 2-core AMD EPYC, load 0.1 -> 1.3"]
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_measure_counts_the_cpu_of_a_command_and_its_children():
     """CPU time, not wall time: a child that spins 0.4 s and sleeps 0.4 s in a grandchild."""
     spin = ("import time, subprocess, sys\n"

@@ -113,6 +113,31 @@ def test_cpu_model_is_read_from_cpuinfo(tmp_path):
     assert environment.cpu_model(info) == "Raspberry Pi 4"
 
 
+def test_cpu_model_on_macos_is_sysctls_brand_string_else_the_platforms(monkeypatch, tmp_path):
+    """No /proc/cpuinfo on macOS: `sysctl -n machdep.cpu.brand_string` names the CPU; where
+    sysctl fails or says nothing, platform.processor(); None where that is empty too."""
+    calls = []
+
+    def sysctl(args, **kwargs):
+        calls.append(args)
+        return subprocess.CompletedProcess(args, 0, stdout="Apple M2 Pro\n", stderr="")
+
+    monkeypatch.setattr(environment.sys, "platform", "darwin")
+    monkeypatch.setattr(environment.subprocess, "run", sysctl)
+    monkeypatch.setattr(environment.platform, "processor", lambda: "arm")
+    assert environment.cpu_model(tmp_path / "absent") == "Apple M2 Pro"
+    assert calls == [["sysctl", "-n", "machdep.cpu.brand_string"]]
+
+    def missing(args, **kwargs):
+        raise FileNotFoundError(args[0])
+
+    monkeypatch.setattr(environment.subprocess, "run", missing)
+    assert environment.cpu_model(tmp_path / "absent") == "arm"
+    monkeypatch.setattr(environment.subprocess, "run", lambda args, **kwargs:
+                        subprocess.CompletedProcess(args, 0, stdout="\n", stderr=""))
+    monkeypatch.setattr(environment.platform, "processor", lambda: "")
+    assert environment.cpu_model(tmp_path / "absent") is None
+
 def test_the_report_records_the_cpu_and_torchs_vector_isa(monkeypatch):
     env = environment.report(torch.device("cpu"))
     assert env["cpu_model"] == environment.cpu_model()

@@ -98,6 +98,8 @@ def test_missing_cells_are_warned_and_settings_split(paper_like, tmp_path, capsy
                     "fig02_reverse_vocabulary__hidden_size=512__nonpaper.png"]
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_the_pdf_places_every_panel_where_the_pngs_layout_put_it(tmp_path):
     """_save solves the constrained layout for the PNG (room for the legend below and the
     subtitle above) and draws the PDF with the same positions."""
@@ -136,6 +138,8 @@ def test_no_runs_is_an_error(tmp_path):
         make_figures([tmp_path], out=tmp_path / "figs")
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_killed_figures_leaves_nothing_the_next_one_keeps(tmp_path):
     """Temporary files of `figures` (results*, fig*) go; those of `verify` stay."""
     fake_run(tmp_path / "runs", "a", metrics={"token_accuracy": 0.5, "dl_distance": 1.0})

@@ -55,6 +55,8 @@ def test_a_kind_the_test_process_registered_is_not_in_the_fork(monkeypatch):
     assert done.returncode == 2 and "'only_here'" in done.stderr, done.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_input_folder_and_timeout(tmp_path):
     (tmp_path / "r.toml").write_text(RECIPE.read_text())
     done = forked.run(["show", "r.toml"], env=subprocess_env(), cwd=tmp_path, input="ignored")

@@ -308,6 +308,8 @@ def test_stability_notices_an_edited_recipe(tmp_path):
 # Item 8: one fingerprint per run; runs made before the record
 # --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_one_fingerprint_shown_compared_and_reported(made, tmp_path):
     entry = json.loads((made / "identity.json").read_text())
     fingerprint = entry["fingerprint"]
@@ -326,6 +328,8 @@ def test_one_fingerprint_shown_compared_and_reported(made, tmp_path):
     assert f"<dt>fingerprints</dt><dd>{fingerprint}</dd>" in page
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_run_made_before_the_record_is_read_with_a_note(run, tmp_path):
     (run / "identity.json").unlink()
     scored = json.loads((run / "eval.json").read_text())

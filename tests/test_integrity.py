@@ -79,6 +79,8 @@ def test_the_code_of_a_run_is_its_training_and_scoring_path():
     assert all(len(digest) == 64 for digest in modules.values())
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_an_edit_to_shared_code_is_named_and_changes_the_fingerprint(run, tmp_path,
                                                                      monkeypatch):
     entry = json.loads((run / "identity.json").read_text())
@@ -98,6 +100,8 @@ def test_an_edit_to_shared_code_is_named_and_changes_the_fingerprint(run, tmp_pa
         identity.check(run, recipe_of(), "eval")
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_an_edit_to_planning_is_no_change_of_a_runs_code(tmp_path, monkeypatch):
     """The loop imports planning (its memory check), but planning's estimates change no
     number a run records: an edit to its GPU table leaves the run's code as it was, while an
@@ -118,6 +122,8 @@ def test_an_edit_to_planning_is_no_change_of_a_runs_code(tmp_path, monkeypatch):
     assert [m for m in before if changed[m] != before[m]] == ["perencode.kinds.models.base"]
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_an_edit_after_a_first_record_is_in_the_next(tmp_path, monkeypatch):
     """The import closure is found once per process, and found again when one of its files
     changes: an edited module's hash is new, and a module a file newly imports joins."""
@@ -189,6 +195,8 @@ def test_eval_resume_and_stability_refuse_edited_shared_code(run, tmp_path):
 METRICS = {"accuracy": 0.5, "token_accuracy": 0.5, "dl_distance": 1.0}
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_figures_mark_a_cell_whose_runs_differ_in_code(tmp_path):
     for seed in (111, 222, 333):
         fake_run(tmp_path, f"seed{seed}", seed=seed, metrics=METRICS)
@@ -259,6 +267,8 @@ def seeds(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_foreign_or_edited_eval_json_is_refused(seeds, tmp_path):
     root = tmp_path / "runs"
     shutil.copytree(seeds, root)
@@ -450,6 +460,8 @@ def test_settings_never_share_a_file_name():
     assert all(path.name.endswith(".png") and path.name[:-4] in stems for path in files)
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_figures_of_a_float_axis_keep_every_file_and_the_report_shows_them(tmp_path):
     root = tmp_path / "runs"
     for lr in (1e-2, 1e-1):
@@ -469,6 +481,8 @@ def test_figures_of_a_float_axis_keep_every_file_and_the_report_shows_them(tmp_p
     assert all(f'id="{name[:-4]}"' in page for name in pngs)
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_stability_of_a_pruned_run_says_it_kept_its_file_only(tmp_path):
     from conftest import fitting
     from test_stability import TINY_DUAL

@@ -49,6 +49,20 @@ def parse(name: str, source: str, package: bool = False) -> ast.Module:
     return tree
 
 
+# tree -> its nodes (ast.walk's order), for the trees read more than once: the package's,
+# which most rules below walk again, and a test's planted ones. Kept with their tree, so
+# that an id is never another tree's; the trees are never changed once parsed.
+_NODES: dict[int, tuple[ast.AST, list[ast.AST]]] = {}
+
+
+def walk(tree: ast.AST) -> list[ast.AST]:
+    """ast.walk(tree) as a list, found once per tree."""
+    found = _NODES.get(id(tree))
+    if found is None:
+        found = _NODES[id(tree)] = (tree, list(ast.walk(tree)))
+    return found[1]
+
+
 @functools.cache
 def modules() -> dict[str, ast.Module]:
     out = {}
@@ -94,7 +108,7 @@ def local_imports(trees: dict[str, ast.Module]) -> tuple[list[str], list[str]]:
     """(function-local imports of what is not an optional dependency, the CLI's commands)."""
     offenders, commands = [], []
     for name, tree in trees.items():
-        for func in ast.walk(tree):
+        for func in walk(tree):
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             if is_cli_command(name, func):
@@ -102,19 +116,23 @@ def local_imports(trees: dict[str, ast.Module]) -> tuple[list[str], list[str]]:
                 continue
             if is_app_callback(name, func):
                 continue
-            for node in ast.walk(func):
+            for node in walk(func):
                 for target in imported(node):
                     if not deferred(target):
                         offenders.append(f"{name}.{func.name}: {target}")
     return offenders, commands
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_no_function_local_imports_but_optional_dependencies_and_cli_commands():
     offenders, commands = local_imports(modules())
     assert offenders == []
     assert {"train", "sweep", "tensorboard_"} <= set(commands)
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_the_cli_starts_without_torch():
     """`perencode --help`, `--version` and each command's help load no heavy package and
     no module that only runs on POSIX (bench's `resource`, lm-prepare's `fcntl`, train's
@@ -138,11 +156,13 @@ def test_the_cli_starts_without_torch():
                          env=subprocess_env(), check=True).stdout.strip().splitlines()[-1]
     count, loaded = out.split(" ", 1)
     cli = modules()["perencode.cli"]
-    assert int(count) == sum(is_cli_command("perencode.cli", f) for f in ast.walk(cli)
+    assert int(count) == sum(is_cli_command("perencode.cli", f) for f in walk(cli)
                              if isinstance(f, ast.FunctionDef))
     assert sorted(ast.literal_eval(loaded)) == sorted(CLI_START)
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_slurm_job_loads_no_torch_before_it_starts_its_run():
     """A SLURM job unpickles its TrainJob (perencode.commands.sweep.child) and starts the
     run's `perencode` command, which loads torch itself: the job's own process loads submitit
@@ -193,7 +213,7 @@ def package_imports(tree: ast.Module, trees: dict[str, ast.Module] | None = None
     module perencode.x.y where there is one, else perencode.x)."""
     trees = modules() if trees is None else trees
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         targets = imported(node)
         found.update(t for t in targets[1:] if t in trees)
         if targets and targets[0] in trees and not any(t in trees for t in targets[1:]):
@@ -201,6 +221,8 @@ def package_imports(tree: ast.Module, trees: dict[str, ast.Module] | None = None
     return found
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_the_root_holds_the_floors_and_a_few_modules():
     """`ls perencode/`: the floors, the data, and at most 10 modules; every module lives on
     a floor or at the root."""
@@ -228,7 +250,7 @@ def upward_imports(trees: dict[str, ast.Module]) -> list[str]:
 
 def find_cycle(trees: dict[str, ast.Module]) -> str | None:
     """An import cycle among `trees` ("a -> b -> a"), or None."""
-    graph = {name: {t for node in ast.walk(tree) for t in imported(node) if t in trees
+    graph = {name: {t for node in walk(tree) for t in imported(node) if t in trees
                     and t != name} for name, tree in trees.items()}
     # A package's __init__ may re-export its own submodules; the rest must be acyclic.
     state: dict[str, int] = {}
@@ -267,13 +289,15 @@ def reached_from(start: str, trees: dict[str, ast.Module] | None = None) -> set[
         if name in seen or name not in trees:
             continue
         seen.add(name)
-        for node in ast.walk(trees[name]):
+        for node in walk(trees[name]):
             for target in imported(node):
                 parts = target.split(".")
                 todo.extend(".".join(parts[:i]) for i in range(1, len(parts) + 1))
     return seen
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_the_sweep_does_not_sit_on_the_training_stack():
     """The sweep only launches `perencode train` (and `bench`, for --estimate) in children:
     none of its modules imports the training loop, even through another module."""
@@ -300,7 +324,7 @@ def test_the_plugin_api_stands_on_the_training_floor():
 
 
 def kinds_that_know_each_other(trees: dict[str, ast.Module]) -> list[str]:
-    graph = {name: {t for node in ast.walk(tree) for t in imported(node)}
+    graph = {name: {t for node in walk(tree) for t in imported(node)}
              for name, tree in trees.items()}
     return sorted(name for name, deps in graph.items()
                   if name.startswith("perencode.kinds.models")
@@ -388,7 +412,7 @@ def registers_kinds(tree: ast.Module) -> bool:
     """Whether a module calls register_task/_model/_encoding: a kind's own code."""
     return any(isinstance(node, ast.Call) and (getattr(node.func, "id", None) in REGISTER
                                                or getattr(node.func, "attr", None) in REGISTER)
-               for node in ast.walk(tree))
+               for node in walk(tree))
 
 
 def shared_modules(trees: dict[str, ast.Module] | None = None) -> list[str]:
@@ -398,6 +422,8 @@ def shared_modules(trees: dict[str, ast.Module] | None = None) -> list[str]:
             and not any(name == m or name.startswith(m + ".") for m in PAPER_MODULES)]
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_shared_code_asks_no_kind_by_name():
     """What differs between kinds lives in their registrations: no shared module names one
     of the package's tasks, models or encodings (the LM's perplexity is its task's `results`
@@ -427,7 +453,7 @@ def test_shared_code_asks_no_kind_by_name():
 def kinds_named(trees: dict[str, ast.Module], registered: set[str]) -> list[str]:
     """Constants of shared modules that are a registered kind's name."""
     return sorted(f"{name}: {node.value!r} (line {node.lineno})" for name in shared_modules(trees)
-                  for node in ast.walk(trees[name])
+                  for node in walk(trees[name])
                   if isinstance(node, ast.Constant) and node.value in registered
                   and (name, node.value) not in WORDS)
 
@@ -457,7 +483,7 @@ def stacked_commands(trees: dict[str, ast.Module] | None = None) -> set[tuple[st
         importer = command_of(name)
         if importer is None:
             continue
-        for node in ast.walk(tree):
+        for node in walk(tree):
             for target in imported(node):
                 imported_command = command_of(target)
                 if imported_command not in (None, importer):
@@ -470,7 +496,7 @@ def test_every_command_module_is_run_by_the_cli():
     imports it (a module no command runs is library code and belongs on a floor below)."""
     commands = {c for c in map(command_of, modules()) if c is not None}
     assert {"train", "sweep", "crosscheck", "lm_prepare", "verify"} <= commands
-    loaded = {c for node in ast.walk(modules()["perencode.cli"]) for t in imported(node)
+    loaded = {c for node in walk(modules()["perencode.cli"]) for t in imported(node)
               if (c := command_of(t)) is not None}
     assert sorted(commands - loaded) == []
     assert command_of("perencode.commands.crosscheck.models") == "crosscheck"
@@ -489,7 +515,7 @@ PIPELINES = ("perencode.quickstart",)
 
 
 def pipeline_importers(trees: dict[str, ast.Module]) -> set[str]:
-    return {name for name, tree in trees.items() for node in ast.walk(tree)
+    return {name for name, tree in trees.items() for node in walk(tree)
             for target in imported(node) if target in PIPELINES}
 
 
@@ -498,7 +524,7 @@ def test_a_pipeline_is_imported_by_the_cli_alone():
     assert pipeline_importers(modules()) == {"perencode.cli"}
     for pipeline in PIPELINES:
         assert floor(pipeline) == len(FLOORS)  # at the root, above the commands
-        used = {command_of(t) for node in ast.walk(modules()[pipeline]) for t in imported(node)}
+        used = {command_of(t) for node in walk(modules()[pipeline]) for t in imported(node)}
         assert used >= {"sweep", "verify", "report"}  # what makes it a pipeline, not a command
 
 
@@ -531,6 +557,8 @@ def test_relative_imports_are_read_as_the_modules_they_name():
         == "from perencode.commands.sweep.cells import x"
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @pytest.mark.parametrize("name,source,package", [
     ("perencode.training.planted", "from perencode.analysis import results", False),
     ("perencode.training.planted", "from ..analysis import results", False),

@@ -26,6 +26,7 @@ from perencode.commands import lm_prepare
 from perencode.commands.rehearsal import write_corpus as make_corpus
 from perencode.common.errors import UserError
 from perencode.config.recipe import TaskConfig
+from perencode.kinds import lm_data
 from perencode.kinds.lm_data import SPLITS, load
 from perencode.kinds.tasks.lm import LanguageModelConfig, LanguageModelTask, model_ids
 
@@ -287,3 +288,37 @@ def test_a_waiter_on_a_removed_lock_file_takes_the_paths_new_one(tmp_path):
     waiter.join(30)
     assert held == [True] and not lock.exists()
 
+
+
+def test_a_prepared_folder_whose_manifest_or_files_are_not_lm_prepares_is_one_line(tmp_path):
+    """The manifest of a prepared folder: missing, not JSON, another tool's, another format
+    version; a file it lists missing or changed. Each is a UserError naming the path and
+    the way out, never a KeyError from deeper in."""
+    def refusal(folder: Path) -> str:
+        with pytest.raises(UserError) as raised:
+            lm_data.check_files(folder, lm_data.read_manifest(folder))
+        return str(raised.value)
+
+    manifest = tmp_path / "manifest.json"
+    assert refusal(tmp_path) == f"{tmp_path}: no manifest.json; run `perencode lm-prepare`"
+    manifest.write_bytes(b"\xff{")
+    assert refusal(tmp_path) == f"{manifest}: not readable JSON; run `perencode lm-prepare` again"
+    manifest.write_text("[1, 2]")
+    assert refusal(tmp_path) == f"{manifest}: not a manifest of `perencode lm-prepare`"
+    manifest.write_text(json.dumps({"format": "perencode-lm-data", "format_version": 9}))
+    assert refusal(tmp_path) == (f"{manifest}: format version 9, this perencode reads 1; run "
+                                 "`perencode lm-prepare` again")
+    (tmp_path / "train.bin").write_bytes(b"1234")
+    (tmp_path / "valid.bin").write_bytes(b"")
+    listed = {name: lm_data.file_record(tmp_path / name) for name in ("train.bin", "valid.bin")}
+    manifest.write_text(json.dumps({"format": "perencode-lm-data", "format_version": 1,
+                                    "files": listed}))
+    (tmp_path / "valid.bin").unlink()
+    assert refusal(tmp_path) == (f"{tmp_path / 'valid.bin'}: missing (listed in manifest.json);"
+                                 " run `perencode lm-prepare` again")
+    (tmp_path / "valid.bin").write_bytes(b"")
+    lm_data.check_files(tmp_path, lm_data.read_manifest(tmp_path))  # as listed: no error
+    (tmp_path / "train.bin").write_bytes(b"1235")  # same size, other bytes
+    assert refusal(tmp_path) == (f"{tmp_path / 'train.bin'}: contents differ from its SHA-256 in "
+                                 "manifest.json (changed or corrupted); run `perencode "
+                                 "lm-prepare` again")

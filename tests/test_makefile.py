@@ -87,6 +87,8 @@ def device_check(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=subprocess_env(), timeout=600)
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_device_check_lists_its_steps_within_eight_minutes():
     done = device_check("--dry-run", "--device", "cpu")
     assert done.returncode == 0, done.stderr

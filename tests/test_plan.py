@@ -144,6 +144,8 @@ def test_slurm_jobs_time_limits_and_requeues():
 
 # -- unique runs: as the sweep links them --------------------------------------------------------
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_unique_runs_equal_the_sweeps_planning(tmp_path):
     first = tmp_path / "first.toml"
     first.write_text(TINY + AXES)
@@ -190,6 +192,8 @@ def test_the_paper_in_gpu_hours_with_a_budget_of_24(paper):
     assert len(ids) == len(set(ids))
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_budget_of_24_buys_the_headline_first_with_every_hour_priced(paper):
     """Fig. 2's claims (priority 1) first, then the claims decided per GPU-hour; each claim's
     seeds and their source; training, evaluation, start-up, the stability analysis 6a reads
@@ -319,6 +323,8 @@ def test_precision_is_in_the_identity_only_when_not_the_authors():
             < planning.modelled_seconds(w, A100))
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_the_session_sets_torchs_tf32_switches_by_the_recipe():
     import torch
 

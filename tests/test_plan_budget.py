@@ -117,6 +117,8 @@ def test_a_second_write_replaces_the_first_plan_whole(tiny, tmp_path):
     _one_line_error(code, text, "mine.toml", "no plan wrote")
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_observed_runs_that_inform_no_claim_are_said(tiny, tmp_path):
     """The probe: --observed pointing at runs of another task was silently ignored."""
     grid, claims = tiny
@@ -131,6 +133,8 @@ def test_observed_runs_that_inform_no_claim_are_said(tiny, tmp_path):
     assert note.startswith(f"--observed {other}: 2 finished run(s)") and "inform no claim" in note
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_the_plans_tables_fit_in_100_columns():
     """The probe: the table was 150 columns wide. The longest grid name and the longest list
     of claims of the paper's grids, with a budget's table of claims."""

@@ -115,6 +115,8 @@ def test_every_claim_of_a_demo_reads_its_own_grid(name, tmp_path):
     assert verdicts == {c.id: "pass" for c in load_claims(demo.claims)}
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_the_cpu_demo_is_one_figure(tmp_path, capsys):
     """K = 32 trains for fewer iterations than K = 1,024 (a tied axis): a setting that
     follows the figure's own axis does not split Fig. 2 into one file per value; a note
@@ -128,6 +130,8 @@ def test_the_cpu_demo_is_one_figure(tmp_path, capsys):
         in out
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_folder_splits_its_runs_alike_reached_directly_or_from_its_parent(tmp_path, capsys):
     """runs/x: the CPU demo (iterations tied to K); runs/y: a copy of its grid training
     every cell for 200 iterations. `figures runs` draws x's runs in one file, as `figures
@@ -155,6 +159,8 @@ def test_a_folder_splits_its_runs_alike_reached_directly_or_from_its_parent(tmp_
         "train.iterations follows vocab_size (32: 1500; 1024: 4000)" in said
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_quickstart_writes_report_html_beside_verify_md(tmp_path, monkeypatch):
     """The sweep stands in (finished runs with the demo's numbers); the rest is the command's
     own: verify.md, the figures, and report.html whose top says the settings are a demo's."""

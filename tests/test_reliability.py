@@ -67,6 +67,8 @@ def _same(a: dict, b: dict) -> bool:
 
 # -- 1 and 8: a resume checks whose checkpoint it is ------------------------------------
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_foreign_checkpoint_of_the_same_shape_is_set_aside_and_never_adopted(cli, tmp_path):
     ours, theirs, reference = tmp_path / "c", tmp_path / "b", tmp_path / "ref"
     assert cli(*_args(reference, "train.seed=111"))[0] == 0
@@ -218,6 +220,8 @@ def test_a_filesystem_without_locks_is_one_line_with_the_way_out(cli, tmp_path, 
 
 # -- 7: a corrupt checkpoint in a finished run -------------------------------------------
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_corrupt_final_checkpoint_gets_advice_that_works(cli, tmp_path):
     out = tmp_path / "run"
     assert cli(*_args(out))[0] == 0
@@ -363,6 +367,8 @@ def _corpus(tmp_path: Path) -> Path:
     return tmp_path / "corpus"
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_a_command_writing_into_a_read_only_folder_says_so_in_one_line(
         cli, tmp_path, command, paper_like):

@@ -142,6 +142,8 @@ def quick_runs(out):
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_report_through_the_cli(tmp_path, cli):
     runs = quick_runs(tmp_path / "runs")
     code, output = cli("report", runs, "--claims", "quick", "--out", tmp_path / "figures")
@@ -192,6 +194,8 @@ def test_the_demo_figure_says_it_is_not_the_papers_in_one_line_and_the_page_how(
     assert page.count(full) == 1 and full in sections(page)["fig02_reverse_vocabulary__nonpaper"]
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_wrong_claims_file_is_one_line_before_any_drawing(paper_like, tmp_path, cli):
     code, output = cli("report", paper_like, "--claims", "papr", "--out", tmp_path / "out")
     assert code == 2 and "papr: claims file not found" in output

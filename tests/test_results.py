@@ -11,6 +11,8 @@ from fake_runs import SEEDS
 from perencode.analysis.results import collect, results_table
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_collect_one_row_per_run(paper_like):
     results = collect([paper_like])
     per_seed = 4 + 2 + 4 + 5 + 2 + 3 * 2 * 2  # fig2, fig3, varlen, fig13, lm, three tasks
@@ -27,6 +29,8 @@ def test_collect_one_row_per_run(paper_like):
     assert not results.runs.set_index("train.seed").loc[999, "complete"]
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_results_table_names_the_grid_coordinates(paper_like):
     table = results_table(collect([paper_like]))
     identity = ["task", "vocab_size", "arch", "encoding", "seed"]

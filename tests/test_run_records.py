@@ -69,6 +69,8 @@ def _strict_json_lines(path: Path) -> list[dict]:
 
 # -- 1: completeness is a recorded fact ----------------------------------------------------
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_finished_run_whose_checkpoints_were_deleted_stays_finished(trained, tmp_path):
     run = _copy(trained, tmp_path / "nock" / "run")
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
@@ -114,6 +116,8 @@ def test_a_sweep_over_a_finished_grid_without_checkpoints_retrains_nothing(tmp_p
     assert not (run / "checkpoints").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_run_of_an_earlier_perencode_is_recognised_without_status_json(trained, tmp_path):
     run = _copy(trained, tmp_path / "old" / "run")
     (run / "status.json").unlink()
@@ -223,6 +227,8 @@ def test_the_first_non_finite_loss_is_named_and_the_last_finite_checkpoint_kept(
     assert code == 0 and (run / "eval-step-5.json").exists(), text
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_diverged_runs_are_shown_as_such_never_as_numbers(trained, tmp_path):
     good = _copy(trained, tmp_path / "runs" / "good")
     old = _copy(trained, tmp_path / "runs" / "old")  # diverged under an earlier perencode:
@@ -249,6 +255,8 @@ def test_diverged_runs_are_shown_as_such_never_as_numbers(trained, tmp_path):
 
 # -- 7: duplicates and links -----------------------------------------------------------------
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_of_two_runs_of_one_recipe_the_finished_one_is_used(trained, tmp_path):
     partial = _copy(trained, tmp_path / "runs" / "a_partial")
     for name in ("status.json", "eval.json"):  # and no end time: an unfinished run

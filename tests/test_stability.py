@@ -342,6 +342,8 @@ def read_rows(path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_csv_has_every_checkpoint_condition_and_comparison(analysed):
     run, rows, _ = analysed
     assert tuple(rows[0]) == st.COLUMNS
@@ -364,6 +366,8 @@ def test_csv_has_every_checkpoint_condition_and_comparison(analysed):
         assert float(r["frobenius_distance"]) >= 0 and float(r["forward_distance"]) >= 0
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_rerun_is_a_no_op_and_a_cut_analysis_resumes(analysed):
     run, rows, content = analysed
     path = run / "stability.csv"

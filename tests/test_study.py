@@ -363,6 +363,8 @@ def test_the_nonpaper_subtitle_names_the_model_not_its_options_in_a_stable_order
     assert "log_space" not in text
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_the_report_takes_a_title_and_lists_the_plugins_under_its_runs(tmp_path, cli):
     runs = tmp_path / "runs"
     for seed in (1, 2):
@@ -392,6 +394,8 @@ def tiny_training(run_dir: Path, *extra: str, tensorboard: bool = False):
     return train(recipe, run_dir, device="cpu", progress=False, tensorboard=tensorboard)
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_held_out_scoring_leaves_training_bit_identical(tmp_path):
     import torch
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -527,6 +531,8 @@ def test_the_learned_frequency_sinusoid_trains_resumes_evaluates_and_sweeps(tmp_
 # -- new kinds in the figures: beside the baselines, one colour per kind --------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_new_encoding_is_drawn_beside_vanilla_and_sinusoidal_in_its_own_colour(
         tmp_path, monkeypatch):
     from matplotlib.colors import to_hex

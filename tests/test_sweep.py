@@ -63,6 +63,8 @@ def swept(tmp_path_factory):
     return grid, root / "runs", code, output
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_one_cell_sweep_trains_and_scores_its_run(tmp_path):
     """The fast set's sweep: one tiny cell trained by the local executor's child process."""
     grid = tmp_path / "one.toml"

@@ -74,6 +74,8 @@ class Killed(Exception):
     pass
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_killed_after_its_checkpoint_and_resumed_every_step_once(cli, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     log = tracking.TensorBoardLog.log

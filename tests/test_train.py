@@ -256,6 +256,8 @@ def test_checkpoint_of_another_model_is_refused(cli, tmp_path):
     assert code == 2 and "another run's checkpoint (model.arch: 'lstm' in the checkpoint" in text
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_loss_decreases_on_a_small_problem(cli, tmp_path):
     out = tmp_path / "run"
     code, text = cli("train", str(RECIPE), "--run-dir", str(out), "--device", "cpu",
@@ -398,6 +400,8 @@ def _refuse_writes_of(monkeypatch, name: str, code: int = errno.ENOSPC) -> None:
     monkeypatch.setattr(perencode.common.files.tempfile, "mkstemp", mkstemp)
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_full_disk_stops_training_with_one_line_and_the_rerun_resumes(cli, tmp_path,
                                                                           monkeypatch):
     clean, out = tmp_path / "clean", tmp_path / "run"
@@ -430,6 +434,8 @@ def small_disk(tmp_path):
     yield from tmpfs(tmp_path / "disk", "2m")
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_disk_full_on_a_real_small_filesystem(cli, tmp_path, small_disk):
     clean = tmp_path / "clean"
     assert cli(*_train_args(clean, 20, 5))[0] == 0

@@ -137,6 +137,8 @@ value = 0.5
 '''
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_verdicts_on_known_numbers(runs_root, tmp_path):
     code = verify_runs([runs_root], claims=write(tmp_path, CLAIMS), out=tmp_path / "out")
     assert code == 0
@@ -184,6 +186,8 @@ def test_verdicts_on_known_numbers(runs_root, tmp_path):
     assert got["s4d"]["runs"] == [] and len(got["pe-above-95"]["runs"]) == 6
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_own_claims_without_out_leave_the_papers_verdicts_alone(runs_root, tmp_path,
                                                                 monkeypatch):
     """Without --out the paper's claims go to figures/verify.md and a claims file of one's
@@ -205,6 +209,8 @@ def test_own_claims_without_out_leave_the_papers_verdicts_alone(runs_root, tmp_p
     assert "quick.toml" in (tmp_path / "figures" / "verify.md").read_text().splitlines()[0]
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_false_claim_fails_the_run(runs_root, tmp_path):
     false = CLAIMS + f'''
 [[claim]]
@@ -289,6 +295,8 @@ def test_unknown_filter_column_is_a_user_error(runs_root, tmp_path):
         verify_runs([runs_root], claims=write(tmp_path, text), out=tmp_path)
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 @pytest.mark.parametrize("name, count", [("paper", 49), ("quick", 4), ("quick_gpu", 3)])
 def test_package_claims_parse_and_evaluate(runs_root, tmp_path, name, count):
     path = claims_file(name)
@@ -300,6 +308,8 @@ def test_package_claims_parse_and_evaluate(runs_root, tmp_path, name, count):
     assert results["statement"].str.len().min() > 10
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_claims_on_missing_tables_are_not_run(tmp_path):
     fake_run(tmp_path / "runs", "one", metrics={"token_accuracy": 0.5, "dl_distance": 1.0})
     code = verify_runs([tmp_path / "runs"], claims="paper",
@@ -338,6 +348,8 @@ def three_way_runs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_three_way_verdicts_through_the_cli(three_way_runs, tmp_path, cli):
     claims = write(tmp_path, "".join([
         DIFF.format(id="clear-pass", k=32, op=">"), DIFF.format(id="clear-fail", k=32, op="<"),
@@ -392,6 +404,8 @@ def test_claims_file_is_a_path_or_a_bundled_name(tmp_path):
         claims_file(tmp_path / "paper")  # a path is never taken for a bundled name
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_a_shrunk_sweep_says_why_no_claim_was_run(tmp_path, cli):
     """Runs at hidden size 32 (a shrunk Fig. 2 sweep): every paper claim is not run, and
     verify says which recipe field excluded the runs and what they have there."""
@@ -567,6 +581,8 @@ def test_a_filter_value_no_run_has_names_the_values_there(first_cell_runs, tmp_p
     assert code == 2 and "model.arch = 3 is a number, but model.arch holds text" in output
 
 
+@pytest.mark.slow
+@pytest.mark.compat
 def test_level_and_sides_set_each_sides_alpha(three_way_runs, tmp_path):
     """level = 0.99 tests at alpha 0.01; sides = 'two' splits it (0.005); a difference of
     accuracies is tested at that alpha (issue 55: not halved again). PE far ahead at K = 32

@@ -21,12 +21,14 @@ to load it, and never executes a file because a run names it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
 import io
 import os
 import sys
+from collections.abc import Mapping
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -78,11 +80,27 @@ class Plugin:
 _LOADED: dict[str, Plugin] = {}
 
 
+def _stamp(folder: str) -> int | None:
+    try:
+        return os.stat(folder or ".").st_mtime_ns
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=4)
+def _packages(path: tuple[tuple[str, int | None], ...]) -> Mapping[str, list[str]]:
+    """Top-level package -> the installed distributions that provide it, read once for
+    `path` (sys.path, each folder with its modification time: an install into one of them
+    is read again). Reading every distribution's metadata takes a tenth of a second, and a
+    run's identity asks for each kind it names."""
+    return metadata.packages_distributions()
+
+
 def _distribution(module: str) -> tuple[str | None, str | None]:
     """(package, version) of the installed distribution providing `module`'s top-level
     package, or (None, None) (a loose file, a checkout on sys.path)."""
     top = module.partition(".")[0]
-    for name in metadata.packages_distributions().get(top, []):
+    for name in _packages(tuple((entry, _stamp(entry)) for entry in sys.path)).get(top, []):
         try:
             return name, metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -39,7 +39,7 @@ import torch
 
 import perencode
 from perencode.commands.crosscheck.authors import Authors, NotRun
-from perencode.commands.crosscheck.models import DTYPES, their_state_dict
+from perencode.commands.crosscheck.models import DTYPES, script_tree, their_state_dict
 from perencode.commands.crosscheck.report import Comparison, numeric
 from perencode.commands.crosscheck.tasks import Log
 from perencode.config.recipe import EncodingConfig
@@ -228,7 +228,7 @@ def their_truncation(authors: Authors, max_length: int) -> int:
     """The sequence length train_lm.py hands its Learner for `--max_length`: the expression
     it passes as `max_length=` (`args.max_length+1`), read from the script and evaluated
     with that argument (its __main__ block cannot run without torchtext)."""
-    tree = ast.parse((authors.repo.code / "train_lm.py").read_text())
+    tree = script_tree(authors.repo.code / "train_lm.py")
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
                 and node.func.id == "learner":

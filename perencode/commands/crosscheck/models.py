@@ -9,6 +9,7 @@ a parameter left unmapped fails the check instead of passing unnoticed.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from pathlib import Path
 
@@ -33,11 +34,23 @@ FORMS = {"none": None, "sinusoidal": "sinusoidal", "random": "random",
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 
+def script_tree(path: Path) -> ast.Module:
+    """The syntax tree of one of their scripts, parsed once per process and version of the
+    file (a crosscheck reads the same scripts' settings for every grid and group); read it,
+    never change it."""
+    stat = path.stat()
+    return _parsed(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _parsed(path: str, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(Path(path).read_text())
+
+
 def script_literals(path: Path, variable: str) -> dict:
     """The literal keyword arguments of `variable = dict(...)` in one of their scripts,
     read with `ast` (nothing of the script runs); non-literal ones (`args.x`) are left out."""
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
+    for node in ast.walk(script_tree(path)):
         if (isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == variable for t in node.targets)
                 and isinstance(node.value, ast.Call)):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from perencode.commands.crosscheck.authors import Authors, NotRun
-from perencode.commands.crosscheck.models import script_literals
+from perencode.commands.crosscheck.models import script_literals, script_tree
 from perencode.commands.crosscheck.report import AGREE, DISAGREE, NOT_RUN, Comparison
 from perencode.config.grid import load_grid, paper_folder
 from perencode.config.recipe import Recipe
@@ -116,7 +116,7 @@ def _expand(text: str, env: dict[str, str]) -> str:
 def argparse_spec(path: Path) -> list[dict[str, Any]]:
     """Each `parser.add_argument(...)` of a script: name, dest, default, type, action."""
     spec = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(script_tree(path)):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "add_argument" and node.args):
             continue
@@ -348,7 +348,7 @@ def _clip(path: Path) -> float:
     """The max norm of the `clip_grad_norm_(params, NORM)` call their Learner makes, in the
     script or in the script whose Learner it extends (0: none)."""
     text = path.read_text()
-    for node in ast.walk(ast.parse(text)):
+    for node in ast.walk(script_tree(path)):
         if (isinstance(node, ast.Call) and len(node.args) > 1 and "clip_grad_norm_" in (
                 getattr(node.func, "id", ""), getattr(node.func, "attr", ""))):
             return float(ast.literal_eval(node.args[1]))
