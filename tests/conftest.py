@@ -38,6 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
     global LAUNCH
     import forked  # noqa: F401 - before any test module: the kinds a new process starts with
     import torch
+    import torch._dynamo  # noqa: F401 - Adam's first loads it (2 s): here, not in each fork
     import typer.main
     import typer.testing
 

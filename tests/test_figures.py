@@ -89,7 +89,8 @@ def test_table1_min_mean_max(drawn):
 def test_missing_cells_are_warned_and_settings_split(paper_like, tmp_path, capsys):
     demo = tmp_path / "demo"
     fake_run(demo, "small", hidden=16, metrics={"token_accuracy": 0.5, "dl_distance": 1.0})
-    written = make_figures([paper_like, demo], out=tmp_path / "figs")
+    # Fig. 2's runs only: the warning and the split are Fig. 2's (every figure: `drawn`).
+    written = make_figures([paper_like / "fig2", demo], out=tmp_path / "figs")
     err = capsys.readouterr().err
     assert "1 missing run(s): arch=gru vocab_size=64 encoding=sinusoidal seed=333" in err
     # The hidden-16 demo run is drawn apart from the paper-sized runs.

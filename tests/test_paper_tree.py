@@ -12,10 +12,11 @@ from paper_tree import paper_tree
 
 from perencode.analysis.plots import FIGURES
 from perencode.analysis.verdicts import load_claims
+from perencode.commands import report as report_module
 from perencode.commands.report import make_report
 from perencode.commands.verify import verify_runs
 
-pytestmark = pytest.mark.slow  # the tree takes ~6 s, figures ~13 s, verify ~3 s on one core
+pytestmark = pytest.mark.slow  # the tree takes ~13 s, figures ~22 s, verify ~10 s on one core
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +55,17 @@ def test_every_paper_claim_is_decided_as_intended(tree):
     assert [c["runs"] for c in rare["cells"]] == [5, 5, 5]
 
 
-def test_every_paper_figure_is_drawn_once_beside_its_claims(tree):
+def test_every_paper_figure_is_drawn_once_beside_its_claims(tree, monkeypatch):
     out, _ = tree
+    # The learning curves of 460 runs would take another 25 s; tests/test_report.py draws
+    # them for every figure of the smaller paper-like tree. Here each figure's runs still
+    # reach them, once.
+    handed: list[int] = []
+    monkeypatch.setattr(report_module, "draw_curves",
+                        lambda runs, columns: handed.append(len(runs)))
     page = make_report([out / "runs"], claims="paper", out=out / "report").read_text()
+    # Fig. 5 draws Fig. 3's 30 runs, Fig. 12 and 13 share 40 with Fig. 2 and 8: 550 in all.
+    assert handed == [180, 30, 30, 40, 110, 50, 10, 30, 20, 20, 10, 10]
     names = {p.name for p in (out / "report").iterdir()}
     for figure in FIGURES:
         drawn = {n for n in names if n.startswith(figure.name)}

@@ -202,13 +202,29 @@ def minrnn(tmp_path_factory) -> str:
 MINGRU = TINY.replace("[model]\n", '[model]\narch = "mingru"\n')
 
 
+@pytest.fixture(scope="module")
+def mingru_runs(minrnn, tmp_path_factory) -> tuple[Path, int, str]:
+    """A sweep of two minGRU cells (vocabulary 8, vanilla and sinusoidal) on two workers in
+    the throwaway environment, the plugin found by its entry point alone: (the runs' folder,
+    the sweep's exit code, what it printed). Each worker is a new `perencode train` process:
+    the train command of the installed route."""
+    folder = tmp_path_factory.mktemp("sweep")  # no "mingru" in its path: results.csv counts it
+    grid = folder / "mg.toml"
+    grid.write_text(MINGRU + '\n[grid]\n"task.vocab_size" = [8]\n'
+                    '"encoding.kind" = ["none", "sinusoidal"]\n')
+    code, text = perencode("sweep", grid, "--runs", folder / "runs", "--jobs", "2",
+                           "--device", "cpu", "--no-progress", python=minrnn, autoload=True)
+    return folder / "runs", code, text
+
+
 @pytest.mark.slow
-def test_an_installed_plugin_works_in_every_command_with_no_flag(tmp_path, minrnn):
+def test_an_installed_plugin_works_in_every_command_with_no_flag(tmp_path, minrnn,
+                                                                mingru_runs):
     recipe = tmp_path / "mingru.toml"
     recipe.write_text(MINGRU.replace("[task]\n", "[task]\nvocab_size = 8\n"))
-    run = tmp_path / "run"
-    code, text = perencode("train", recipe, "--run-dir", run, "--device", "cpu",
-                           "--no-progress", python=minrnn, autoload=True)
+    swept, code, text = mingru_runs
+    run = tmp_path / "run"  # a copy: eval writes into it
+    shutil.copytree(swept / "mg" / "vocab_size=8" / "encoding=none", run)
     assert code == 0 and runs.Run(run).is_complete(), text
     recorded = json.loads((run / "plugins.json").read_text())["plugins"]
     assert [(p["module"], p["package"], p["version"], p["entry_point"], p["provides"])
@@ -233,18 +249,16 @@ def test_an_installed_plugin_works_in_every_command_with_no_flag(tmp_path, minrn
 
 
 @pytest.mark.slow
-def test_the_example_grid_sweeps_and_draws_under_its_own_name(tmp_path, minrnn):
+def test_the_example_grid_sweeps_and_draws_under_its_own_name(tmp_path, minrnn, mingru_runs):
     code, text = perencode("sweep", EXAMPLE / "grids" / "reverse_vocabulary.toml", "--runs",
                            tmp_path / "plan", "--dry-run", "--device", "cpu", python=minrnn,
                            autoload=True)
     assert code == 0 and "40 runs (40 new)" in text, text
-    grid = tmp_path / "mg.toml"
-    grid.write_text(MINGRU + '\n[grid]\n"task.vocab_size" = [8]\n'
-                    '"encoding.kind" = ["none", "sinusoidal"]\n')
-    code, text = perencode("sweep", grid, "--runs", tmp_path / "runs", "--jobs", "2",
-                           "--device", "cpu", "--no-progress", python=minrnn, autoload=True)
+    swept, code, text = mingru_runs
     assert code == 0, text
-    code, text = perencode("figures", tmp_path / "runs", "--out", tmp_path / "fig",
+    for cell in ("encoding=none", "encoding=sinusoidal"):
+        assert runs.Run(swept / "mg" / "vocab_size=8" / cell).is_complete()
+    code, text = perencode("figures", swept, "--out", tmp_path / "fig",
                            python=minrnn, autoload=True)
     assert code == 0, text
     table = (tmp_path / "fig" / "results.csv").read_text()

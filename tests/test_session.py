@@ -69,6 +69,9 @@ def test_a_run_scored_from_its_checkpoint_is_what_train_wrote(tmp_path):
     session = Session.of_checkpoint(run.recipe, CPU, *run.load())
     assert session.iteration == recipe.train.iterations
     assert {**session.evaluate(), "iteration": session.iteration} == written
+    # Scoring makes no optimizer (eval and stability never step); a step would make one.
+    assert "optimizer" not in vars(session)
+    assert session.optimizer.param_groups[0]["params"] == list(session.model.parameters())
 
 
 def test_no_module_but_the_session_assembles_a_step():

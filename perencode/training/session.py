@@ -10,6 +10,7 @@ step training runs.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import NamedTuple
@@ -185,9 +186,16 @@ class Session:
         # RNNs'), so a no-op on the CPU. Set here so that bench and doctor time and check
         # the step training runs.
         torch.backends.cudnn.deterministic = recipe.train.deterministic
-        self.optimizer = make_optimizer(model, recipe.optim)
         self.generator = training_generator(recipe, device)
         self.iteration = 0
+
+    @functools.cached_property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Adam over the model's parameters, made at its first use: a session that only
+        scores its model (`of_checkpoint`: eval, stability) never makes one, nor pays for
+        the torch._dynamo import that torch.optim's first parameter group costs (about 2 s
+        a process)."""
+        return make_optimizer(self.model, self.recipe.optim)
 
     @classmethod
     def of_checkpoint(cls, recipe: Recipe, device: torch.device, path: str | Path,
