@@ -16,10 +16,10 @@ PERENCODE_DEPS ?= install
 
 help:
 	@echo "make quickstart   the paper's headline effect: GPU demo where CUDA is present, else CPU"
-	@echo "make test         the test suite (everything; CI runs it): about 1,048 s of CPU,"
-	@echo "                  9 min wall on a 2-core AMD EPYC, load 1.3 (tools/durations.py)"
+	@echo "make test         the test suite (everything; CI runs it): about 1,082 s of CPU,"
+	@echo "                  10 min wall on a 2-core AMD EPYC, load 1.0 (tools/durations.py)"
 	@echo "make test-fast    the tests not marked slow: a smoke check of every command, about"
-	@echo "                  88 s of CPU, 47 s wall on a 2-core AMD EPYC, load 2.0 (tools/durations.py)"
+	@echo "                  107 s of CPU, 58 s wall on a 2-core AMD EPYC, load 2.0 (tools/durations.py)"
 	@echo "make lint         ruff, and mypy on the package and its tests (pyproject.toml [tool.mypy])"
 	@echo "make test-slurm   the sweep tests on a real single-node SLURM cluster (root; apt-get)"
 	@echo "make install      create $(VENV) and install perencode into it"
