@@ -276,6 +276,50 @@ def test_the_quick_demo_page_has_learning_curves_and_every_run_sortable(tmp_path
     assert not re.search(r'(src|href)="(?!data:|#)', page) and "http" not in page
 
 
+@pytest.mark.slow  # a 16-panel figure, about a second: in make test and test-compat
+@pytest.mark.compat
+def test_curves_of_more_facets_than_a_row_wrap_and_leave_the_rest_of_the_last_row_empty(
+        tmp_path, monkeypatch):
+    """Five vocabularies, vanilla and sinusoidal each: five facets (the encoding is the
+    hue), four to a row, a row of panels per metric (loss, accuracy): two blocks of two rows,
+    the last block's three empty places hidden."""
+    from perencode.analysis import curves
+    from perencode.analysis.results import collect
+
+    for vocab in (8, 16, 32, 64, 128):
+        for kind in ("none", "sinusoidal"):
+            fake_run(tmp_path / "runs", f"{vocab}/{kind}", vocab=vocab, encoding=kind,
+                     curve=[3.0, 2.0, 1.0])
+    results = collect([tmp_path / "runs"])
+    drawn: list = []
+
+    def keep(fig) -> bytes:
+        drawn.append(fig)
+        return b"png"
+
+    monkeypatch.setattr(curves, "_png", keep)
+    assert curves.draw_curves(results.runs, results.recipe_columns) == b"png"
+    [fig] = drawn
+    assert len(fig.axes) == 2 * 2 * 4
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(shown) == 5 * 2
+    titles = [ax.get_title().split("\n")[0] for ax in shown if ax.get_title()]
+    assert titles == [f"vocab_size={k}" for k in (8, 16, 32, 64, 128)]
+    assert [ax.get_ylabel() for ax in shown[:2]] == ["Training loss", "Training loss"]
+    assert all(len(ax.get_lines()) == 4 for ax in shown)  # per encoding: a seed, its mean
+
+
+def test_runs_that_logged_no_step_have_no_curves(tmp_path):
+    from perencode.analysis import curves
+    from perencode.analysis.results import collect
+
+    for seed in (111, 222):
+        (fake_run(tmp_path, f"seed={seed}", seed=seed) / "metrics.jsonl").unlink()
+    results = collect([tmp_path])
+    assert curves.read_curves(list(results.runs["run"])).empty
+    assert curves.draw_curves(results.runs, results.recipe_columns) is None
+
+
 def test_the_mean_curve_is_taken_where_every_seed_logged():
     from perencode.analysis.curves import mean_curve
 

@@ -74,6 +74,26 @@ def test_a_run_scored_from_its_checkpoint_is_what_train_wrote(tmp_path):
     assert session.optimizer.param_groups[0]["params"] == list(session.model.parameters())
 
 
+def test_a_metric_that_is_not_finite_scores_nothing(monkeypatch):
+    """A task's metric of NaN or infinity (a held-out loss that overflowed) is a divergence
+    at evaluation, named, as non-finite logits are: no number is scored."""
+    import pytest
+
+    from perencode.training.session import NotFinite
+
+    session = Session(tiny_recipe(), CPU)
+    session.step()
+    for value in (float("nan"), float("inf")):
+        monkeypatch.setattr(session.task, "evaluate",
+                            lambda logits, batch_size, value=value, **options: {
+                                "token_accuracy": 0.5, "dl_distance": value})
+        with pytest.raises(NotFinite) as raised:
+            session.evaluate()
+        assert (raised.value.iteration, raised.value.what) == (1, f"dl_distance is {value}")
+        assert str(raised.value) == (f"diverged at evaluation after iteration 1: dl_distance is "
+                                     f"{value}; nothing is scored")
+
+
 def test_no_module_but_the_session_assembles_a_step():
     """Models, optimizers and steps come from a Session everywhere else: nothing outside
     perencode/training/session.py calls the step or the (task, model) builder itself."""
